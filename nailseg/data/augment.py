@@ -1,0 +1,113 @@
+"""One augmentation spec that every loader backend (DALI, torch, Kornia) reads.
+
+A spec is an ordered list of ops, each with a probability and parameter ranges. The semantics are
+fixed here so that `aug=heavy` means the same thing whichever backend runs it:
+
+* geometric ops (`GEOMETRIC`) run first, in spec order, on the image *and* its mask (mask:
+  nearest-neighbour), then both are resized to the input size (mask: nearest-neighbour);
+* the image is then normalised (`(x/255 - mean) / std`);
+* photometric ops (`PHOTOMETRIC`) run last, in spec order, on the normalised image only.
+
+Parameter meaning (all ranges are closed intervals sampled uniformly, once per sample):
+
+* `hflip`, `vflip`: no parameters.
+* `rotate`: `degrees` [lo, hi]; image bilinear, mask nearest, border filled with 0.
+* `random_resized_crop`: `scale` [lo, hi] (crop area / image area) and `ratio` [lo, hi]
+  (crop width / height); the crop is then resized to the input size like the full image.
+* `gaussian_noise`: `sigma` [lo, hi]; adds N(0, sigma^2) to the normalised image.
+* `gaussian_blur`: `sigma` [lo, hi] in pixels of the resized image.
+* `brightness`: `factor` [lo, hi]; multiplies the normalised image.
+* `contrast`: `factor` [lo, hi]; `mean + (x - mean) * factor` per image, clamped to the image's
+  own min and max before the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+GEOMETRIC = ("hflip", "vflip", "rotate", "random_resized_crop")
+PHOTOMETRIC = ("gaussian_noise", "gaussian_blur", "brightness", "contrast")
+
+# op name -> the range parameters it takes (each a [lo, hi] pair)
+OP_PARAMS: dict[str, tuple[str, ...]] = {
+    "hflip": (),
+    "vflip": (),
+    "rotate": ("degrees",),
+    "random_resized_crop": ("scale", "ratio"),
+    "gaussian_noise": ("sigma",),
+    "gaussian_blur": ("sigma",),
+    "brightness": ("factor",),
+    "contrast": ("factor",),
+}
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class AugOp:
+    """One op of a spec: fires with probability `p`, parameters drawn from `ranges`."""
+
+    name: str
+    p: float
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in OP_PARAMS:
+            raise ValueError(f"unknown augmentation op {self.name!r}; known: {sorted(OP_PARAMS)}")
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"op {self.name!r}: p={self.p} is not in [0, 1]")
+        wanted = set(OP_PARAMS[self.name])
+        if set(self.ranges) != wanted:
+            raise ValueError(
+                f"op {self.name!r} takes parameters {sorted(wanted)}, got {sorted(self.ranges)}"
+            )
+        for key, (lo, hi) in self.ranges.items():
+            if lo > hi:
+                raise ValueError(f"op {self.name!r}: {key}=[{lo}, {hi}] has lo > hi")
+
+    @property
+    def geometric(self) -> bool:
+        return self.name in GEOMETRIC
+
+
+@dataclass(frozen=True)
+class AugSpec:
+    """The whole spec: ordered ops plus the normalisation that follows the geometric part."""
+
+    ops: tuple[AugOp, ...] = ()
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    @property
+    def geometric_ops(self) -> tuple[AugOp, ...]:
+        return tuple(op for op in self.ops if op.geometric)
+
+    @property
+    def photometric_ops(self) -> tuple[AugOp, ...]:
+        return tuple(op for op in self.ops if not op.geometric)
+
+    @classmethod
+    def from_config(
+        cls,
+        ops: Iterable[Mapping],
+        mean: Iterable[float] = IMAGENET_MEAN,
+        std: Iterable[float] = IMAGENET_STD,
+    ) -> AugSpec:
+        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`."""
+        parsed = []
+        for raw in ops:
+            entry = dict(raw)
+            name = entry.pop("op")
+            p = float(entry.pop("p", 1.0))
+            ranges = {k: (float(v[0]), float(v[1])) for k, v in entry.items()}
+            parsed.append(AugOp(name=name, p=p, ranges=ranges))
+        return cls(ops=tuple(parsed), mean=_triple(mean), std=_triple(std))
+
+
+def _triple(values: Iterable[float]) -> tuple[float, float, float]:
+    out = tuple(float(v) for v in values)
+    if len(out) != 3:
+        raise ValueError(f"expected 3 values (one per RGB channel), got {out}")
+    return out  # type: ignore[return-value]

@@ -1,0 +1,64 @@
+"""Shared fixtures: prepared data written the way `prepare.py` writes it, and paths to the real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
+CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
+
+
+@pytest.fixture
+def real_data() -> Path:
+    """The real photos in ../shared/data/nails; skips where a fresh clone has no ../shared."""
+    if not (REAL_DATA / "Images").is_dir():
+        pytest.skip(f"real nail data not found at {REAL_DATA} (../shared is absent in a fresh clone)")
+    return REAL_DATA
+
+
+def write_prepared(
+    root: Path,
+    n_train: int = 12,
+    n_valid: int = 5,
+    size: tuple[int, int] = (40, 48),
+    groups: tuple[str, ...] = ("a", "b"),
+) -> Path:
+    """Write a prepared root (npy + CSVs) whose every sample carries its CSV row index.
+
+    Image pixel (0, 0) channel 0 and the mask's top-left 4x4 block encode the row index, so a test
+    can check that image and mask stayed paired: image[0,0,0] == row % 256 and the mask's block
+    is 1 exactly when row is odd.
+    """
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        rows = []
+        for i in range(n):
+            group = groups[i % len(groups)]
+            h, w = size[0] + (i % 3) * 4, size[1] + (i % 2) * 6  # mixed sizes, as real data has
+            image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            image[0, 0, 0] = i % 256
+            mask = np.zeros((h, w, 1), np.uint8)
+            mask[h // 4 : h // 2, w // 4 : w // 2] = 1
+            mask[:4, :4] = i % 2
+            rel_img = Path("images") / group / f"{split}_{i:04d}.npy"
+            rel_mask = Path("masks") / group / f"{split}_{i:04d}.npy"
+            for rel, arr in ((rel_img, image), (rel_mask, mask)):
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                np.save(root / rel, arr, allow_pickle=False)
+            rows.append([str(rel_img), str(rel_mask), group, h, w, float(mask.mean())])
+        pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
+    return root
+
+
+@pytest.fixture
+def prepared(tmp_path: Path) -> Path:
+    return write_prepared(tmp_path / "prepared")
