@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nailseg.data.prepare import CSV_COLUMNS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
-CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
 
 
 @pytest.fixture

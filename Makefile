@@ -1,0 +1,43 @@
+# nailseg — every target installs what it needs first (a no-op when .venv is up to date).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATASET ?= synthetic
+REAL_DATA ?= ../shared/data/nails
+BENCH_DIR ?= outputs/bench
+ARGS ?=
+
+.PHONY: install prepare train test lint format bench-prepare clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+prepare: install  ## images + masks -> npy + CSV for DATASET (synthetic: generated first)
+	$(PY) prepare.py dataset=$(DATASET) $(ARGS)
+
+train: install  ## prepare DATASET, then train on it with the defaults (CPU on this machine)
+	$(PY) prepare.py dataset=$(DATASET)
+	$(PY) train.py dataset=$(DATASET) $(ARGS)
+
+test: install  ## the whole suite (real-data tests skip where ../shared is absent)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
+	$(PY) -m nailseg.bench_prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
+
+clean:
+	rm -rf data outputs multirun .pytest_cache .ruff_cache
