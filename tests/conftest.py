@@ -22,7 +22,9 @@ REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
 def real_data() -> Path:
     """The real photos in ../shared/data/nails; skips where a fresh clone has no ../shared."""
     if not (REAL_DATA / "Images").is_dir():
-        pytest.skip(f"real nail data not found at {REAL_DATA} (../shared is absent in a fresh clone)")
+        pytest.skip(
+            f"real nail data not found at {REAL_DATA} (../shared is absent in a fresh clone)"
+        )
     return REAL_DATA
 
 

@@ -223,7 +223,10 @@ def prepare(
         raise PrepareError(f"input_dir {input_dir} does not exist")
     if out_root.resolve() == input_dir.resolve():
         raise PrepareError(f"output_dir must differ from input_dir ({input_dir})")
-    pairs, excluded = find_pairs(input_dir)
+    try:
+        pairs, excluded = find_pairs(input_dir)
+    except FileNotFoundError as err:
+        raise PrepareError(str(err)) from err
     _reset_if_settings_changed(
         out_root, {"format": FORMAT_VERSION, "mask_threshold": mask_threshold}
     )

@@ -1,0 +1,180 @@
+"""Lightning callbacks: training throughput / loader wait, and prediction overlays of validation.
+
+Both read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's `forward`
+(logits B×1×H×W), so they work with every loader backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
+
+
+class ThroughputMonitor(L.Callback):
+    """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
+
+    The step time of a batch is its wait plus its compute: wait runs from the end of the previous
+    batch (or the epoch start) to `on_train_batch_start`, i.e. pulling the next batch from the
+    loader and copying it to the device; compute runs from there to `on_train_batch_end`.
+    `data_wait_frac` = total wait / total step time; `images_per_s` = images / total step time.
+    Validation run in the middle of an epoch is excluded.
+
+    CUDA runs asynchronously, so with `cuda_sync` (default) the device is synchronised at each batch
+    end, which makes compute and wait exact at the cost of the CPU no longer queueing the next step
+    ahead of the GPU. Without it the numbers are CPU-side: GPU work still queued when a batch
+    "ends" is counted as wait. Under DDP `images_per_s` is summed over ranks (whole-job throughput)
+    and `data_wait_frac` averaged.
+    """
+
+    def __init__(self, cuda_sync: bool = True) -> None:
+        self.cuda_sync = cuda_sync
+        self._reset()
+
+    def _reset(self) -> None:
+        self._last_end: float | None = None
+        self._batch_start = 0.0
+        self._wait = 0.0
+        self._compute = 0.0
+        self._images = 0
+
+    def _now(self, pl_module: L.LightningModule) -> float:
+        if self.cuda_sync and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+        self._last_end = self._now(pl_module)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start = self._now(pl_module)
+        if self._last_end is not None:
+            self._wait += self._batch_start - self._last_end
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._last_end = self._now(pl_module)
+        self._compute += self._last_end - self._batch_start
+        self._images += len(batch["image"])
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # restart the wait clock so mid-epoch validation is not counted as waiting for data
+        if trainer.training:
+            self._last_end = self._now(pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        total = self._wait + self._compute
+        if total <= 0.0:
+            return
+        pl_module.log(
+            "train/images_per_s", self._images / total, sync_dist=True, reduce_fx="sum"
+        )
+        pl_module.log("train/data_wait_frac", self._wait / total, sync_dist=True)
+
+
+class PredictionOverlays(L.Callback):
+    """Every `every_n_epochs` epochs, and once more at the end of training, draws the first
+    `max_images` samples of the first validation batch as a 3-row grid: the image, the truth
+    (green) over it and the thresholded prediction (red) over it.
+
+    The grid goes to `<trainer.default_root_dir>/overlays/epoch_XXX.png` (XXX: 0-based epoch) and,
+    when a WandbLogger is attached, to W&B as `val/overlays`. `mean`/`std` must be the loader's
+    normalisation so the image row looks like the photo. Only global rank 0 draws.
+    """
+
+    def __init__(
+        self,
+        every_n_epochs: int = 5,
+        max_images: int = 8,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        if every_n_epochs < 1 or max_images < 1:
+            raise ValueError("every_n_epochs and max_images must be >= 1")
+        self.every_n_epochs = every_n_epochs
+        self.max_images = max_images
+        self.mean = tuple(mean)
+        self.std = tuple(std)
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._batch_epoch = -1
+        self._drawn_epoch = -1
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Mapping[str, torch.Tensor],
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        # kept on the CPU (a few small images) so the end-of-training grid can reuse it
+        n = self.max_images
+        self._batch = (batch["image"][:n].detach().cpu(), batch["mask"][:n].detach().cpu())
+        self._batch_epoch = trainer.current_epoch
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._batch_epoch == trainer.current_epoch and not trainer.sanity_checking:
+            if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+                self._draw(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the last epoch is rarely a multiple of every_n_epochs, and early stopping or max_steps
+        # may end training anywhere: draw the final model on the last validated batch
+        if self._batch is not None and self._drawn_epoch != self._batch_epoch:
+            self._draw(trainer, pl_module)
+
+    def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        assert self._batch is not None
+        images, masks = self._batch
+        threshold = float(pl_module.hparams.get("threshold", 0.5))
+        was_training = pl_module.training
+        pl_module.eval()
+        with torch.no_grad():
+            probs = torch.sigmoid(pl_module(images.to(pl_module.device))).float().cpu()
+        pl_module.train(was_training)
+
+        pictures = [denormalize(img.float().numpy(), self.mean, self.std) for img in images]
+        truths = masks[:, 0].numpy() > 0.5
+        preds = probs[:, 0].numpy() > threshold
+        canvas = grid(
+            [
+                pictures,
+                [overlay(p, t, TRUTH_COLOR) for p, t in zip(pictures, truths, strict=True)],
+                [overlay(p, m, PRED_COLOR) for p, m in zip(pictures, preds, strict=True)],
+            ]
+        )
+        path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
+        save_png_atomic(path, canvas)
+        self._drawn_epoch = self._batch_epoch
+        self._log_to_wandb(trainer, canvas)
+
+    def _log_to_wandb(self, trainer: L.Trainer, canvas: np.ndarray) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(
+                    key="val/overlays",
+                    images=[canvas],
+                    step=trainer.global_step,
+                    caption=[f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"],
+                )

@@ -1,0 +1,416 @@
+"""NVIDIA DALI backend: decode, augment and normalise the prepared .npy files in a DALI pipeline.
+
+Why it is built this way:
+
+* Pairing is structural. Our own Python feeder (`_Feeder`) hands DALI, per batch, the image paths,
+  mask paths, group ids and CSV rows together through one batch-mode `fn.external_source`; the rows
+  travel through the pipeline next to the pixels, so a batch cannot mix samples.
+* Files are read by DALI (`fn.io.file.read`, multithreaded) and decoded natively by
+  `fn.decoders.numpy`; every header is checked once up front so a bad file fails with its name.
+* Each random op is gated by `fn.random.coin_flip` and a DALI `if`: only the samples that get the op
+  pay for it (computing for all then discarding made the seed project's pipeline 3x slower).
+* Every `iter()` is one full, fresh pass. Because we feed the pipeline, an abandoned pass (Lightning's
+  limit_*_batches, sanity check, early stop) is ended cheaply at the next `iter()`: the feeder stops,
+  the at most `prefetch` batches in flight are drained, and the pipeline is reset. DALI's own
+  iterators ignore a mid-epoch reset and then yield only the leftovers of the old epoch.
+
+DALI is imported inside functions, so importing this module costs nothing until a loader is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from nailseg.data.augment import AugOp, AugSpec
+from nailseg.data.loaders.sampling import epoch_batches, num_batches
+
+if TYPE_CHECKING:
+    from nvidia.dali.data_node import DataNode
+    from nvidia.dali.pipeline import Pipeline
+
+Batch = dict[str, torch.Tensor]
+
+
+def _dali() -> Any:
+    """Import DALI, or fail with a message that says which backend needs it."""
+    try:
+        import nvidia.dali
+    except ImportError as err:
+        raise ImportError(
+            "loader=dali needs NVIDIA DALI (pip install nvidia-dali-cuda120); "
+            "install it or pick another loader backend (loader=torch)"
+        ) from err
+    return nvidia.dali
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'gpu' when torch sees CUDA, else 'cpu'; 'cpu' and 'gpu' pass through."""
+    if device == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"DALI loader device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    return device
+
+
+def npy_shape(path: Path, channels: int) -> tuple[int, int]:
+    """(height, width) of a prepared .npy, after checking it is what the decoder expects."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version != (1, 0):
+            raise ValueError(f"{path}: npy format {version}, DALI's decoder reads only 1.0")
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+    if dtype != np.uint8 or fortran_order or len(shape) != 3 or shape[2] != channels:
+        raise ValueError(
+            f"{path}: expected a C-order uint8 HxWx{channels} array, got dtype {dtype}, "
+            f"shape {shape}, fortran_order={fortran_order}"
+        )
+    return shape[0], shape[1]
+
+
+class _Feeder:
+    """The external source: one planned batch per call (paths, groups, rows together), then stop."""
+
+    def __init__(self, images: list[np.ndarray], masks: list[np.ndarray], groups: np.ndarray):
+        self._images, self._masks, self._groups = images, masks, groups
+        self._batches: list[np.ndarray] = []
+        self._next = 0
+
+    def start(self, batches: list[np.ndarray]) -> None:
+        self._batches, self._next = batches, 0
+
+    def stop(self) -> None:
+        """Make the next call raise StopIteration, ending the pass early."""
+        self._next = len(self._batches)
+
+    def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
+        if self._next >= len(self._batches):
+            raise StopIteration
+        rows = self._batches[self._next]
+        self._next += 1
+        return (
+            [self._images[r] for r in rows],
+            [self._masks[r] for r in rows],
+            self._groups[rows],
+            rows,
+        )
+
+
+def _coin(op: AugOp) -> Any:
+    """The predicate of an op's `if`: a per-sample DALI coin, or a plain bool when p is 0 or 1."""
+    if op.p in (0.0, 1.0):
+        return op.p == 1.0
+    from nvidia.dali import fn, types
+
+    return fn.random.coin_flip(probability=op.p, dtype=types.BOOL)
+
+
+def _uniform(op: AugOp, key: str) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.random.uniform(range=op.ranges[key])
+
+
+def _flip(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    from nvidia.dali import fn
+
+    axes = {"horizontal": int(op.name == "hflip"), "vertical": int(op.name == "vflip")}
+    return fn.flip(image, **axes), fn.flip(mask, **axes)
+
+
+def _rotate(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    from nvidia.dali import fn, types
+
+    angle = _uniform(op, "degrees")
+    common = {"angle": angle, "keep_size": True, "fill_value": 0}
+    return (
+        fn.rotate(image, interp_type=types.INTERP_LINEAR, **common),
+        fn.rotate(mask, interp_type=types.INTERP_NN, **common),
+    )
+
+
+def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    """Crop of area scale*H*W and width/height ratio, clamped to the image, at a random place."""
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+
+    hwc = fn.cast(image.shape(), dtype=types.FLOAT)
+    h, w = hwc[0], hwc[1]
+    area = h * w * _uniform(op, "scale")
+    ratio = _uniform(op, "ratio")
+    crop_w = dmath.clamp(dmath.sqrt(area * ratio), 1.0, w)
+    crop_h = dmath.clamp(dmath.sqrt(area / ratio), 1.0, h)
+    x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - crop_w)
+    y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - crop_h)
+    anchor, shape = fn.stack(x0, y0), fn.stack(crop_w, crop_h)  # slice's default axes: W, H
+    common = {"normalized_anchor": False, "normalized_shape": False}
+    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
+
+
+def _gaussian_noise(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.noise.gaussian(image, stddev=_uniform(op, "sigma"))
+
+
+def _gaussian_blur(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.gaussian_blur(image, sigma=_uniform(op, "sigma"))
+
+
+def _brightness(op: AugOp, image: DataNode) -> DataNode:
+    return image * _uniform(op, "factor")
+
+
+def _contrast(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+    from nvidia.dali import math as dmath
+
+    mean = fn.reductions.mean(image)
+    lo, hi = fn.reductions.min(image), fn.reductions.max(image)
+    return dmath.clamp(mean + (image - mean) * _uniform(op, "factor"), lo, hi)
+
+
+_GEOMETRIC = {
+    "hflip": _flip,
+    "vflip": _flip,
+    "rotate": _rotate,
+    "random_resized_crop": _random_resized_crop,
+}
+_PHOTOMETRIC = {
+    "gaussian_noise": _gaussian_noise,
+    "gaussian_blur": _gaussian_blur,
+    "brightness": _brightness,
+    "contrast": _contrast,
+}
+
+
+def _decode(paths: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.reshape(fn.decoders.numpy(fn.io.file.read(paths)), layout="HWC")
+
+
+def build_pipeline(
+    feeder: _Feeder,
+    spec: AugSpec,
+    *,
+    train: bool,
+    image_size: tuple[int, int],
+    device: str,
+    batch_size: int,
+    num_threads: int,
+    prefetch: int,
+    seed: int,
+) -> Pipeline:
+    """The pipeline: outputs (image 3xHxW float, mask 1xHxW float, group, row) per sample.
+
+    Train applies the spec (geometric ops on image and mask, resize, normalise, photometric ops on
+    the image); eval only resizes and normalises. On 'gpu', files are read and decoded on the CPU
+    and everything after runs on the GPU.
+    """
+    dali = _dali()
+    from nvidia.dali import fn, types
+
+    gpu = device == "gpu"
+    out_h, out_w = image_size
+
+    @dali.pipeline_def(enable_conditionals=True)
+    def pipeline() -> tuple[DataNode, ...]:
+        image_path, mask_path, group, row = fn.external_source(
+            source=feeder,
+            num_outputs=4,
+            batch=True,
+            dtype=[types.UINT8, types.UINT8, types.INT64, types.INT64],
+        )
+        image, mask = _decode(image_path), _decode(mask_path)
+        if gpu:
+            image, mask, group, row = image.gpu(), mask.gpu(), group.gpu(), row.gpu()
+        ops = spec.ops if train else ()
+        for op in ops:
+            if op.geometric and _coin(op):
+                image, mask = _GEOMETRIC[op.name](op, image, mask)
+        image = fn.resize(image, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_LINEAR)
+        mask = fn.resize(mask, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_NN)
+        image = fn.crop_mirror_normalize(
+            image,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[255.0 * m for m in spec.mean],
+            std=[255.0 * s for s in spec.std],
+        )
+        for op in ops:
+            if not op.geometric and _coin(op):
+                image = fn.reshape(_PHOTOMETRIC[op.name](op, image), layout="CHW")
+        mask = fn.transpose(fn.cast(mask, dtype=types.FLOAT), perm=[2, 0, 1], output_layout="CHW")
+        return image, mask, group, row
+
+    return pipeline(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=torch.cuda.current_device() if gpu else None,
+        prefetch_queue_depth=prefetch,
+        seed=seed,
+    )
+
+
+def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
+    """Copy a dense DALI batch into a fresh torch tensor, so the next batch cannot overwrite it."""
+    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+    dense = outputs.as_tensor()
+    tensor = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=device)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    return feed_ndarray(dense, tensor, cuda_stream=stream)
+
+
+class DaliLoader:
+    """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard.
+
+    Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
+    "group": int64 B, "index": int64 B (CSV row)} on the pipeline's device. The epoch used to
+    shuffle is the one given to `set_epoch`, else one more than the last pass's.
+    """
+
+    def __init__(
+        self,
+        records: pd.DataFrame,
+        root: Path,
+        spec: AugSpec,
+        *,
+        train: bool,
+        batch_size: int,
+        image_size: tuple[int, int],
+        group_ids: Mapping[str, int],
+        device: str = "auto",
+        num_threads: int = 2,
+        prefetch: int = 2,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+    ) -> None:
+        self._pipe: Pipeline | None = None
+        self._pass = 0  # id of the current pass; a generator of an older one stops
+        self._in_flight = False
+        self._epoch = 0
+        self.train, self.batch_size, self.seed = train, batch_size, seed
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.device = resolve_device(device)
+        self._n = len(records)
+        unknown = sorted(set(records["group"]) - set(group_ids))
+        if unknown:
+            raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
+        root = Path(root)
+        images, masks = [], []
+        for image_rel, mask_rel in zip(records["images"], records["masks"], strict=True):
+            image_path, mask_path = root / image_rel, root / mask_rel
+            if npy_shape(image_path, 3) != npy_shape(mask_path, 1):
+                raise ValueError(f"{image_path} and {mask_path} differ in height or width")
+            images.append(np.frombuffer(str(image_path).encode(), dtype=np.uint8))
+            masks.append(np.frombuffer(str(mask_path).encode(), dtype=np.uint8))
+        groups = np.array([group_ids[g] for g in records["group"]], dtype=np.int64)
+        self._feeder = _Feeder(images, masks, groups)
+        self._torch_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.device == "gpu"
+            else torch.device("cpu")
+        )
+        # Differently seeded per rank, so ranks do not draw identical augmentations.
+        pipe_seed = int(np.random.SeedSequence((seed, rank)).generate_state(1)[0] >> 1)
+        self._pipe = build_pipeline(
+            self._feeder,
+            spec,
+            train=train,
+            image_size=image_size,
+            device=self.device,
+            batch_size=batch_size,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            seed=pipe_seed,
+        )
+        self._pipe.build()
+
+    def __len__(self) -> int:
+        return num_batches(
+            self._n,
+            self.batch_size,
+            train=self.train,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle the next pass as epoch `epoch` (Lightning-style callers set it each epoch)."""
+        self._epoch = epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._require_pipe()
+        self._end_pass()
+        batches = epoch_batches(
+            self._n,
+            self.batch_size,
+            train=self.train,
+            seed=self.seed,
+            epoch=self._epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+        )
+        self._epoch += 1
+        self._pass += 1
+        self._feeder.start(batches)
+        self._in_flight = True
+        return self._run(self._pass)
+
+    def _run(self, pass_id: int) -> Iterator[Batch]:
+        while pass_id == self._pass:  # a newer iter() (or close) supersedes this pass
+            pipe = self._require_pipe()
+            try:
+                image, mask, group, row = pipe.run()
+            except StopIteration:
+                pipe.reset()
+                self._in_flight = False
+                return
+            dev = self._torch_device
+            yield {
+                "image": _to_torch(image, dev),
+                "mask": _to_torch(mask, dev),
+                "group": _to_torch(group, dev),
+                "index": _to_torch(row, dev),
+            }
+
+    def _end_pass(self) -> None:
+        """End an abandoned pass: stop feeding, drain the batches in flight, reset."""
+        if not self._in_flight:
+            return
+        pipe = self._require_pipe()
+        self._feeder.stop()
+        while True:
+            try:
+                pipe.run()
+            except StopIteration:
+                break
+        pipe.reset()
+        self._in_flight = False
+
+    def _require_pipe(self) -> Pipeline:
+        if self._pipe is None:
+            raise RuntimeError("this DaliLoader was closed")
+        return self._pipe
+
+    def close(self) -> None:
+        """Release the pipeline (its threads and buffers) now rather than at garbage collection."""
+        self._pass += 1
+        self._in_flight = False
+        self._pipe = None
+
+    def __del__(self) -> None:
+        self.close()

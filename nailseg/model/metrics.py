@@ -1,0 +1,94 @@
+"""Epoch-level Dice and IoU from pixel counts summed over every sample, overall and per group.
+
+Why sums and not a mean of batch scores: a batch's Dice depends on how samples happen to be grouped
+into batches (and the last batch is smaller), so averaging batch scores weights pixels unevenly.
+Summing TP/FP/FN over the epoch gives the one number that describes the whole split, and sums are
+also what DDP can reduce exactly (`dist_reduce_fx="sum"`).
+
+Conventions:
+
+* a pixel is predicted foreground when its probability is `> threshold` (torchmetrics' rule);
+* empty case: when there are no true and no predicted foreground pixels (2TP+FP+FN == 0) the
+  prediction is perfect, so Dice = IoU = 1.0;
+* a group that received no samples this epoch has no score: its Dice and IoU are NaN (not 1.0,
+  which would claim a perfect result that was never measured).
+"""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics import Metric
+
+_COUNTS = ("tp", "fp", "fn", "samples")
+
+
+class SegmentationScores(Metric):
+    """Accumulates TP/FP/FN pixel counts and sample counts, overall and for `num_groups` groups.
+
+    `update(probs, target, group)`: probs and target B×1×H×W (probabilities, {0, 1} mask), group
+    int64 B (indices into the caller's list of group names). `compute()` returns a dict of
+    `dice`, `iou`, `samples` (scalars) and `dice_group`, `iou_group`, `samples_group`
+    (tensors of length `num_groups`).
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, num_groups: int = 0, threshold: float = 0.5) -> None:
+        super().__init__()
+        self.num_groups = num_groups
+        self.threshold = threshold
+        for name in _COUNTS:
+            self.add_state(name, torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+            self.add_state(
+                f"{name}_group", torch.zeros(num_groups, dtype=torch.long), dist_reduce_fx="sum"
+            )
+
+    def update(self, probs: torch.Tensor, target: torch.Tensor, group: torch.Tensor) -> None:
+        if probs.shape != target.shape:
+            raise ValueError(f"probs {tuple(probs.shape)} and target {tuple(target.shape)} differ")
+        pred = (probs > self.threshold).flatten(1)
+        true = (target > 0.5).flatten(1)
+        per_sample = {
+            "tp": (pred & true).sum(1),
+            "fp": (pred & ~true).sum(1),
+            "fn": (~pred & true).sum(1),
+            "samples": torch.ones(len(pred), dtype=torch.long, device=pred.device),
+        }
+        if self.num_groups:
+            group = group.to(device=pred.device, dtype=torch.long)
+            if len(group) and (group.min() < 0 or group.max() >= self.num_groups):
+                raise ValueError(
+                    f"group indices {group.unique().tolist()} outside [0, {self.num_groups})"
+                )
+        for name, values in per_sample.items():
+            setattr(self, name, getattr(self, name) + values.sum())
+            if self.num_groups:
+                getattr(self, f"{name}_group").index_add_(0, group, values)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        dice, iou = _scores(self.tp, self.fp, self.fn)
+        dice_group, iou_group = _scores(self.tp_group, self.fp_group, self.fn_group)
+        unseen = self.samples_group == 0
+        return {
+            "dice": dice,
+            "iou": iou,
+            "samples": self.samples,
+            "dice_group": dice_group.masked_fill(unseen, float("nan")),
+            "iou_group": iou_group.masked_fill(unseen, float("nan")),
+            "samples_group": self.samples_group,
+        }
+
+
+def _scores(
+    tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dice and IoU from counts (in float64, so large pixel sums stay exact); 1.0 in the empty
+    case (nothing to find and nothing predicted)."""
+    tp, fp, fn = (x.double() for x in (tp, fp, fn))
+    empty = (tp + fp + fn) == 0
+    one = torch.ones_like(tp)
+    dice = torch.where(empty, one, 2 * tp / (2 * tp + fp + fn).clamp_min(1))
+    iou = torch.where(empty, one, tp / (tp + fp + fn).clamp_min(1))
+    return dice.float(), iou.float()

@@ -1,0 +1,202 @@
+"""The LightningModule: one binary segmentation net, its loss, and epoch-level metrics.
+
+It reads only the batch contract (`image`, `mask`, `group`; see DESIGN.md), so any loader backend
+works. Every epoch number is computed from sums over the whole epoch (torchmetrics states reduced
+with "sum" across DDP ranks), never from an average of per-batch or per-rank values:
+
+    train/loss (step and epoch)  train/samples
+    val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>
+    test/loss test/dice test/iou test/samples test/{dice,iou,samples}_group_<name>
+
+`*/samples` counts the samples actually seen (batch sizes, reset every epoch), so a loader that
+drops, repeats or pads samples shows up in the logs. Groups that got no samples in an epoch are not
+logged that epoch (their scores would be NaN).
+
+Optimizer and scheduler arrive as `functools.partial`s (Hydra `_partial_: true`): the optimizer
+partial is called with the parameters; the scheduler partial with the optimizer. The scheduler is
+stepped after every optimizer step (`interval: step`), so `T_max` (or OneCycleLR's `total_steps`)
+counts optimizer steps; when the partial leaves it out it is filled with
+`trainer.estimated_stepping_batches`, the number of steps the whole fit will take.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from torch import nn
+from torchmetrics import MeanMetric, SumMetric
+
+from nailseg.model.losses import build_loss
+from nailseg.model.metrics import SegmentationScores
+
+# scheduler arguments that mean "length of the whole schedule", filled in from the trainer
+_SCHEDULE_LENGTH_ARGS = ("T_max", "total_steps")
+_EVAL_STAGES = ("val", "test")
+
+
+class SegModule(L.LightningModule):
+    """Binary segmentation (one output channel, logits) trained on the batch contract.
+
+    `forward` returns logits; `predict_step` returns probabilities B×1×H×W. With `channels_last`
+    the net's weights and every input use the channels-last memory format (faster convolutions
+    with AMP on tensor-core GPUs).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: functools.partial,
+        scheduler: functools.partial | None = None,
+        loss: str = "dice_bce",
+        group_names: Sequence[str] = (),
+        threshold: float = 0.5,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        # Only plain values go into hparams: checkpoints then load with torch.load(weights_only=True)
+        # (a partial or an OmegaConf container would not), and the logger gets readable config.
+        # The optimizer/scheduler are recorded as descriptions under names that are not __init__
+        # arguments, so load_from_checkpoint asks for real ones instead of receiving a dict.
+        self.group_names = [str(name) for name in group_names]
+        self.save_hyperparameters(
+            {
+                "loss": str(loss),
+                "group_names": self.group_names,
+                "threshold": float(threshold),
+                "channels_last": bool(channels_last),
+                "optimizer_spec": describe_partial(optimizer),
+                "scheduler_spec": describe_partial(scheduler) if scheduler is not None else None,
+            }
+        )
+        self.channels_last = bool(channels_last)
+        self.net = net.to(memory_format=torch.channels_last) if self.channels_last else net
+        self.loss_fn = build_loss(loss)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+
+        self.train_loss = MeanMetric()
+        self.train_samples = SumMetric()
+        self.eval_loss = nn.ModuleDict({stage: MeanMetric() for stage in _EVAL_STAGES})
+        self.eval_scores = nn.ModuleDict(
+            {
+                stage: SegmentationScores(len(self.group_names), threshold)
+                for stage in _EVAL_STAGES
+            }
+        )
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            image = image.contiguous(memory_format=torch.channels_last)
+        return self.net(image)
+
+    def training_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits = self(batch["image"])
+        loss = self.loss_fn(logits, batch["mask"])
+        n = len(batch["image"])
+        # forward() caches this batch's value for the step log; Lightning computes (synced
+        # across ranks, weighted by batch size) and resets the metric at epoch end
+        self.train_loss(loss.detach(), n)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.train_samples.update(n)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        # compute() sums over ranks; sync_dist only marks the (now identical) value as global
+        self.log("train/samples", self.train_samples.compute(), sync_dist=True)
+        self.train_samples.reset()
+
+    def validation_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval_epoch("val")
+
+    def test_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval_epoch("test")
+
+    def predict_step(
+        self, batch: Mapping[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> torch.Tensor:
+        return torch.sigmoid(self(batch["image"]))
+
+    def _eval_step(self, batch: Mapping[str, torch.Tensor], stage: str) -> None:
+        logits = self(batch["image"])
+        self.eval_loss[stage].update(self.loss_fn(logits, batch["mask"]), len(logits))
+        self.eval_scores[stage].update(torch.sigmoid(logits), batch["mask"], batch["group"])
+
+    def _log_eval_epoch(self, stage: str) -> None:
+        """Log the epoch's loss, scores and sample counts (summed over ranks by torchmetrics'
+        compute), then reset for the next epoch."""
+        scores = self.eval_scores[stage].compute()
+        values = {
+            f"{stage}/loss": self.eval_loss[stage].compute(),
+            f"{stage}/dice": scores["dice"],
+            f"{stage}/iou": scores["iou"],
+            f"{stage}/samples": scores["samples"].float(),
+        }
+        for i, name in enumerate(self.group_names):
+            if scores["samples_group"][i] > 0:
+                values[f"{stage}/dice_group_{name}"] = scores["dice_group"][i]
+                values[f"{stage}/iou_group_{name}"] = scores["iou_group"][i]
+                values[f"{stage}/samples_group_{name}"] = scores["samples_group"][i].float()
+        for name, value in values.items():
+            # the value is already the same on every rank: sync_dist's mean over ranks leaves it
+            # as it is, and tells Lightning (which otherwise warns under DDP) it is global
+            self.log(name, value, prog_bar=name == f"{stage}/dice", sync_dist=True)
+        self.eval_loss[stage].reset()
+        self.eval_scores[stage].reset()
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        accepted = inspect.signature(self.scheduler_factory.func).parameters
+        for arg in _SCHEDULE_LENGTH_ARGS:
+            if arg in accepted and arg not in self.scheduler_factory.keywords:
+                kwargs[arg] = self._total_steps()
+        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    def _total_steps(self) -> int:
+        steps = self.trainer.estimated_stepping_batches
+        if steps == float("inf") or steps < 1:
+            raise ValueError(
+                "cannot size the LR schedule: the trainer has no finite length "
+                f"(estimated_stepping_batches={steps}); set trainer.max_epochs or max_steps, "
+                "or give the scheduler's T_max/total_steps explicitly"
+            )
+        return int(steps)
+
+
+def describe_partial(factory: functools.partial) -> dict[str, Any]:
+    """A loggable, checkpoint-safe description of a partial: its target and plain-valued kwargs."""
+    return {
+        "_target_": f"{factory.func.__module__}.{factory.func.__qualname__}",
+        **({"args": _plain(factory.args)} if factory.args else {}),
+        **{key: _plain(value) for key, value in factory.keywords.items()},
+    }
+
+
+def _plain(value: Any) -> Any:
+    """`value` as built-in types only (OmegaConf containers and tuples become dicts and lists;
+    anything else its repr), so torch.load(weights_only=True) and every logger accept it."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [_plain(v) for v in value]
+    return repr(value)

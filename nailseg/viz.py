@@ -1,0 +1,72 @@
+"""Drawing masks over images and tiling them into one PNG: plain numpy + PIL, no display needed.
+
+Used by the training overlays callback and meant for `predict` too, so both draw masks the same way.
+Arrays are HxWx3 uint8 (RGB) and HxW bool masks throughout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+TRUTH_COLOR = (0, 255, 0)
+PRED_COLOR = (255, 0, 0)
+
+
+def denormalize(
+    image: np.ndarray, mean: Sequence[float], std: Sequence[float]
+) -> np.ndarray:
+    """Undo `(x/255 - mean) / std` on a 3×H×W float image: the HxWx3 uint8 picture it came from."""
+    chw = image * np.asarray(std, np.float32)[:, None, None] + np.asarray(mean, np.float32)[:, None, None]
+    return (np.clip(chw, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8).transpose(1, 2, 0)
+
+
+def overlay(
+    image: np.ndarray, mask: np.ndarray, color: Sequence[int] = PRED_COLOR, alpha: float = 0.5
+) -> np.ndarray:
+    """`image` with the pixels of `mask` blended towards `color` by `alpha`."""
+    if image.shape[:2] != mask.shape:
+        raise ValueError(f"image {image.shape} and mask {mask.shape} differ in size")
+    out = image.astype(np.float32)
+    out[mask] = (1.0 - alpha) * out[mask] + alpha * np.asarray(color, np.float32)
+    return (out + 0.5).astype(np.uint8)
+
+
+def grid(rows: Sequence[Sequence[np.ndarray]], pad: int = 2, fill: int = 255) -> np.ndarray:
+    """Tile equally sized HxWx3 images row by row, `pad` pixels of `fill` between and around."""
+    if not rows or not all(rows):
+        raise ValueError("grid needs at least one non-empty row")
+    h, w = rows[0][0].shape[:2]
+    if any(tile.shape != (h, w, 3) for row in rows for tile in row):
+        raise ValueError(f"all tiles must be {h}x{w}x3")
+    n_cols = max(len(row) for row in rows)
+    canvas = np.full(
+        (pad + len(rows) * (h + pad), pad + n_cols * (w + pad), 3), fill, dtype=np.uint8
+    )
+    for r, row in enumerate(rows):
+        for c, tile in enumerate(row):
+            y, x = pad + r * (h + pad), pad + c * (w + pad)
+            canvas[y : y + h, x : x + w] = tile
+    return canvas
+
+
+def save_png_atomic(path: str | os.PathLike[str], array: np.ndarray) -> Path:
+    """Write `array` as a PNG via a temporary file and a rename, so readers (a dashboard, a
+    file sync) never see a half-written image."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a per-process name in the same folder (rename is atomic only within one filesystem); plain
+    # open() rather than mkstemp so the PNG gets the usual umask permissions, not 0600
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            Image.fromarray(array).save(f, format="PNG")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
