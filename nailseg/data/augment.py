@@ -95,13 +95,16 @@ class AugSpec:
         mean: Iterable[float] = IMAGENET_MEAN,
         std: Iterable[float] = IMAGENET_STD,
     ) -> AugSpec:
-        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`."""
+        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`.
+
+        Parameters set to None (the typed schema's unset keys) are ignored.
+        """
         parsed = []
         for raw in ops:
             entry = dict(raw)
             name = entry.pop("op")
             p = float(entry.pop("p", 1.0))
-            ranges = {k: (float(v[0]), float(v[1])) for k, v in entry.items()}
+            ranges = {k: (float(v[0]), float(v[1])) for k, v in entry.items() if v is not None}
             parsed.append(AugOp(name=name, p=p, ranges=ranges))
         return cls(ops=tuple(parsed), mean=_triple(mean), std=_triple(std))
 

@@ -1,0 +1,33 @@
+"""The network: any segmentation-models-pytorch architecture through its one door, create_model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import segmentation_models_pytorch as smp
+from torch import nn
+
+
+def build_net(
+    arch: str,
+    encoder_name: str,
+    encoder_weights: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """A binary segmentation net (3 input channels, 1 logit channel).
+
+    `encoder_weights=None` by default: pretrained weights are downloaded at run time, so they are
+    opt-in (`model.encoder_weights=imagenet`).
+    """
+    try:
+        return smp.create_model(
+            arch,
+            encoder_name=encoder_name,
+            encoder_weights=encoder_weights,
+            in_channels=3,
+            classes=1,
+            **dict(options or {}),
+        )
+    except KeyError as err:
+        raise ValueError(f"model.arch={arch!r} is not an smp architecture ({err})") from err

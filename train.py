@@ -1,0 +1,16 @@
+"""Train a nail segmentation model. `python train.py model=segformer aug=heavy`; `-m` sweeps."""
+
+import hydra
+from omegaconf import DictConfig
+
+import nailseg.config  # noqa: F401  (registers the typed schemas)
+from nailseg.train import run
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()
