@@ -10,9 +10,9 @@ Why it is built this way:
 * Each random op is gated by `fn.random.coin_flip` and a DALI `if`: only the samples that get the op
   pay for it (computing for all then discarding made the seed project's pipeline 3x slower).
 * Every `iter()` is one full, fresh pass. Because we feed the pipeline, an abandoned pass (Lightning's
-  limit_*_batches, sanity check, early stop) is ended cheaply at the next `iter()`: the feeder stops,
-  the at most `prefetch` batches in flight are drained, and the pipeline is reset. DALI's own
-  iterators ignore a mid-epoch reset and then yield only the leftovers of the old epoch.
+  limit_*_batches, sanity check, early stop) is ended cheaply when the next one starts: the feeder
+  stops, the at most `prefetch` batches in flight are drained, and the pipeline is reset. DALI's
+  own iterators ignore a mid-epoch reset and then yield only the leftovers of the old epoch.
 
 DALI is imported inside functions, so importing this module costs nothing until a loader is built.
 """
@@ -110,10 +110,12 @@ def _coin(op: AugOp) -> Any:
     return fn.random.coin_flip(probability=op.p, dtype=types.BOOL)
 
 
-def _uniform(op: AugOp, key: str) -> DataNode:
+def _uniform(op: AugOp, key: str) -> DataNode | float:
+    """A per-sample draw from the op's [lo, hi]; a plain float when lo == hi (DALI rejects that)."""
     from nvidia.dali import fn
 
-    return fn.random.uniform(range=op.ranges[key])
+    lo, hi = op.ranges[key]
+    return lo if lo == hi else fn.random.uniform(range=(lo, hi))
 
 
 def _flip(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
@@ -197,13 +199,13 @@ def _decode(paths: DataNode) -> DataNode:
     return fn.reshape(fn.decoders.numpy(fn.io.file.read(paths)), layout="HWC")
 
 
-def build_pipeline(
+def _build_pipeline(
     feeder: _Feeder,
     spec: AugSpec,
     *,
     train: bool,
     image_size: tuple[int, int],
-    device: str,
+    device_id: int | None,
     batch_size: int,
     num_threads: int,
     prefetch: int,
@@ -212,13 +214,13 @@ def build_pipeline(
     """The pipeline: outputs (image 3xHxW float, mask 1xHxW float, group, row) per sample.
 
     Train applies the spec (geometric ops on image and mask, resize, normalise, photometric ops on
-    the image); eval only resizes and normalises. On 'gpu', files are read and decoded on the CPU
-    and everything after runs on the GPU.
+    the image); eval only resizes and normalises. With a `device_id`, files are read and decoded
+    on the CPU and everything after runs on that GPU; with None, everything runs on the CPU.
     """
     dali = _dali()
     from nvidia.dali import fn, types
 
-    gpu = device == "gpu"
+    gpu = device_id is not None
     out_h, out_w = image_size
 
     @dali.pipeline_def(enable_conditionals=True)
@@ -247,14 +249,14 @@ def build_pipeline(
         )
         for op in ops:
             if not op.geometric and _coin(op):
-                image = fn.reshape(_PHOTOMETRIC[op.name](op, image), layout="CHW")
+                image = _PHOTOMETRIC[op.name](op, image)
         mask = fn.transpose(fn.cast(mask, dtype=types.FLOAT), perm=[2, 0, 1], output_layout="CHW")
         return image, mask, group, row
 
     return pipeline(
         batch_size=batch_size,
         num_threads=num_threads,
-        device_id=torch.cuda.current_device() if gpu else None,
+        device_id=device_id,
         prefetch_queue_depth=prefetch,
         seed=seed,
     )
@@ -274,8 +276,9 @@ class DaliLoader:
     """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard.
 
     Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
-    "group": int64 B, "index": int64 B (CSV row)} on the pipeline's device. The epoch used to
-    shuffle is the one given to `set_epoch`, else one more than the last pass's.
+    "group": int64 B, "index": int64 B (row position in `records`, i.e. the CSV row)} on the
+    pipeline's device. A pass shuffles as the epoch given to `set_epoch`, else as one more than
+    the previous pass; starting a pass ends any unfinished one.
     """
 
     def __init__(
@@ -304,6 +307,9 @@ class DaliLoader:
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = resolve_device(device)
         self._n = len(records)
+        self._len = num_batches(
+            self._n, batch_size, train=train, rank=rank, world_size=world_size, drop_last=drop_last
+        )
         unknown = sorted(set(records["group"]) - set(group_ids))
         if unknown:
             raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
@@ -317,19 +323,16 @@ class DaliLoader:
             masks.append(np.frombuffer(str(mask_path).encode(), dtype=np.uint8))
         groups = np.array([group_ids[g] for g in records["group"]], dtype=np.int64)
         self._feeder = _Feeder(images, masks, groups)
-        self._torch_device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if self.device == "gpu"
-            else torch.device("cpu")
-        )
+        device_id = torch.cuda.current_device() if self.device == "gpu" else None
+        self._torch_device = torch.device("cpu" if device_id is None else f"cuda:{device_id}")
         # Differently seeded per rank, so ranks do not draw identical augmentations.
         pipe_seed = int(np.random.SeedSequence((seed, rank)).generate_state(1)[0] >> 1)
-        self._pipe = build_pipeline(
+        self._pipe = _build_pipeline(
             self._feeder,
             spec,
             train=train,
             image_size=image_size,
-            device=self.device,
+            device_id=device_id,
             batch_size=batch_size,
             num_threads=num_threads,
             prefetch=prefetch,
@@ -338,20 +341,15 @@ class DaliLoader:
         self._pipe.build()
 
     def __len__(self) -> int:
-        return num_batches(
-            self._n,
-            self.batch_size,
-            train=self.train,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-        )
+        return self._len
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle the next pass as epoch `epoch` (Lightning-style callers set it each epoch)."""
         self._epoch = epoch
 
     def __iter__(self) -> Iterator[Batch]:
+        """One full pass. It starts at the first `next()`: Lightning calls `iter()` once just to
+        probe, and such an unused iterator must cost nothing and must not use up an epoch."""
         self._require_pipe()
         self._end_pass()
         batches = epoch_batches(
@@ -366,17 +364,14 @@ class DaliLoader:
         )
         self._epoch += 1
         self._pass += 1
+        pass_id = self._pass
         self._feeder.start(batches)
         self._in_flight = True
-        return self._run(self._pass)
-
-    def _run(self, pass_id: int) -> Iterator[Batch]:
-        while pass_id == self._pass:  # a newer iter() (or close) supersedes this pass
-            pipe = self._require_pipe()
-            try:
-                image, mask, group, row = pipe.run()
+        while pass_id == self._pass:  # a pass started later (or close) supersedes this one
+            try:  # no local reference to the pipeline survives a yield, so close() frees it
+                image, mask, group, row = self._require_pipe().run()
             except StopIteration:
-                pipe.reset()
+                self._require_pipe().reset()
                 self._in_flight = False
                 return
             dev = self._torch_device

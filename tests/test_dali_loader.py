@@ -1,0 +1,412 @@
+"""The epoch plan (sampling.py) and the DALI backend on CPU: pairing, augmentation, Lightning safety."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from nailseg.data.augment import AugSpec
+from nailseg.data.loaders.dali import DaliLoader, npy_shape
+from nailseg.data.loaders.sampling import epoch_batches, num_batches
+
+GROUPS = {"a": 0, "b": 1}
+HEAVY = [
+    {"op": "hflip", "p": 0.5},
+    {"op": "vflip", "p": 0.5},
+    {"op": "rotate", "p": 0.3, "degrees": [-30, 30]},
+    {"op": "random_resized_crop", "p": 0.3, "scale": [0.5, 1.0], "ratio": [0.75, 1.33]},
+    {"op": "gaussian_noise", "p": 0.15, "sigma": [0, 0.33]},
+    {"op": "gaussian_blur", "p": 0.15, "sigma": [0.5, 1.5]},
+    {"op": "brightness", "p": 0.15, "factor": [0.7, 1.3]},
+    {"op": "contrast", "p": 0.13, "factor": [0.9, 1.1]},
+]
+
+
+# --- sampling ------------------------------------------------------------------------------------
+
+
+def _rows(batches: list[np.ndarray]) -> list[int]:
+    return [int(i) for batch in batches for i in batch]
+
+
+@pytest.mark.parametrize("n,world", [(37, 1), (37, 2), (37, 3), (40, 4), (5, 8)])
+def test_train_plan_equal_shares_no_duplicates(n: int, world: int) -> None:
+    shards = [
+        _rows(epoch_batches(n, 1, train=True, seed=3, epoch=2, rank=r, world_size=world))
+        for r in range(world)
+    ]
+    assert {len(s) for s in shards} == {n // world}
+    union = [i for shard in shards for i in shard]
+    assert len(set(union)) == len(union) == (n // world) * world
+    assert set(union) <= set(range(n))
+
+
+def test_train_plan_shuffles_per_epoch_and_is_deterministic() -> None:
+    def rows(seed: int, epoch: int) -> list[int]:
+        return _rows(epoch_batches(50, 4, train=True, seed=seed, epoch=epoch))
+
+    assert rows(0, 0) == rows(0, 0)
+    assert rows(0, 0) != rows(0, 1)
+    assert rows(0, 0) != rows(1, 0)
+
+    def left_over(epoch: int) -> frozenset[int]:
+        kept = {
+            i
+            for rank in range(3)
+            for i in _rows(epoch_batches(10, 1, train=True, epoch=epoch, rank=rank, world_size=3))
+        }
+        return frozenset(range(10)) - kept
+
+    assert len({left_over(e) for e in range(5)}) > 1  # not always the same row left out
+
+
+def test_train_plan_drop_last() -> None:
+    assert [len(b) for b in epoch_batches(10, 4, train=True)] == [4, 4]
+    assert [len(b) for b in epoch_batches(10, 4, train=True, drop_last=False)] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("n,batch,world", [(10, 3, 1), (10, 3, 3), (7, 2, 2), (2, 4, 3), (0, 2, 2)])
+def test_eval_plan_covers_every_row_once(n: int, batch: int, world: int) -> None:
+    seen = []
+    for rank in range(world):
+        batches = epoch_batches(n, batch, train=False, rank=rank, world_size=world)
+        assert all(0 < len(b) <= batch for b in batches)
+        assert len(batches) == num_batches(n, batch, train=False, rank=rank, world_size=world)
+        seen += _rows(batches)
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_num_batches_matches_train_plan(drop_last: bool) -> None:
+    for n, batch, world in [(10, 3, 1), (11, 2, 3), (3, 4, 2)]:
+        for rank in range(world):
+            plan = epoch_batches(
+                n, batch, train=True, rank=rank, world_size=world, drop_last=drop_last
+            )
+            assert len(plan) == num_batches(
+                n, batch, train=True, rank=rank, world_size=world, drop_last=drop_last
+            )
+
+
+def test_plan_rejects_bad_rank() -> None:
+    with pytest.raises(ValueError, match="rank"):
+        epoch_batches(10, 2, train=True, rank=2, world_size=2)
+
+
+# --- DALI loader helpers ---------------------------------------------------------------------------
+
+
+def _loader(root: Path, split: str, spec: AugSpec, **kwargs) -> DaliLoader:
+    records = pd.read_csv(root / f"{split}.csv")
+    kwargs = {"train": split == "train", "batch_size": 4, "image_size": (32, 32), **kwargs}
+    return DaliLoader(records, root, spec, group_ids=GROUPS, **kwargs)
+
+
+def _unnormalise(image: torch.Tensor, spec: AugSpec) -> np.ndarray:
+    """B×3×H×W normalised -> uint8-scale float, to read back the written pixels."""
+    mean = np.array(spec.mean, dtype=np.float32)[None, :, None, None]
+    std = np.array(spec.std, dtype=np.float32)[None, :, None, None]
+    return (image.numpy() * std + mean) * 255
+
+
+def _write(root: Path, images: list[np.ndarray], masks: list[np.ndarray]) -> Path:
+    """A prepared root (group 'a' / 'b' alternating) from the given arrays."""
+    rows = []
+    for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
+        group = "ab"[i % 2]
+        rel_image, rel_mask = Path("images", group, f"{i}.npy"), Path("masks", group, f"{i}.npy")
+        for rel, arr in ((rel_image, image), (rel_mask, mask)):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            np.save(root / rel, arr)
+        h, w = image.shape[:2]
+        rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
+    columns = ["images", "masks", "group", "height", "width", "fg_fraction"]
+    pd.DataFrame(rows, columns=columns).to_csv(root / "train.csv", index=False)
+    return root
+
+
+@pytest.fixture
+def tagged(tmp_path: Path) -> Path:
+    """Samples whose tags survive flips and crops: image channel 0 is the constant row index, the
+    mask is all 1 for odd rows and all 0 for even ones; mixed sizes."""
+    rng = np.random.default_rng(1)
+    images, masks = [], []
+    for i in range(16):
+        h, w = 36 + 4 * (i % 3), 40 + 6 * (i % 2)
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        image[..., 0] = i
+        images.append(image)
+        masks.append(np.full((h, w, 1), i % 2, np.uint8))
+    return _write(tmp_path / "tagged", images, masks)
+
+
+@pytest.fixture
+def ramps(tmp_path: Path) -> Path:
+    """32x32 samples: channel 0 = 8*row, channel 1 = 8*column, channel 2 = 255*mask, where the mask
+    is a random (so asymmetric) pattern: flips are readable and image/mask must move together."""
+    rng = np.random.default_rng(2)
+    y, x = np.mgrid[0:32, 0:32]
+    images, masks = [], []
+    for _ in range(40):
+        mask = rng.integers(0, 2, (32, 32, 1), dtype=np.uint8)
+        images.append(np.stack([8 * y, 8 * x, 255 * mask[..., 0]], axis=-1).astype(np.uint8))
+        masks.append(mask)
+    return _write(tmp_path / "ramps", images, masks)
+
+
+# --- DALI loader ---------------------------------------------------------------------------------
+
+
+def test_batches_follow_contract_and_auto_is_cpu(prepared: Path) -> None:
+    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), device="auto")
+    assert loader.device == "cpu"
+    batch = next(iter(loader))
+    assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.float32
+    assert batch["mask"].shape == (4, 1, 32, 32) and batch["mask"].dtype == torch.float32
+    assert batch["group"].shape == batch["index"].shape == (4,)
+    assert batch["group"].dtype == batch["index"].dtype == torch.int64
+    assert all(t.device.type == "cpu" for t in batch.values())
+    loader.close()
+
+
+def test_pairing_over_shuffled_epochs(tagged: Path) -> None:
+    spec = AugSpec.from_config(
+        [
+            {"op": "hflip", "p": 0.5},
+            {"op": "vflip", "p": 0.5},
+            {"op": "random_resized_crop", "p": 0.5, "scale": [0.3, 1.0], "ratio": [0.5, 2.0]},
+        ]
+    )
+    records = pd.read_csv(tagged / "train.csv")
+    loader = _loader(tagged, "train", spec)
+    orders = []
+    for _ in range(3):
+        order = []
+        for batch in loader:
+            rows = batch["index"].numpy()
+            channel0 = _unnormalise(batch["image"], spec)[:, 0]
+            assert np.abs(channel0 - rows[:, None, None]).max() < 0.01
+            assert (batch["mask"].flatten(1) == torch.from_numpy(rows % 2)[:, None]).all()
+            want_groups = records["group"].map(GROUPS).to_numpy()[rows]
+            assert batch["group"].tolist() == want_groups.tolist()
+            order += rows.tolist()
+        assert sorted(order) == list(range(16))
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_loader_follows_the_plan_and_set_epoch(prepared: Path) -> None:
+    loader = _loader(prepared, "train", AugSpec(), batch_size=3, seed=7)
+    loader.set_epoch(5)
+    iter(loader)  # a probe never advanced (Lightning does this) starts no pass, uses no epoch
+    got = [b["index"].tolist() for b in loader]
+    assert got == [b.tolist() for b in epoch_batches(12, 3, train=True, seed=7, epoch=5)]
+    got_next = [b["index"].tolist() for b in loader]  # no set_epoch: the next epoch
+    assert got_next == [b.tolist() for b in epoch_batches(12, 3, train=True, seed=7, epoch=6)]
+
+
+def test_heavy_masks_stay_binary(prepared: Path) -> None:
+    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=6)
+    for _ in range(3):
+        for batch in loader:
+            assert set(batch["mask"].unique().tolist()) <= {0.0, 1.0}
+            assert torch.isfinite(batch["image"]).all()
+
+
+def test_geometry_moves_image_and_mask_together(ramps: Path) -> None:
+    spec = AugSpec.from_config(
+        [
+            {"op": "hflip", "p": 0.5},
+            {"op": "vflip", "p": 0.5},
+            {"op": "rotate", "p": 0.5, "degrees": [90, 90]},  # exact on a square: no blending
+        ]
+    )
+    loader = _loader(ramps, "train", spec, batch_size=8)
+    for batch in loader:
+        channel2 = _unnormalise(batch["image"], spec)[:, 2] / 255
+        assert np.abs(channel2 - batch["mask"][:, 0].numpy()).max() < 1e-3
+
+
+def test_random_resized_crop_is_a_window_shared_by_mask(ramps: Path) -> None:
+    crop = {"op": "random_resized_crop", "p": 1.0, "scale": [0.25, 0.25], "ratio": [1.0, 1.0]}
+    spec = AugSpec.from_config([crop])
+    loader = _loader(ramps, "train", spec, batch_size=8, image_size=(16, 16))
+    for batch in loader:
+        image = _unnormalise(batch["image"], spec)
+        rows, cols = image[:, 0, :, 0] / 8, image[:, 1, 0, :] / 8
+        assert np.abs(np.diff(rows, axis=1) - 1).max() < 0.01  # 16 consecutive rows of 32
+        assert np.abs(np.diff(cols, axis=1) - 1).max() < 0.01
+        assert np.abs(image[:, 2] / 255 - batch["mask"][:, 0].numpy()).max() < 1e-3
+
+
+def test_firing_rates_within_three_sigma(ramps: Path) -> None:
+    p = {"hflip": 0.5, "vflip": 0.3, "brightness": 0.2}
+    spec = AugSpec.from_config(
+        [
+            {"op": "hflip", "p": p["hflip"]},
+            {"op": "vflip", "p": p["vflip"]},
+            {"op": "brightness", "p": p["brightness"], "factor": [2.0, 2.0]},
+        ]
+    )
+    loader = _loader(ramps, "train", spec, batch_size=20)
+    fired: dict[str, list[bool]] = {name: [] for name in p}
+    darkest = -spec.mean[0] / spec.std[0]  # channel 0's smallest pixel (0) after normalising
+    for _ in range(10):  # 400 samples
+        for batch in loader:
+            for image in batch["image"]:
+                fired["hflip"].append(bool(image[1, 0, 0] > image[1, 0, -1]))
+                fired["vflip"].append(bool(image[0, 0, 0] > image[0, -1, 0]))
+                fired["brightness"].append(bool(image[0].min() < 1.5 * darkest))
+    for name, prob in p.items():
+        rate, n = np.mean(fired[name]), len(fired[name])
+        assert n == 400
+        assert abs(rate - prob) < 3 * np.sqrt(prob * (1 - prob) / n), (name, rate)
+
+
+def test_len_equals_batches_yielded(prepared: Path) -> None:
+    for split, world, drop_last in [("train", 1, True), ("train", 2, False), ("valid", 3, True)]:
+        for rank in range(world):
+            loader = _loader(
+                prepared,
+                split,
+                AugSpec(),
+                batch_size=4,
+                rank=rank,
+                world_size=world,
+                drop_last=drop_last,
+            )
+            assert len(loader) == sum(1 for _ in loader) == sum(1 for _ in loader)
+            loader.close()
+
+
+def test_abandoned_pass_then_full_pass(prepared: Path) -> None:
+    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=2, prefetch=3)
+    assert len(loader) == 6
+    for _ in range(4):
+        next(iter(loader))  # abandoned after 1 batch, like limit_train_batches=1
+        rows = [i for batch in loader for i in batch["index"].tolist()]
+        assert sorted(rows) == list(range(12))
+    stale, fresh = iter(loader), iter(loader)
+    next(stale)
+    first = next(fresh)  # starting a new pass supersedes the old one
+    assert list(stale) == []
+    assert 1 + sum(1 for _ in fresh) == 6
+    assert len(first["index"]) == 2
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 6])
+def test_eval_covers_every_row_once(prepared: Path, world: int) -> None:
+    rows = []
+    for rank in range(world):
+        loader = _loader(prepared, "valid", AugSpec(), batch_size=2, rank=rank, world_size=world)
+        for _ in range(2):  # a second pass too: also after an empty one (5 rows, 6 ranks)
+            pass_rows = []
+            for batch in loader:
+                index = batch["index"]
+                assert (batch["mask"][:, 0, 0, 0] == (index % 2).float()).all()  # conftest's tag
+                pass_rows += index.tolist()
+            assert pass_rows == list(range(rank, 5, world))
+        rows += pass_rows
+        loader.close()
+    assert sorted(rows) == list(range(5))
+
+
+def test_decode_is_exact_at_native_size(ramps: Path) -> None:
+    loader = _loader(ramps, "train", AugSpec(), train=False, batch_size=5)
+    batch = next(iter(loader))
+    for image, row in zip(_unnormalise(batch["image"], AugSpec()), batch["index"], strict=True):
+        raw = np.load(ramps / "images" / "ab"[int(row) % 2] / f"{int(row)}.npy")
+        assert np.abs(image - raw.transpose(2, 0, 1)).max() < 1e-3
+
+
+def test_close_releases_pipeline_threads(prepared: Path) -> None:
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    before = threads()
+    for _ in range(5):
+        loader = _loader(prepared, "train", AugSpec(), num_threads=2)
+        next(iter(loader))  # a suspended pass must not keep the pipeline alive
+        loader.close()
+    assert threads() <= before + 1
+    with pytest.raises(RuntimeError, match="closed"):
+        next(iter(loader))
+
+
+def test_bad_npy_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npy"
+    np.save(path, np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match=r"bad\.npy"):
+        npy_shape(path, 3)
+
+
+def test_missing_dali_names_the_backend(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    with pytest.raises(ImportError, match="loader=dali"):
+        _loader(prepared, "train", AugSpec())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_pipeline(prepared: Path) -> None:
+    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), device="gpu")
+    rows = []
+    for batch in loader:
+        assert all(t.device.type == "cuda" for t in batch.values())
+        assert set(batch["mask"].unique().tolist()) <= {0.0, 1.0}
+        rows += batch["index"].tolist()
+    assert sorted(rows) == list(range(12))
+    next(iter(loader))
+    assert sum(1 for _ in loader) == len(loader)
+
+
+def test_lightning_sanity_check_and_batch_limits_keep_passes_full(
+    prepared: Path, tmp_path: Path
+) -> None:
+    import lightning as L
+
+    class Probe(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+            self.train_rows: list[list[int]] = []
+            self.val_rows: list[list[int]] = []
+
+        def training_step(self, batch: dict, _: int) -> torch.Tensor:
+            self.train_rows.append(batch["index"].tolist())
+            return (self.weight * batch["image"].mean()).sum()
+
+        def on_validation_epoch_start(self) -> None:
+            self.val_rows.append([])
+
+        def validation_step(self, batch: dict, _: int) -> None:
+            self.val_rows[-1] += batch["index"].tolist()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    train = _loader(prepared, "train", AugSpec(), batch_size=4, seed=3)
+    valid = _loader(prepared, "valid", AugSpec(), batch_size=2)
+    probe = Probe()
+    trainer = L.Trainer(
+        max_epochs=3,
+        limit_train_batches=1,  # abandons every train pass after 1 of 3 batches
+        num_sanity_val_steps=1,  # abandons the first validation pass after 1 of 3 batches
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(probe, train_dataloaders=train, val_dataloaders=valid)
+    first = [epoch_batches(12, 4, train=True, seed=3, epoch=e)[0].tolist() for e in range(3)]
+    assert probe.train_rows == first  # each epoch starts a fresh, reshuffled pass
+    assert len(probe.val_rows) == 4  # sanity check + 3 epochs
+    assert all(sorted(rows) == list(range(5)) for rows in probe.val_rows[1:])
