@@ -77,16 +77,13 @@ class ThroughputMonitor(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # restart the wait clock so mid-epoch validation is not counted as waiting for data
-        if trainer.training:
-            self._last_end = self._now(pl_module)
+        self._last_end = self._now(pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         total = self._wait + self._compute
         if total <= 0.0:
             return
-        pl_module.log(
-            "train/images_per_s", self._images / total, sync_dist=True, reduce_fx="sum"
-        )
+        pl_module.log("train/images_per_s", self._images / total, sync_dist=True, reduce_fx="sum")
         pl_module.log("train/data_wait_frac", self._wait / total, sync_dist=True)
 
 
@@ -134,9 +131,10 @@ class PredictionOverlays(L.Callback):
         self._batch_epoch = trainer.current_epoch
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._batch_epoch == trainer.current_epoch and not trainer.sanity_checking:
-            if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-                self._draw(trainer, pl_module)
+        # _batch_epoch matches only on rank 0 and outside the sanity check (see above)
+        epoch = trainer.current_epoch
+        if self._batch_epoch == epoch and (epoch + 1) % self.every_n_epochs == 0:
+            self._draw(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the last epoch is rarely a multiple of every_n_epochs, and early stopping or max_steps
@@ -150,9 +148,14 @@ class PredictionOverlays(L.Callback):
         threshold = float(pl_module.hparams.get("threshold", 0.5))
         was_training = pl_module.training
         pl_module.eval()
-        with torch.no_grad():
-            probs = torch.sigmoid(pl_module(images.to(pl_module.device))).float().cpu()
+        # inference_mode, not no_grad: the kept batch was made inside the validation loop's
+        # inference mode, and inference tensors may only be used there or without autograd
+        # the precision plugin's cast and autocast, as Lightning applies them around a val step
+        precision = trainer.precision_plugin
+        with torch.inference_mode(), precision.forward_context():
+            logits = pl_module(precision.convert_input(images.to(pl_module.device)))
         pl_module.train(was_training)
+        probs = torch.sigmoid(logits.float()).cpu()
 
         pictures = [denormalize(img.float().numpy(), self.mean, self.std) for img in images]
         truths = masks[:, 0].numpy() > 0.5
@@ -176,5 +179,7 @@ class PredictionOverlays(L.Callback):
                     key="val/overlays",
                     images=[canvas],
                     step=trainer.global_step,
-                    caption=[f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"],
+                    caption=[
+                        f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"
+                    ],
                 )

@@ -17,11 +17,12 @@ TRUTH_COLOR = (0, 255, 0)
 PRED_COLOR = (255, 0, 0)
 
 
-def denormalize(
-    image: np.ndarray, mean: Sequence[float], std: Sequence[float]
-) -> np.ndarray:
+def denormalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """Undo `(x/255 - mean) / std` on a 3×H×W float image: the HxWx3 uint8 picture it came from."""
-    chw = image * np.asarray(std, np.float32)[:, None, None] + np.asarray(mean, np.float32)[:, None, None]
+    chw = (
+        image * np.asarray(std, np.float32)[:, None, None]
+        + np.asarray(mean, np.float32)[:, None, None]
+    )
     return (np.clip(chw, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8).transpose(1, 2, 0)
 
 

@@ -26,9 +26,9 @@ class SegmentationScores(Metric):
     """Accumulates TP/FP/FN pixel counts and sample counts, overall and for `num_groups` groups.
 
     `update(probs, target, group)`: probs and target B×1×H×W (probabilities, {0, 1} mask), group
-    int64 B (indices into the caller's list of group names). `compute()` returns a dict of
-    `dice`, `iou`, `samples` (scalars) and `dice_group`, `iou_group`, `samples_group`
-    (tensors of length `num_groups`).
+    int64 B (indices into the caller's list of group names; ignored when `num_groups` is 0).
+    `compute()` returns a dict of `dice`, `iou`, `samples` (scalars) and `dice_group`,
+    `iou_group`, `samples_group` (tensors of length `num_groups`).
     """
 
     is_differentiable = False

@@ -84,10 +84,7 @@ class SegModule(L.LightningModule):
         self.train_samples = SumMetric()
         self.eval_loss = nn.ModuleDict({stage: MeanMetric() for stage in _EVAL_STAGES})
         self.eval_scores = nn.ModuleDict(
-            {
-                stage: SegmentationScores(len(self.group_names), threshold)
-                for stage in _EVAL_STAGES
-            }
+            {stage: SegmentationScores(len(self.group_names), threshold) for stage in _EVAL_STAGES}
         )
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
@@ -150,7 +147,8 @@ class SegModule(L.LightningModule):
                 values[f"{stage}/samples_group_{name}"] = scores["samples_group"][i].float()
         for name, value in values.items():
             # the value is already the same on every rank: sync_dist's mean over ranks leaves it
-            # as it is, and tells Lightning (which otherwise warns under DDP) it is global
+            # as it is (counts exactly, scores to float rounding) and stops Lightning's DDP
+            # warning that an unsynced epoch value would be rank-local
             self.log(name, value, prog_bar=name == f"{stage}/dice", sync_dist=True)
         self.eval_loss[stage].reset()
         self.eval_scores[stage].reset()

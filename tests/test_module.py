@@ -1,0 +1,278 @@
+"""SegModule and the callbacks under a real Lightning Trainer on CPU, fed the batch contract.
+
+One small fit (tiny smp Unet, 32x32 synthetic samples, uneven batches, offline W&B) is shared by the
+tests below; each checks one promise: exact sample counts, metric names, overlays, checkpoints that
+load with weights_only=True, throughput numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+import segmentation_models_pytorch as smp
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import OmegaConf
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from nailseg.callbacks import PredictionOverlays, ThroughputMonitor
+from nailseg.model.module import SegModule
+
+GROUPS = ("a", "b")
+SIZE = 32
+N_TRAIN, TRAIN_BS, TRAIN_BATCHES = 14, 4, 3  # limit_train_batches=3 of 4 -> 12 samples per epoch
+N_VAL, VAL_BS = 7, 3  # batches of 3, 3, 1; groups a: 4, b: 3
+EPOCHS = 2
+
+
+class ContractDataset(Dataset):
+    """Samples in the batch contract's per-sample form: a bright square is the nail."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.masks = torch.zeros(n, 1, SIZE, SIZE)
+        for i in range(n):
+            y, x = torch.randint(0, SIZE - 12, (2,), generator=gen).tolist()
+            self.masks[i, :, y : y + 12, x : x + 12] = 1.0
+        self.images = self.masks.expand(-1, 3, -1, -1) * 2 - 1
+        self.images = self.images + 0.3 * torch.randn(n, 3, SIZE, SIZE, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.masks)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "image": self.images[i],
+            "mask": self.masks[i],
+            "group": torch.tensor(i % len(GROUPS)),
+            "index": torch.tensor(i),
+        }
+
+
+def _net() -> torch.nn.Module:
+    # a shallow resnet18 Unet: a real smp net, yet several times faster than the full depth on CPU
+    return smp.create_model(
+        "unet",
+        encoder_name="resnet18",
+        encoder_weights=None,
+        encoder_depth=3,
+        decoder_channels=(32, 16, 8),
+        in_channels=3,
+        classes=1,
+    )
+
+
+def _module(**kwargs: Any) -> SegModule:
+    # built the way Hydra builds them: partials from `_partial_: true`, lists as ListConfig
+    optimizer = instantiate(
+        {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "betas": [0.9, 0.99]}
+    )
+    scheduler = instantiate(
+        {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "_partial_": True}
+    )
+    return SegModule(
+        _net(), optimizer, scheduler, group_names=OmegaConf.create(list(GROUPS)), **kwargs
+    )
+
+
+def _loader(n: int, batch_size: int, seed: int) -> DataLoader:
+    return DataLoader(ContractDataset(n, seed), batch_size=batch_size, shuffle=False)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("run")
+    torch.manual_seed(0)
+    model = _module()
+    checkpoint = ModelCheckpoint(dirpath=root / "checkpoints", monitor="val/dice", mode="max")
+    logger = WandbLogger(save_dir=str(root), offline=True, project="nailseg-test")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=EPOCHS,
+        limit_train_batches=TRAIN_BATCHES,
+        log_every_n_steps=1,
+        default_root_dir=root,
+        logger=logger,
+        callbacks=[
+            checkpoint,
+            ThroughputMonitor(),
+            PredictionOverlays(every_n_epochs=5, max_images=8),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    val = _loader(N_VAL, VAL_BS, seed=1)
+    trainer.fit(model, _loader(N_TRAIN, TRAIN_BS, seed=0), val)
+    fit_metrics = dict(trainer.callback_metrics)
+    logger.experiment.finish()
+    return {
+        "root": root,
+        "trainer": trainer,
+        "model": model,
+        "val": val,
+        "metrics": fit_metrics,
+        "best": checkpoint.best_model_path,
+    }
+
+
+def test_fit_logs_named_metrics_and_exact_sample_counts(fitted: dict[str, Any]) -> None:
+    metrics = fitted["metrics"]
+    expected = {"train/loss_step", "train/loss_epoch", "train/samples", "val/loss", "val/dice"}
+    expected |= {"val/iou", "val/samples", "train/images_per_s", "train/data_wait_frac"}
+    expected |= {f"val/{m}_group_{g}" for m in ("dice", "iou", "samples") for g in GROUPS}
+    assert expected <= set(metrics), sorted(expected - set(metrics))
+    # exact: limited train batches, uneven last val batch, sanity-check batches not leaking in
+    assert metrics["train/samples"].item() == TRAIN_BATCHES * TRAIN_BS
+    assert metrics["val/samples"].item() == N_VAL
+    assert metrics["val/samples_group_a"].item() == 4
+    assert metrics["val/samples_group_b"].item() == 3
+    for name in ("val/dice", "val/iou", "val/dice_group_a", "val/iou_group_b"):
+        assert 0.0 <= metrics[name].item() <= 1.0, name
+
+
+def test_throughput_metrics(fitted: dict[str, Any]) -> None:
+    metrics = fitted["metrics"]
+    assert metrics["train/images_per_s"].item() > 0
+    assert 0.0 <= metrics["train/data_wait_frac"].item() <= 1.0
+
+
+def test_scheduler_length_filled_from_trainer(fitted: dict[str, Any]) -> None:
+    config = fitted["trainer"].lr_scheduler_configs[0]
+    assert config.interval == "step"
+    assert config.scheduler.T_max == EPOCHS * TRAIN_BATCHES
+
+
+def test_overlays_written_for_last_epoch_and_logged_to_wandb(fitted: dict[str, Any]) -> None:
+    overlays = fitted["root"] / "overlays"
+    # every_n_epochs=5 never fires in 2 epochs: only the end-of-training grid is drawn
+    assert sorted(p.name for p in overlays.iterdir()) == [f"epoch_{EPOCHS - 1:03d}.png"]
+    image = np.asarray(Image.open(overlays / f"epoch_{EPOCHS - 1:03d}.png"))
+    pad, tile = 2, SIZE + 2
+    assert image.shape == (pad + 3 * tile, pad + VAL_BS * tile, 3)  # 3 rows x first val batch
+    logged = list(Path(fitted["root"]).glob("wandb/offline-run-*/files/media/images/val/*.png"))
+    assert logged, "overlay grid not logged to W&B"
+
+
+def test_checkpoint_loads_weights_only(fitted: dict[str, Any]) -> None:
+    ckpt = torch.load(fitted["best"], weights_only=True, map_location="cpu")
+    hparams = ckpt["hyper_parameters"]
+    assert hparams["group_names"] == list(GROUPS)
+    assert hparams["optimizer_spec"] == {
+        "_target_": "torch.optim.adamw.AdamW",
+        "lr": 1e-3,
+        "betas": [0.9, 0.99],
+    }
+    restored = SegModule.load_from_checkpoint(
+        fitted["best"],
+        net=_net(),
+        optimizer=functools.partial(torch.optim.AdamW),
+        weights_only=True,
+    )
+    assert restored.group_names == list(GROUPS)
+    for key, value in restored.state_dict().items():
+        assert torch.equal(value, ckpt["state_dict"][key]), key
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_test_and_predict(fitted: dict[str, Any], tmp_path: Path) -> None:
+    # a fresh trainer, as an evaluation tool would use: restores the fit's best checkpoint
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, default_root_dir=tmp_path, enable_progress_bar=False
+    )
+    model, val = fitted["model"], fitted["val"]
+    (results,) = trainer.test(
+        model, val, ckpt_path=fitted["best"], weights_only=True, verbose=False
+    )
+    assert results["test/samples"] == N_VAL
+    assert results["test/samples_group_a"] == 4
+    assert {"test/loss", "test/dice", "test/iou", "test/dice_group_b"} <= set(results)
+    batches = trainer.predict(model, val)
+    assert [len(b) for b in batches] == [3, 3, 1]
+    probs = torch.cat(batches)
+    assert probs.shape == (N_VAL, 1, SIZE, SIZE)
+    assert probs.min() >= 0 and probs.max() <= 1
+
+
+def test_channels_last() -> None:
+    model = _module(channels_last=True)
+    conv = next(m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    model.eval()
+    with torch.no_grad():
+        out = model.predict_step({"image": torch.randn(2, 3, SIZE, SIZE)}, 0)
+    assert out.shape == (2, 1, SIZE, SIZE) and torch.isfinite(out).all()
+
+
+class _SlowDataset(ContractDataset):
+    """Every sample takes `delay` seconds to load: the loader, not the net, is the bottleneck."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n, seed=2)
+        self.delay = delay
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
+def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
+    model = SegModule(
+        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[ThroughputMonitor()],
+    )
+    delay, n = 0.05, 6
+    start = time.perf_counter()
+    trainer.fit(model, DataLoader(_SlowDataset(n, delay=delay), batch_size=2))
+    elapsed = time.perf_counter() - start
+    metrics = trainer.callback_metrics
+    assert metrics["train/samples"].item() == n
+    # step time = images / rate; its waiting part must hold every sleep of the loader (a bound
+    # that holds however loaded the machine is) and the whole cannot exceed the fit itself
+    step_time = n / metrics["train/images_per_s"].item()
+    wait = metrics["train/data_wait_frac"].item() * step_time
+    assert n * delay <= wait <= step_time <= elapsed
+
+
+def test_overlays_every_n_epochs(tmp_path: Path) -> None:
+    model = SegModule(
+        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[PredictionOverlays(every_n_epochs=2, max_images=2)],
+    )
+    trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
+    # epoch 1 by the period, epoch 2 as the last; no temporary files left behind
+    names = sorted(p.name for p in (tmp_path / "overlays").iterdir())
+    assert names == ["epoch_001.png", "epoch_002.png"]
+    assert np.asarray(Image.open(tmp_path / "overlays" / names[0])).shape == (
+        2 + 3 * (SIZE + 2),
+        2 + 2 * (SIZE + 2),
+        3,
+    )
