@@ -58,8 +58,15 @@ class NailDataModule(L.LightningDataModule):
         """Evaluation: the same resize and normalisation, no augmentation."""
         return AugSpec(ops=(), mean=self.aug.mean, std=self.aug.std)
 
+    @property
+    def overfitting(self) -> bool:
+        """`trainer.overfit_batches`: train and validate on the same fixed, unaugmented batches."""
+        return self.trainer is not None and self.trainer.overfit_batches > 0
+
     def _build(self, split: str, train: bool):
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        if self.overfitting:
+            split, train = "train", False
         loader = self.loader(
             records=self.splits[split],
             root=self.root,

@@ -5,8 +5,8 @@ A fresh clone has no photos, yet training, tests and benchmarks need data in the
 built so that a model has something real to learn: skin-coloured fingers (and palms) surround
 every nail, skin tones and nail colours (natural or polished) vary, nails sit at the finger tip and
 turn with it, and each of the four groups has its own backgrounds, scale, finger count, nail
-shape, lighting and image size. Pixel distractors (skin and pink blobs in the clutter group) keep
-"find the pink blob" from being the answer.
+shape, lighting and image size. Skin- and nail-coloured objects in the clutter group keep "find
+the pink blob" from being the answer.
 
 Every sample draws from its own RNG, seeded by (seed, index), so the files do not depend on the
 worker count or order: same (n, seed) gives byte-identical files.
@@ -220,9 +220,8 @@ def _layout(rng: np.random.Generator, style: Style, h: int, w: int) -> list[Fing
     if style.palm:
         palm_w = (m * spacing + 0.5) * scale
         fingers.append(Finger(d0 * 0.2 * scale + shift, d0, palm_w, beyond + palm_w, None))
-    shapes = style.nails
     for tip, d, width, length in parts:
-        shape = shapes[int(rng.integers(len(shapes)))]
+        shape = style.nails[int(rng.integers(len(style.nails)))]
         full = length * scale if style.palm else beyond
         fingers.append(Finger(tip * scale + shift, d, width * scale, full, shape))
     return fingers
@@ -263,9 +262,17 @@ def _fill(shape: tuple[int, int], pts: np.ndarray) -> np.ndarray:
     return canvas.astype(np.float32) / 255
 
 
-def _local(f: Finger, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Finger-local (u, v) of every pixel."""
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+def _box(pts: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the pixels around `pts`, clipped to the image; may be empty."""
+    x0, y0 = np.clip(np.floor(pts.min(0)).astype(int), 0, (w, h))
+    x1, y1 = np.clip(np.ceil(pts.max(0)).astype(int) + 1, 0, (w, h))
+    return int(x0), int(y0), int(x1), int(y1)
+
+
+def _local(f: Finger, box: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Finger-local (u, v) of every pixel in `box`."""
+    x0, y0, x1, y1 = box
+    y, x = np.mgrid[y0:y1, x0:x1].astype(np.float32)
     x, y = x - np.float32(f.tip[0]), y - np.float32(f.tip[1])
     dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
     return x * dx + y * dy, y * dx - x * dy
@@ -279,26 +286,38 @@ def _draw_finger(
     skin: np.ndarray,
     nail: tuple[np.ndarray, bool],
 ) -> None:
-    """Composite one finger (round shading, knuckle creases) and its nail; update the mask."""
-    h, w = mask.shape
-    alpha = _fill((h, w), _finger_outline(f))
-    u, v = _local(f, h, w)
+    """Composite one finger (round shading, knuckle creases) and its nail; update the mask.
+
+    The work is confined to the finger's bounding box (and the nail's), which keeps it fast.
+    """
+    outline = _finger_outline(f)
+    box = x0, y0, x1, y1 = _box(outline, *mask.shape)
+    if x0 >= x1 or y0 >= y1:  # out of view: only a palm can be
+        return
+    origin = np.array([x0, y0])
+    alpha = _fill((y1 - y0, x1 - x0), outline - origin)
+    u, v = _local(f, box)
     across = np.clip((2 * v / f.width) ** 2, 0, 1)
     layer = skin * (1 - 0.35 * across)[..., None]
     if f.nail is not None:
-        for at in rng.uniform(1.1, 1.4, rng.integers(1, 3)) * f.width:
-            crease = _to_image(f, np.array([-at, -at]), np.array([-0.3, 0.3]) * f.width)
+        for at in rng.uniform(1.35, 1.7, rng.integers(1, 3)) * f.width:
+            crease = _to_image(f, np.array([-at, -at]), np.array([-0.3, 0.3]) * f.width) - origin
             a, b = np.round(crease).astype(int)
             cv2.line(layer, (int(a[0]), int(a[1])), (int(b[0]), int(b[1])), (skin * 0.72).tolist())
-    img += alpha[..., None] * (layer - img)
-    mask[alpha >= 0.5] = 0  # this finger hides nails drawn before it
+    view, mask_view = img[y0:y1, x0:x1], mask[y0:y1, x0:x1]
+    view += alpha[..., None] * (layer - view)
+    mask_view[alpha >= 0.5] = 0  # this finger hides nails drawn before it
     if f.nail is None:
         return
 
     outline, centre, half_len, half_w = _nail_outline(rng, f)
-    nail_alpha = np.minimum(_fill((h, w), outline), alpha)
+    nx0, ny0, nx1, ny1 = _box(outline - origin, y1 - y0, x1 - x0)
+    sub = slice(ny0, ny1), slice(nx0, nx1)
+    nail_alpha = np.minimum(
+        _fill((ny1 - ny0, nx1 - nx0), outline - origin - (nx0, ny0)), alpha[sub]
+    )
     colour, natural = nail
-    un, vn = (u - centre) / half_len, v / half_w  # nail-local, +un towards the free edge
+    un, vn = (u[sub] - centre) / half_len, v[sub] / half_w  # nail-local, +un to the free edge
     shade = 1 - 0.18 * np.clip(vn**2, 0, 1) - 0.25 * np.exp(-(((un + 1) / 0.18) ** 2))
     layer = colour * shade[..., None]
     if natural:  # white free edge
@@ -308,8 +327,8 @@ def _draw_finger(
     spec = np.exp(-(((un - spot_u) / 0.45) ** 2) - ((vn - spot_v) / rng.uniform(0.1, 0.25)) ** 2)
     strength = rng.uniform(0.15, 0.45) if natural else rng.uniform(0.4, 0.9)
     layer += (strength * spec)[..., None] * (255 - layer)
-    img += nail_alpha[..., None] * (layer - img)
-    mask[nail_alpha >= 0.5] = 255
+    view[sub] += nail_alpha[..., None] * (layer - view[sub])
+    mask_view[sub][nail_alpha >= 0.5] = 255
 
 
 def _shadow(rng: np.random.Generator, coverage: np.ndarray, strength: float) -> np.ndarray:
@@ -345,7 +364,7 @@ def render(index: int, seed: int) -> tuple[str, np.ndarray, np.ndarray]:
         raise RuntimeError(f"sample {index} (seed {seed}): no scene with a usable nail fraction")
 
     light = 1 + style.light * rng.uniform(0.3, 1) * _ramp(rng, h, w)
-    cast = 1 + rng.uniform(-style.light, style.light, 3) * 0.5
+    cast = 1 + rng.uniform(-style.light, style.light, 3) * 0.3
     img *= light[..., None] * cast.astype(np.float32)
     if rng.uniform() < style.cast_shadow:
         corners = rng.uniform(-0.3, 1.3, (4, 2)) * (w, h)

@@ -1,0 +1,54 @@
+"""Read the history rows of an offline W&B run (`run-<id>.wandb`) to check what a run logged.
+
+The file is a LevelDB-style log: a 7-byte file header, then 32 KiB blocks of chunks, each with a
+7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) and a protobuf `Record`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2 as pb
+
+BLOCK = 32 * 1024
+HEADER = 7
+
+
+def _records(path: Path):
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, pending = HEADER, b""
+    while pos + HEADER <= len(data):
+        left_in_block = BLOCK - pos % BLOCK
+        if left_in_block < HEADER:
+            pos += left_in_block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (1, 2):
+            pending = chunk
+        else:
+            pending += chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def history(run_file: Path) -> list[dict]:
+    """Every history row the run logged, as {key: value}."""
+    rows = []
+    for record in _records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+def run_id(run_file: Path) -> str:
+    for record in _records(run_file):
+        if record.WhichOneof("record_type") == "run":
+            return record.run.run_id
+    raise ValueError(f"{run_file}: no run record")
