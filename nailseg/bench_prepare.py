@@ -58,7 +58,9 @@ def main(cfg: DictConfig) -> None:
     def generate_fresh() -> None:
         generate(synth, n=n_synth, seed=0, num_workers=workers)
 
-    synthetic = _median_seconds(generate_fresh, cfg.repeats, before=lambda: shutil.rmtree(synth, ignore_errors=True))
+    synthetic = _median_seconds(
+        generate_fresh, cfg.repeats, before=lambda: shutil.rmtree(synth, ignore_errors=True)
+    )
 
     rows = pd.DataFrame(
         [
@@ -73,7 +75,9 @@ def main(cfg: DictConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out / "bench_prepare.csv", index=False, float_format="%.4f")
 
-    table = Table(title=f"prepare benchmark ({input_dir}, {workers} workers, median of {cfg.repeats})")
+    table = Table(
+        title=f"prepare benchmark ({input_dir}, {workers} workers, median of {cfg.repeats})"
+    )
     for column in ("step", "images", "seconds", "images/s"):
         table.add_column(column, justify="right")
     for row in rows.itertuples():

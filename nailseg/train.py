@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -117,8 +117,10 @@ def run(cfg: DictConfig) -> float | None:
         threshold=cfg.module.threshold,
         channels_last=channels_last,
     )
-    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [WandbRunId()]
     loggers = build_loggers(cfg, _wandb_id(ckpt))
+    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [WandbRunId()]
+    if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     for logger in loggers:
         logger.log_hyperparams(

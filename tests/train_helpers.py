@@ -45,6 +45,7 @@ def small_overrides(root: Path, *extra: str) -> list[str]:
         "trainer=cpu",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
         "~callbacks.progress_bar",
         *TINY_UNET,
         *extra,

@@ -43,7 +43,12 @@ def history(run_file: Path) -> list[dict]:
     rows = []
     for record in _records(run_file):
         if record.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+            rows.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in record.history.item
+                }
+            )
     return rows
 
 
