@@ -336,8 +336,11 @@ def test_rerun_is_idempotent_and_resyncs_changes(tmp_path):
     (raw / "Images" / "g0" / "s0.png").unlink()
     (raw / "Masks" / "g0" / "s0.png").unlink()
     _save(raw / "Images" / "g1" / "s1.png", _image(seed=99))  # changed photo: reconverted
+    _save(raw / "Masks" / "g1" / "s3.png", _mask(box=8))  # changed mask: new fg_fraction
     changed = prepare(raw, out, num_workers=1)
-    assert (changed.written, changed.up_to_date) == (1, 6)
+    assert (changed.written, changed.up_to_date) == (2, 5)
+    row = _all_rows(out).set_index("masks").loc["masks/g1/s3.npy"]
+    assert row["fg_fraction"] == pytest.approx(64 / (24 * 32), abs=1e-6)
     assert not (out / "images/g0/s0.npy").exists() and not (out / "masks/g0/s0.npy").exists()
     assert np.array_equal(_load(out, "images/g1/s1.npy"), _image(seed=99))
 

@@ -8,6 +8,7 @@ extension or its case (`x.JPG` pairs with `x.png`).
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -60,18 +61,25 @@ class Exclusion:
         return f"{self.path}: {self.kind} ({self.detail})"
 
 
+def _files(folder: Path) -> list[str]:
+    """POSIX paths of the files under `folder`, relative to it, sorted; dot files and folders
+    skipped. os.walk reads file types from the directory listing: no stat per file."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel_top = PurePosixPath(Path(top).relative_to(folder).as_posix())
+        found += [str(rel_top / name) for name in files if not name.startswith(".")]
+    return sorted(found)
+
+
 def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusion]]:
     """Map (group, stem) → files under `folder`; non-image files are reported, dotfiles ignored."""
     found: dict[tuple[str, str], list[Path]] = defaultdict(list)
     unsupported = []
-    for path in sorted(folder.rglob("*")):
-        rel = PurePosixPath(path.relative_to(folder).as_posix())
-        if path.is_dir() or any(part.startswith(".") for part in rel.parts):
-            continue
-        if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            unsupported.append(
-                Exclusion(path, UNSUPPORTED, f"extension {path.suffix or '(none)'!r}")
-            )
+    for name in _files(folder):
+        rel, path = PurePosixPath(name), folder / name
+        if rel.suffix.lower() not in IMAGE_EXTENSIONS:
+            unsupported.append(Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}"))
             continue
         if len(rel.parts) == 1:
             group, stem = FLAT_GROUP, rel.stem

@@ -1,13 +1,15 @@
 """Turn a folder of photos and masks into training data: `.npy` arrays plus split CSVs.
 
 Outputs under the output root: `images/<group>/<stem>.npy` (RGB uint8 HxWx3), `masks/<group>/<stem>.npy`
-(uint8 HxWx1 in {0, 1}), `excluded.csv` (every file left out and why) and, written last,
-`train.csv` / `valid.csv` / `test.csv` (columns `CSV_COLUMNS`, paths relative to the root).
+(uint8 HxWx1 in {0, 1}), `excluded.csv` (every file left out and why), `manifest.csv` (every pair
+with the source modification times it was made from) and, written last, `train.csv` / `valid.csv`
+/ `test.csv` (columns `CSV_COLUMNS`, paths relative to the root).
 
 Safe to interrupt and to rerun: every file is written under a temporary name and renamed, so a
-final name never holds a truncated file. An output is up to date when its modification time equals
-its source's (set before the rename) and the conversion settings in `prepare.json` are unchanged;
-a rerun converts only what is not up to date, so an interrupted run resumes where it stopped.
+final name never holds a truncated file. A pair is up to date when both its outputs and its
+manifest row carry its sources' modification times (set on the outputs before the rename) and the
+conversion settings in `prepare.json` are unchanged; a rerun converts only what is not up to date,
+so an interrupted run resumes where it stopped, and reads nothing but the manifest for the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import shutil
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,8 @@ from nailseg.data.splits import assign_splits
 CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
 SPLITS = ("train", "valid", "test")
 SETTINGS_FILE = "prepare.json"
+MANIFEST_FILE = "manifest.csv"
+MTIME_COLUMNS = ["image_mtime_ns", "mask_mtime_ns"]
 FORMAT_VERSION = 1
 TMP_SUFFIX = ".tmp"
 
@@ -61,6 +65,8 @@ class Record:
     height: int
     width: int
     fg_fraction: float
+    image_mtime_ns: int  # of the source files: what the outputs were made from
+    mask_mtime_ns: int
 
 
 @dataclass(frozen=True)
@@ -129,28 +135,34 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int) -> Outcome:
             exclusion=Exclusion(pair.mask, EMPTY_MASK, detail), nonbinary_values=nonbinary
         )
     rel_image, rel_mask = _output_paths(pair)
-    save_npy_atomic(out_root / rel_image, image, pair.image.stat().st_mtime_ns)
-    save_npy_atomic(out_root / rel_mask, mask[..., None], pair.mask.stat().st_mtime_ns)
-    record = Record(pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size)
+    mtimes = pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns
+    save_npy_atomic(out_root / rel_image, image, mtimes[0])
+    save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
+    record = Record(pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes)
     return Outcome(record=record, nonbinary_values=nonbinary)
 
 
-def _up_to_date(pair: Pair, out_root: Path) -> Record | None:
-    """The record of a pair whose outputs are current (mtimes match their sources), else None."""
-    rel_image, rel_mask = _output_paths(pair)
-    out_image, out_mask = out_root / rel_image, out_root / rel_mask
+def _read_manifest(out_root: Path) -> dict[str, Record]:
+    """The previous run's records by image output path (empty when there is none)."""
     try:
-        if out_image.stat().st_mtime_ns != pair.image.stat().st_mtime_ns:
-            return None
-        if out_mask.stat().st_mtime_ns != pair.mask.stat().st_mtime_ns:
-            return None
+        rows = pd.read_csv(out_root / MANIFEST_FILE, dtype={"group": str, "stem": str})
+    except FileNotFoundError:
+        return {}
+    return {row.images: Record(**row._asdict()) for row in rows.itertuples(index=False)}
+
+
+def _up_to_date(pair: Pair, out_root: Path, manifest: dict[str, Record]) -> Record | None:
+    """The manifest's record of a pair whose outputs are current, else None."""
+    rel_image, rel_mask = _output_paths(pair)
+    record = manifest.get(rel_image)
+    if record is None or record.masks != rel_mask:
+        return None
+    sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
+    try:
+        outputs = ((out_root / rel_image).stat().st_mtime_ns, (out_root / rel_mask).stat().st_mtime_ns)
     except FileNotFoundError:
         return None
-    mask = np.load(out_mask, mmap_mode="r", allow_pickle=False)
-    height, width = mask.shape[:2]
-    return Record(
-        pair.group, pair.stem, rel_image, rel_mask, height, width, float(mask.sum()) / mask.size
-    )
+    return record if sources == outputs == (record.image_mtime_ns, record.mask_mtime_ns) else None
 
 
 def _reset_if_settings_changed(out_root: Path, settings: dict) -> None:
@@ -164,6 +176,7 @@ def _reset_if_settings_changed(out_root: Path, settings: dict) -> None:
         return
     for sub in ("images", "masks"):
         shutil.rmtree(out_root / sub, ignore_errors=True)
+    (out_root / MANIFEST_FILE).unlink(missing_ok=True)
     out_root.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, lambda f: f.write(json.dumps(settings, indent=2, sort_keys=True).encode()))
 
@@ -171,12 +184,13 @@ def _reset_if_settings_changed(out_root: Path, settings: dict) -> None:
 def _remove_leftovers(out_root: Path, keep: set[str]) -> None:
     """Temporary files of interrupted runs, and outputs of pairs no longer in the input."""
     for sub in ("images", "masks"):
-        for path in sorted((out_root / sub).rglob("*"), reverse=True):
-            rel = path.relative_to(out_root).as_posix()
-            if path.is_file() and (path.name.endswith(TMP_SUFFIX) or rel not in keep):
-                path.unlink()
-            elif path.is_dir() and not any(path.iterdir()):
-                path.rmdir()
+        for top, _, files in os.walk(out_root / sub, topdown=False):
+            folder = Path(top)
+            for name in files:
+                if (folder / name).relative_to(out_root).as_posix() not in keep:
+                    (folder / name).unlink()
+            if folder != out_root / sub and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def _convert_all(pairs: list[Pair], out_root: Path, threshold: int, workers: int) -> list[Outcome]:
@@ -234,8 +248,9 @@ def prepare(
     summary = Summary(excluded=excluded)
     records: list[Record] = []
     stale = []
+    manifest = _read_manifest(out_root)
     for pair in pairs:
-        record = _up_to_date(pair, out_root)
+        record = _up_to_date(pair, out_root, manifest)
         if record is None:
             stale.append(pair)
         else:
@@ -261,6 +276,8 @@ def prepare(
         columns=["path", "reason", "detail"],
     )
     _write_csv(out_root / "excluded.csv", excluded_rows)
+    table = pd.DataFrame(records, columns=[f.name for f in fields(Record)])
+    _write_csv(out_root / MANIFEST_FILE, table)
 
     if not records:
         raise PrepareError(_nothing_usable(input_dir, pairs, summary))
@@ -274,7 +291,6 @@ def prepare(
         folds=folds,
         fold=fold,
     )
-    table = pd.DataFrame([asdict(r) for r in records])[CSV_COLUMNS]
     table["split"] = splits
     for split in SPLITS:
         rows = table[table["split"] == split][CSV_COLUMNS]
