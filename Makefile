@@ -8,7 +8,7 @@ REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
 
-.PHONY: install prepare train test lint format bench-prepare clean
+.PHONY: install prepare train test lint format bench-prepare bench compare clean
 
 install: $(STAMP)
 
@@ -41,3 +41,15 @@ bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic 
 
 clean:
 	rm -rf data outputs multirun .pytest_cache .ruff_cache
+
+bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
+	$(PY) -m nailseg.bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
+
+ifndef COMPARE_DIR
+COMPARE_DIR := multirun/compare-$(shell date +%Y%m%d-%H%M%S)
+endif
+compare: install  ## train once per loader x aug (a W&B group), then a table and plot of the sweep
+	$(PY) prepare.py dataset=$(DATASET)
+	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
+		hydra.sweep.dir=$(COMPARE_DIR) logger.wandb.group=$(notdir $(COMPARE_DIR)) $(ARGS)
+	$(PY) -m nailseg.compare $(COMPARE_DIR)

@@ -4,12 +4,12 @@ import hydra
 from omegaconf import DictConfig
 
 import nailseg.config  # noqa: F401  (registers the typed schemas)
-from nailseg.train import run
+from nailseg.train import run_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    return run(cfg)
+    return run_job(cfg)
 
 
 if __name__ == "__main__":

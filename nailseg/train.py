@@ -7,13 +7,16 @@ folders (W&B offline runs included) and `metrics.json`.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -23,6 +26,7 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.model.module import SegModule
 
 WANDB_ID_KEY = "nailseg_wandb_run_id"
+log = logging.getLogger(__name__)
 
 
 class WandbRunId(L.Callback):
@@ -166,3 +170,21 @@ def run(cfg: DictConfig) -> float | None:
         if isinstance(logger, WandbLogger):
             logger.experiment.finish()
     return fit_metrics.get(cfg.optimized_metric)
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
+    the sweep goes on (`python -m nailseg.compare` reports it); a single run raises as usual."""
+    try:
+        return run(cfg)
+    except Exception as err:
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        log.exception("job failed; the sweep continues")
+        run_dir = Path(cfg.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(
+            run_dir / "failed.json",
+            {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()},
+        )
+        return None

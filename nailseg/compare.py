@@ -1,0 +1,90 @@
+"""Summarise a training sweep: one row per job, throughput and quality per loader × aug.
+
+    python -m nailseg.compare multirun/<timestamp>
+
+Reads each job folder's `metrics.json` (a job without one, or with `failed.json`, is reported as
+failed) and writes `compare.md` (a markdown table) and `compare.png` (throughput and val Dice per
+job) into the sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+KEYS = ("loader", "aug", "model", "dataset")
+
+
+def _job_row(job: Path) -> dict:
+    failed = job / "failed.json"
+    metrics_file = job / "metrics.json"
+    if failed.is_file() or not metrics_file.is_file():
+        reason = json.loads(failed.read_text())["error"] if failed.is_file() else "no metrics.json"
+        return {"job": job.name, "status": f"failed: {reason}"}
+    metrics = json.loads(metrics_file.read_text())
+    fit, test = metrics.get("fit", {}), metrics.get("test", {})
+    return {
+        "job": job.name,
+        "status": "ok",
+        **{key: metrics.get("choices", {}).get(key) for key in KEYS},
+        "train_img_s": fit.get("train/images_per_s"),
+        "data_wait_frac": fit.get("train/data_wait_frac"),
+        "best_val_dice": metrics.get("best_val_dice"),
+        "test_dice": test.get("test/dice"),
+        "epochs": metrics.get("epochs"),
+    }
+
+
+def summarise(sweep_dir: Path) -> pd.DataFrame:
+    jobs = sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())
+    if not jobs:
+        raise FileNotFoundError(f"{sweep_dir}: no job folders (with .hydra/) found")
+    rows = pd.DataFrame([_job_row(job) for job in jobs])
+    (sweep_dir / "compare.md").write_text(_markdown(rows))
+    ok = rows[rows["status"] == "ok"]
+    if not ok.empty:
+        _plot(ok, sweep_dir / "compare.png")
+    return rows
+
+
+def _markdown(rows: pd.DataFrame) -> str:
+    header = "| " + " | ".join(rows.columns) + " |\n|" + "---|" * len(rows.columns) + "\n"
+    body = ""
+    for row in rows.itertuples(index=False):
+        cells = [f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v)) for v in row]
+        body += "| " + " | ".join(cells) + " |\n"
+    return header + body
+
+
+def _plot(rows: pd.DataFrame, path: Path) -> None:
+    labels = [f"{r.loader}\n{r.aug}" for r in rows.itertuples()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4))
+    left.bar(labels, rows["train_img_s"])
+    left.set_ylabel("training images/s (last epoch)")
+    right.bar(labels, rows["best_val_dice"])
+    right.set_ylabel("best val Dice")
+    right.set_ylim(0, 1)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        sys.exit("usage: python -m nailseg.compare MULTIRUN_DIR")
+    rows = summarise(Path(argv[0]))
+    print(_markdown(rows))
+    print(f"written: {Path(argv[0]) / 'compare.md'}, {Path(argv[0]) / 'compare.png'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
