@@ -18,22 +18,39 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from omegaconf import OmegaConf
 
 KEYS = ("loader", "aug", "model", "dataset")
+COLUMNS = [
+    "job",
+    *KEYS,
+    "status",
+    "train_img_s",
+    "data_wait_frac",
+    "best_val_dice",
+    "test_dice",
+    "epochs",
+]
+
+
+def _choices(job: Path) -> dict[str, str | None]:
+    """The config group options the job ran with, from Hydra's record of it."""
+    choices = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra.runtime.choices
+    return {key: choices.get(key) for key in KEYS}
 
 
 def _job_row(job: Path) -> dict:
+    row = {"job": job.name, **_choices(job)}
     failed = job / "failed.json"
     metrics_file = job / "metrics.json"
     if failed.is_file() or not metrics_file.is_file():
         reason = json.loads(failed.read_text())["error"] if failed.is_file() else "no metrics.json"
-        return {"job": job.name, "status": f"failed: {reason}"}
+        return {**row, "status": "failed: " + " ".join(reason.split())[:300]}
     metrics = json.loads(metrics_file.read_text())
     fit, test = metrics.get("fit", {}), metrics.get("test", {})
     return {
-        "job": job.name,
+        **row,
         "status": "ok",
-        **{key: metrics.get("choices", {}).get(key) for key in KEYS},
         "train_img_s": fit.get("train/images_per_s"),
         "data_wait_frac": fit.get("train/data_wait_frac"),
         "best_val_dice": metrics.get("best_val_dice"),
@@ -43,10 +60,13 @@ def _job_row(job: Path) -> dict:
 
 
 def summarise(sweep_dir: Path) -> pd.DataFrame:
-    jobs = sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())
+    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
+    jobs.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir}: no job folders (with .hydra/) found")
-    rows = pd.DataFrame([_job_row(job) for job in jobs])
+    rows = pd.DataFrame([_job_row(job) for job in jobs], columns=COLUMNS).astype(
+        {"epochs": "Int64"}
+    )
     (sweep_dir / "compare.md").write_text(_markdown(rows))
     ok = rows[rows["status"] == "ok"]
     if not ok.empty:
@@ -54,13 +74,19 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
     return rows
 
 
+def _cell(value) -> str:
+    if value is None or pd.isna(value):
+        return ""
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|")
+
+
 def _markdown(rows: pd.DataFrame) -> str:
-    header = "| " + " | ".join(rows.columns) + " |\n|" + "---|" * len(rows.columns) + "\n"
-    body = ""
-    for row in rows.itertuples(index=False):
-        cells = [f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v)) for v in row]
-        body += "| " + " | ".join(cells) + " |\n"
-    return header + body
+    lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
+    lines += [
+        "| " + " | ".join(_cell(v) for v in row) + " |" for row in rows.itertuples(index=False)
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _plot(rows: pd.DataFrame, path: Path) -> None:
