@@ -8,7 +8,7 @@ REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
 
-.PHONY: install prepare train test lint format bench-prepare bench compare clean
+.PHONY: install prepare train test lint format bench-prepare bench compare gpu-check clean
 
 install: $(STAMP)
 
@@ -53,3 +53,6 @@ compare: install  ## train once per loader x aug (a W&B group), then a table and
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
 		hydra.sweep.dir=$(COMPARE_DIR) logger.wandb.group=$(notdir $(COMPARE_DIR)) $(ARGS)
 	$(PY) -m nailseg.compare $(COMPARE_DIR)
+
+gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
+	$(PY) -m pytest -m gpu tests/test_gpu.py tests/test_dali_loader.py $(ARGS)

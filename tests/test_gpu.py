@@ -1,0 +1,105 @@
+"""GPU checks (`make gpu-check` runs them; skipped with a reason on a machine without CUDA):
+the DALI GPU pipeline's pairing and sample counts, short fits, and the loader benchmark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from train_helpers import TINY_UNET, train
+
+from nailseg.data.augment import AugSpec
+from nailseg.data.loaders.dali import DaliLoader
+from nailseg.data.prepare import CSV_COLUMNS
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HEAVY = AugSpec.from_config(
+    [
+        {"op": "hflip", "p": 0.5},
+        {"op": "vflip", "p": 0.5},
+        {"op": "gaussian_noise", "p": 0.15, "sigma": [0, 0.33]},
+        {"op": "gaussian_blur", "p": 0.15, "sigma": [0.5, 1.5]},
+        {"op": "brightness", "p": 0.15, "factor": [0.7, 1.3]},
+        {"op": "contrast", "p": 0.13, "factor": [0.9, 1.1]},
+    ]
+)
+
+
+def _constant_samples(root: Path, n: int) -> pd.DataFrame:
+    """Sample i: image of constant value 8*i (a label no flip, resize or blur can move) and a mask
+    that is all 1 for odd i, all 0 for even i."""
+    rows = []
+    for i in range(n):
+        image = np.full((40 + i % 3, 50, 3), 8 * i, np.uint8)
+        mask = np.full((40 + i % 3, 50, 1), i % 2, np.uint8)
+        for kind, array in (("images", image), ("masks", mask)):
+            (root / kind / "g").mkdir(parents=True, exist_ok=True)
+            np.save(root / kind / "g" / f"{i}.npy", array, allow_pickle=False)
+        rows.append([f"images/g/{i}.npy", f"masks/g/{i}.npy", "g", image.shape[0], 50, i % 2])
+    return pd.DataFrame(rows, columns=CSV_COLUMNS)
+
+
+def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
+    records = _constant_samples(tmp_path, 30)
+    mean, std = torch.tensor(HEAVY.mean).view(3, 1, 1), torch.tensor(HEAVY.std).view(3, 1, 1)
+    loader = DaliLoader(records, tmp_path, HEAVY, train=True, batch_size=8, image_size=(32, 32),
+                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    for _ in range(3):
+        rows = []
+        for batch in loader:
+            assert batch["image"].device.type == "cuda" and batch["mask"].device.type == "cuda"
+            assert set(batch["mask"].unique().tolist()) <= {0.0, 1.0}
+            pixels = (batch["image"].cpu() * std + mean) * 255  # photometric ops move values a bit
+            for value, mask, row in zip(
+                pixels[:, 0], batch["mask"].cpu(), batch["index"].tolist(), strict=True
+            ):
+                assert abs(float(value.median()) / 8 - row) < 1.5 or float(value.std()) > 20
+                assert bool(mask.min() == mask.max() == row % 2)
+            rows += batch["index"].tolist()
+        assert len(rows) == len(set(rows)) == 24  # drop_last: 3 full batches of 8, no repeats
+    for world in (1, 2, 3):
+        seen = []
+        for rank in range(world):
+            evaluation = DaliLoader(records, tmp_path, HEAVY, train=False, batch_size=7, image_size=(32, 32),
+                                    group_ids={"g": 0}, device="gpu", rank=rank, world_size=world)  # fmt: skip
+            seen += [i for batch in evaluation for i in batch["index"].tolist()]
+            evaluation.close()
+        assert sorted(seen) == list(range(30))
+
+
+@pytest.mark.parametrize("model", ["unet", "segformer"])
+def test_short_fit_on_gpu(model, prepared, tmp_path):
+    extra = ["trainer.max_epochs=2", "logger=csv", "aug=heavy"]
+    if model == "segformer":
+        extra += ["model=segformer", *(f"~{o.lstrip('+').split('=')[0]}" for o in TINY_UNET[1:])]
+    train(prepared, tmp_path / "run", *extra, device="gpu")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["fit"]["train/samples"] == 12 and metrics["fit"]["val/samples"] == 5
+    assert metrics["test"]["test/samples"] == 5 and 0 <= metrics["test"]["test/dice"] <= 1
+
+
+def test_bench_on_gpu(prepared, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from nailseg.bench import run
+
+    with initialize_config_dir(
+        config_dir=str(Path(__file__).parents[1] / "conf"), version_base="1.3"
+    ):
+        cfg = compose("bench", overrides=[
+            f"dataset.root={prepared}", "image_size=[64,64]", "warmup_batches=1", "measure_batches=3",
+            "repeats=1", f"output_dir={tmp_path}", "loaders.torch.batch_size=4",
+            "loaders.kornia.batch_size=4", "loaders.dali.batch_size=4",
+        ])  # fmt: skip
+    rows = run(cfg)
+    assert set(rows["loader"]) == {"torch", "kornia", "dali"} and (rows["device"] == "cuda").all()
+    assert rows[["loader_img_s", "train_img_s", "ceiling_img_s"]].gt(0).all().all()
+    assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()
