@@ -1,0 +1,160 @@
+"""Running a trained net on photos: what predict, the threshold sweep and export share.
+
+The input size, normalisation and threshold come from the training run the checkpoint belongs to
+(`<run>/.hydra/config.yaml`), so a model is run exactly as it was validated; each can be overridden.
+Photos are brought to the input size the way the evaluation loader does it (bilinear with
+antialiasing, like DALI's linear resize, then `(x/255 - mean) / std`), and probabilities are
+brought back to each photo's own size bilinearly before they are thresholded, so masks have smooth
+edges at full resolution rather than the blocks of an upsampled low-resolution mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import MISSING, DictConfig, OmegaConf
+from torch import nn
+
+from nailseg.config import ModelConfig
+from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from nailseg.model.checkpoint import CheckpointError, load_run_config, run_dir_of
+
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass
+class InferenceConfig:
+    """Keys that predict and export share: the checkpoint and overrides of what its run says
+    (None: take the run's value)."""
+
+    ckpt: str = MISSING
+    model: ModelConfig | None = None  # model=unet model.encoder_name=...: a `model=` group
+    image_size: list[int] | None = None  # [height, width] the net runs at
+    mean: list[float] | None = None  # normalisation, per RGB channel
+    std: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """How to run one checkpoint: the net to build and how its inputs were made."""
+
+    ckpt: Path
+    run_dir: Path | None
+    model: DictConfig
+    image_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    threshold: float  # the run's module.threshold
+    data_root: Path | None  # the run's prepared data, for choosing a threshold on validation
+
+
+def resolve_spec(cfg: DictConfig) -> InferenceSpec:
+    """The spec for `cfg.ckpt`: the run's settings with `cfg`'s non-null overrides applied."""
+    ckpt = Path(cfg.ckpt)
+    if not ckpt.is_file():
+        raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")
+    run_dir = run_dir_of(ckpt)
+    run = load_run_config(run_dir) if run_dir is not None else OmegaConf.create()
+    model = cfg.model if cfg.model is not None else OmegaConf.select(run, "model")
+    image_size = _pick(cfg.image_size, run, "dataset.image_size", None)
+    if model is None or image_size is None:
+        raise CheckpointError(
+            f"{ckpt} is not inside a training run (no {ckpt.absolute().parent.parent}/.hydra/"
+            "config.yaml): pass model=<unet|segformer|...> and image_size=[h,w] it was trained with"
+        )
+    if len(image_size) != 2:
+        raise CheckpointError(f"image_size must be [height, width], got {list(image_size)}")
+    return InferenceSpec(
+        ckpt=ckpt,
+        run_dir=run_dir,
+        model=model,
+        image_size=(int(image_size[0]), int(image_size[1])),
+        mean=_triple(_pick(cfg.mean, run, "aug.mean", IMAGENET_MEAN), "mean"),
+        std=_triple(_pick(cfg.std, run, "aug.std", IMAGENET_STD), "std"),
+        threshold=float(OmegaConf.select(run, "module.threshold", default=DEFAULT_THRESHOLD)),
+        data_root=_data_root(run, run_dir),
+    )
+
+
+def _pick(override, run: DictConfig, key: str, default):
+    return override if override is not None else OmegaConf.select(run, key, default=default)
+
+
+def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
+    if len(values) != 3:
+        raise CheckpointError(f"{name} needs one value per RGB channel, got {list(values)}")
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
+def _data_root(run: DictConfig, run_dir: Path | None) -> Path | None:
+    """The run's `dataset.root`; a relative one is taken from the directory training ran in
+    (Hydra's `runtime.cwd`) when it is still there, else from the current directory."""
+    root = OmegaConf.select(run, "dataset.root")
+    if root is None:
+        return None
+    root = Path(root)
+    if root.is_absolute() or run_dir is None:
+        return root
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():
+        cwd = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.cwd")
+        if cwd is not None and (Path(cwd) / root).is_dir():
+            return Path(cwd) / root
+    return root
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: the first GPU when CUDA is available, else the CPU; anything else as torch reads it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_batch(
+    images: Sequence[np.ndarray], spec: InferenceSpec, device: torch.device
+) -> torch.Tensor:
+    """RGB uint8 HxWx3 photos of any sizes → one normalised float B×3×h×w batch at the input size."""
+    resized = [
+        F.interpolate(
+            torch.tensor(image, device=device).permute(2, 0, 1)[None].float(),
+            size=spec.image_size,
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+        for image in images
+    ]
+    mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+    return (torch.cat(resized) / 255.0 - mean) / std
+
+
+def probabilities(net: nn.Module, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """Foreground probabilities B×1×h×w; with `tta`, the mean over the identity, a horizontal and a
+    vertical flip (each flipped back), run as one batch of 3B."""
+    if not tta:
+        return torch.sigmoid(net(batch))
+    n = len(batch)
+    probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])))
+    return (probs[:n] + probs[n : 2 * n].flip(3) + probs[2 * n :].flip(2)) / 3.0
+
+
+@torch.inference_mode()
+def full_size_probabilities(
+    net: nn.Module,
+    images: Sequence[np.ndarray],
+    spec: InferenceSpec,
+    device: torch.device,
+    tta: bool = False,
+) -> list[torch.Tensor]:
+    """One H×W probability map per photo, at the photo's own size (on `device`)."""
+    probs = probabilities(net, to_batch(images, spec, device), tta)
+    return [
+        F.interpolate(p[None], size=image.shape[:2], mode="bilinear", align_corners=False)[0, 0]
+        for p, image in zip(probs, images, strict=True)
+    ]
