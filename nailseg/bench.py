@@ -203,7 +203,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 "loader": loader_name, "aug": aug_name, "device": device.type,
                 "model": f"{cfg.model.arch}-{cfg.model.encoder_name}", "batch_size": loader_cfg.batch_size,
                 "image_size": "x".join(map(str, cfg.image_size)),
-                "workers": loader_cfg.get("num_workers", loader_cfg.get("num_threads")),
+                "workers": loader_cfg.num_workers,
                 "loader_img_s": loader_img_s, "train_img_s": train_img_s, "ceiling_img_s": ceiling,
                 "train_vs_ceiling": train_img_s / ceiling, "data_wait_frac": wait,
             })  # fmt: skip

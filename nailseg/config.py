@@ -83,9 +83,17 @@ class LoaderConfig:
     _partial_: bool = True
     batch_size: int = 16
     device: str = "auto"  # auto | cpu | gpu
-    num_threads: int = 2
+    num_workers: int = 2  # CPU parallelism: DALI threads, DataLoader worker processes
     prefetch: int = 2
     seed: int = 0
+
+
+@dataclass
+class TorchLoaderConfig(LoaderConfig):
+    """`loader=torch` and `loader=kornia`: a torch DataLoader underneath."""
+
+    pin_memory: bool = True
+    persistent_workers: bool = True
 
 
 @dataclass
@@ -196,6 +204,7 @@ def register() -> None:
         ("trainer", TrainerConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=node)
+    cs.store(group="loader", name="torch_loader_schema", node=TorchLoaderConfig)
 
 
 register()

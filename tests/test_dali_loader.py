@@ -331,7 +331,7 @@ def test_close_releases_pipeline_threads(prepared: Path) -> None:
 
     before = threads()
     for _ in range(5):
-        loader = _loader(prepared, "train", AugSpec(), num_threads=2)
+        loader = _loader(prepared, "train", AugSpec(), num_workers=2)
         next(iter(loader))  # a suspended pass must not keep the pipeline alive
         loader.close()
     assert threads() <= before + 1

@@ -96,9 +96,12 @@ def _per_epoch(frame: pd.DataFrame, key: str) -> list[int]:
     return [int(v) for v in frame[key].dropna()]
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_fast_dev_run_through_dali(model, prepared, tmp_path):
-    extra = ["debug=fast", "logger=csv"]
+@pytest.mark.parametrize(
+    ("model", "loader"),
+    [("unet", "dali"), ("segformer", "dali"), ("unet", "torch"), ("unet", "kornia")],
+)
+def test_fast_dev_run(model, loader, prepared, tmp_path):
+    extra = ["debug=fast", "logger=csv", f"loader={loader}", "aug=heavy"]
     if model == "segformer":  # replace the tiny UNet of small_overrides
         extra += [
             "model=segformer",
@@ -109,7 +112,7 @@ def test_fast_dev_run_through_dali(model, prepared, tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 4 and metrics["fit"]["val/samples"] == 4
     assert metrics["test"]["test/samples"] == 4
-    assert metrics["choices"]["loader"] == "dali"
+    assert metrics["choices"]["loader"] == loader
 
 
 # (overrides, train samples per epoch, val samples per epoch); 12 train and 5 valid rows, batch 4

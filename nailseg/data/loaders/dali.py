@@ -292,7 +292,7 @@ class DaliLoader:
         image_size: tuple[int, int],
         group_ids: Mapping[str, int],
         device: str = "auto",
-        num_threads: int = 2,
+        num_workers: int = 2,
         prefetch: int = 2,
         seed: int = 0,
         rank: int = 0,
@@ -334,7 +334,7 @@ class DaliLoader:
             image_size=image_size,
             device_id=device_id,
             batch_size=batch_size,
-            num_threads=num_threads,
+            num_threads=num_workers,
             prefetch=prefetch,
             seed=pipe_seed,
         )
