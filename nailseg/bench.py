@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ import matplotlib.pyplot as plt
 COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
     "loader_img_s", "train_img_s", "ceiling_img_s", "train_vs_ceiling", "data_wait_frac",
+    "gpu_busy_pct", "ceiling_gpu_busy_pct",
 ]  # fmt: skip
 
 
@@ -109,11 +111,50 @@ def _window(
     return images / elapsed, wait / elapsed
 
 
-def _measure(batches, cfg: DictConfig, device: torch.device, step=None) -> tuple[float, float]:
-    """Median images/s and wait fraction over `repeats` windows after a warm-up."""
+class GpuBusy:
+    """Mean GPU utilisation (NVML, as nvidia-smi reports it) sampled every 50 ms in a thread;
+    NaN on the CPU or where NVML is missing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.samples = device, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(torch.cuda.utilization(self.device))
+
+    def __enter__(self) -> GpuBusy:
+        if self.device.type == "cuda":
+            try:
+                torch.cuda.utilization(self.device)
+            except Exception:  # NVML missing: report NaN rather than fail the benchmark
+                return self
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def percent(self) -> float:
+        return statistics.mean(self.samples) if self.samples else float("nan")
+
+
+def _measure(
+    batches, cfg: DictConfig, device: torch.device, step=None
+) -> tuple[float, float, float]:
+    """Median images/s, wait fraction and mean GPU busy % over `repeats` windows after a warm-up."""
     _window(batches, cfg.warmup_batches, device, step)
-    results = [_window(batches, cfg.measure_batches, device, step) for _ in range(cfg.repeats)]
-    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+    with GpuBusy(device) as busy:
+        results = [_window(batches, cfg.measure_batches, device, step) for _ in range(cfg.repeats)]
+    return (
+        statistics.median(r[0] for r in results),
+        statistics.median(r[1] for r in results),
+        busy.percent,
+    )
 
 
 def _train_step(cfg: DictConfig, device: torch.device) -> TrainStep:
@@ -162,6 +203,7 @@ def _print(rows: pd.DataFrame) -> None:
         "loader_img_s",
         "train_img_s",
         "ceiling_img_s",
+        "gpu_busy_pct",
         "train_vs_ceiling",
         "data_wait_frac",
     ]
@@ -170,7 +212,7 @@ def _print(rows: pd.DataFrame) -> None:
     for row in rows[shown].itertuples(index=False):
         loader, aug, *numbers = row
         table.add_row(
-            loader, aug, *(f"{v:.1f}" for v in numbers[:3]), *(f"{v:.3f}" for v in numbers[3:])
+            loader, aug, *(f"{v:.1f}" for v in numbers[:4]), *(f"{v:.3f}" for v in numbers[4:])
         )
     Console().print(table)
 
@@ -182,7 +224,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
     )
     step = _train_step(cfg, device) if measure_train else None
-    ceiling = float("nan")
+    ceiling = ceiling_busy = float("nan")
     rows = []
     for aug_name, aug_cfg in cfg.augs.items():
         spec = instantiate(aug_cfg, _convert_="all")
@@ -192,13 +234,15 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             )
             loader = datamodule.train_dataloader()
             batches = _batches(loader)
-            loader_img_s, _ = _measure(batches, cfg, device)
-            train_img_s = wait = float("nan")
+            loader_img_s, _, _ = _measure(batches, cfg, device)
+            train_img_s = wait = busy = float("nan")
             if step is not None:
                 if ceiling != ceiling:  # first row: the resident-batch ceiling, once per run
                     resident = {k: v.to(device) for k, v in next(batches).items()}
-                    ceiling, _ = _measure(itertools.repeat(resident), cfg, device, step)
-                train_img_s, wait = _measure(batches, cfg, device, step)
+                    ceiling, _, ceiling_busy = _measure(
+                        itertools.repeat(resident), cfg, device, step
+                    )
+                train_img_s, wait, busy = _measure(batches, cfg, device, step)
             rows.append({
                 "loader": loader_name, "aug": aug_name, "device": device.type,
                 "model": f"{cfg.model.arch}-{cfg.model.encoder_name}", "batch_size": loader_cfg.batch_size,
@@ -206,6 +250,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 "workers": loader_cfg.num_workers,
                 "loader_img_s": loader_img_s, "train_img_s": train_img_s, "ceiling_img_s": ceiling,
                 "train_vs_ceiling": train_img_s / ceiling, "data_wait_frac": wait,
+                "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling_busy,
             })  # fmt: skip
             close = getattr(loader, "close", None)
             if close is not None:
