@@ -21,14 +21,13 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-HEAVY = AugSpec.from_config(
+# every op that keeps a constant image's median value where it was (brightness would move it)
+PAIRING = AugSpec.from_config(
     [
         {"op": "hflip", "p": 0.5},
         {"op": "vflip", "p": 0.5},
-        {"op": "gaussian_noise", "p": 0.15, "sigma": [0, 0.33]},
-        {"op": "gaussian_blur", "p": 0.15, "sigma": [0.5, 1.5]},
-        {"op": "brightness", "p": 0.15, "factor": [0.7, 1.3]},
-        {"op": "contrast", "p": 0.13, "factor": [0.9, 1.1]},
+        {"op": "gaussian_noise", "p": 0.5, "sigma": [0, 0.33]},
+        {"op": "gaussian_blur", "p": 0.5, "sigma": [0.5, 1.5]},
     ]
 )
 
@@ -49,8 +48,8 @@ def _constant_samples(root: Path, n: int) -> pd.DataFrame:
 
 def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     records = _constant_samples(tmp_path, 30)
-    mean, std = torch.tensor(HEAVY.mean).view(3, 1, 1), torch.tensor(HEAVY.std).view(3, 1, 1)
-    loader = DaliLoader(records, tmp_path, HEAVY, train=True, batch_size=8, image_size=(32, 32),
+    mean, std = torch.tensor(PAIRING.mean).view(3, 1, 1), torch.tensor(PAIRING.std).view(3, 1, 1)
+    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=8, image_size=(32, 32),
                         group_ids={"g": 0}, device="gpu")  # fmt: skip
     for _ in range(3):
         rows = []
@@ -68,7 +67,7 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     for world in (1, 2, 3):
         seen = []
         for rank in range(world):
-            evaluation = DaliLoader(records, tmp_path, HEAVY, train=False, batch_size=7, image_size=(32, 32),
+            evaluation = DaliLoader(records, tmp_path, PAIRING, train=False, batch_size=7, image_size=(32, 32),
                                     group_ids={"g": 0}, device="gpu", rank=rank, world_size=world)  # fmt: skip
             seen += [i for batch in evaluation for i in batch["index"].tolist()]
             evaluation.close()
