@@ -8,7 +8,9 @@ For every loader backend × aug spec, in one process and one run:
 * `train_img_s`: images/s of a training loop (forward, loss, backward, step) fed by the loader;
 * `ceiling_img_s`: the same loop on one batch already resident on the device, the most any
   loader could deliver (measured once per run, shown on every row);
-* `data_wait_frac`: the share of the training loop's time spent waiting for the next batch.
+* `data_wait_frac`: the share of the training loop's time spent waiting for the next batch;
+* with `compile=true` the model is `torch.compile`d and `eager_ceiling_img_s` is the ceiling of
+  the same model uncompiled, measured in the same run.
 
 Warm-up batches are excluded; each figure is the median of `repeats` timed windows. Training is
 measured on CUDA by default only (`measure_train: auto`): on a 2-core CPU the model, not the
@@ -45,7 +47,7 @@ import matplotlib.pyplot as plt
 COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
     "loader_img_s", "train_img_s", "ceiling_img_s", "train_vs_ceiling", "data_wait_frac",
-    "gpu_busy_pct", "ceiling_gpu_busy_pct",
+    "gpu_busy_pct", "ceiling_gpu_busy_pct", "eager_ceiling_img_s", "compiled",
 ]  # fmt: skip
 
 
@@ -157,7 +159,7 @@ def _measure(
     )
 
 
-def _train_step(cfg: DictConfig, device: torch.device) -> TrainStep:
+def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainStep:
     net = instantiate(cfg.model).to(device)
     channels_last = (
         device.type == "cuda" if cfg.channels_last == "auto" else bool(cfg.channels_last)
@@ -166,7 +168,8 @@ def _train_step(cfg: DictConfig, device: torch.device) -> TrainStep:
         net = net.to(memory_format=torch.channels_last)
     dtype = torch.bfloat16 if device.type == "cuda" and cfg.precision in ("auto", "bf16") else None
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    return TrainStep(net.train(), optimizer, build_loss(cfg.loss), device, dtype, channels_last)
+    model = torch.compile(net.train()) if compile else net.train()
+    return TrainStep(model, optimizer, build_loss(cfg.loss), device, dtype, channels_last)
 
 
 def _plot(rows: pd.DataFrame, path: Path) -> None:
@@ -223,8 +226,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     measure_train = (
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
     )
-    step = _train_step(cfg, device) if measure_train else None
-    ceiling = ceiling_busy = float("nan")
+    step = _train_step(cfg, device, cfg.compile) if measure_train else None
+    ceiling = ceiling_busy = eager_ceiling = float("nan")
     rows = []
     for aug_name, aug_cfg in cfg.augs.items():
         spec = instantiate(aug_cfg, _convert_="all")
@@ -242,6 +245,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                     ceiling, _, ceiling_busy = _measure(
                         itertools.repeat(resident), cfg, device, step
                     )
+                    eager_ceiling = ceiling
+                    if cfg.compile:  # what compiling bought, measured in the same run
+                        eager = _train_step(cfg, device, compile=False)
+                        eager_ceiling, _, _ = _measure(
+                            itertools.repeat(resident), cfg, device, eager
+                        )
+                        del eager
                 train_img_s, wait, busy = _measure(batches, cfg, device, step)
             rows.append({
                 "loader": loader_name, "aug": aug_name, "device": device.type,
@@ -251,6 +261,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 "loader_img_s": loader_img_s, "train_img_s": train_img_s, "ceiling_img_s": ceiling,
                 "train_vs_ceiling": train_img_s / ceiling, "data_wait_frac": wait,
                 "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling_busy,
+                "eager_ceiling_img_s": eager_ceiling, "compiled": bool(cfg.compile),
             })  # fmt: skip
             close = getattr(loader, "close", None)
             if close is not None:

@@ -305,21 +305,13 @@ def _build_pipeline(
 
 
 def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
-    """A DALI batch as a torch tensor the next batch cannot overwrite.
-
-    On the CPU, zero-copy through DLPack: DALI's dynamic executor (the default since DALI 2) keeps
-    an output buffer alive while anything references it, so the tensor owns its batch; a copy here
-    was 60% of a CPU pipeline's time. On the GPU the batch is copied on the current stream (a
-    device-to-device copy is cheap, and it orders the data before the training step's kernels).
-    """
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-    dense = outputs.as_tensor()
-    if device.type == "cpu":
-        return torch.from_dlpack(dense)
-    tensor = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=device)
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    return feed_ndarray(dense, tensor, cuda_stream=stream)
+    """A DALI batch as a torch tensor, zero-copy through DLPack, as DALI's own PyTorch iterator
+    does: the dynamic executor (the default since DALI 2) keeps an output buffer alive while a
+    tensor references it, so the next batch cannot overwrite it, and DLPack orders the GPU data
+    before the consumer's stream. A copy here was 60% of a CPU pipeline's time, and on the GPU the
+    copies and allocations took launch time from launch-bound models."""
+    with device:
+        return torch.from_dlpack(outputs.as_tensor())
 
 
 class DaliLoader:
