@@ -201,16 +201,6 @@ def test_pairing_over_shuffled_epochs(tagged: Path) -> None:
     assert orders[0] != orders[1] != orders[2]
 
 
-def test_loader_follows_the_plan_and_set_epoch(prepared: Path) -> None:
-    loader = _loader(prepared, "train", AugSpec(), batch_size=3, seed=7)
-    loader.set_epoch(5)
-    iter(loader)  # a probe never advanced (Lightning does this) starts no pass, uses no epoch
-    got = [b["index"].tolist() for b in loader]
-    assert got == [b.tolist() for b in epoch_batches(12, 3, train=True, seed=7, epoch=5)]
-    got_next = [b["index"].tolist() for b in loader]  # no set_epoch: the next epoch
-    assert got_next == [b.tolist() for b in epoch_batches(12, 3, train=True, seed=7, epoch=6)]
-
-
 def test_heavy_masks_stay_binary(prepared: Path) -> None:
     loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=6)
     for _ in range(3):
@@ -243,78 +233,6 @@ def test_random_resized_crop_is_a_window_shared_by_mask(ramps: Path) -> None:
         assert np.abs(np.diff(rows, axis=1) - 1).max() < 0.01  # 16 consecutive rows of 32
         assert np.abs(np.diff(cols, axis=1) - 1).max() < 0.01
         assert np.abs(image[:, 2] / 255 - batch["mask"][:, 0].numpy()).max() < 1e-3
-
-
-def test_firing_rates_within_three_sigma(ramps: Path) -> None:
-    p = {"hflip": 0.5, "vflip": 0.3, "brightness": 0.2}
-    spec = AugSpec.from_config(
-        [
-            {"op": "hflip", "p": p["hflip"]},
-            {"op": "vflip", "p": p["vflip"]},
-            {"op": "brightness", "p": p["brightness"], "factor": [2.0, 2.0]},
-        ]
-    )
-    loader = _loader(ramps, "train", spec, batch_size=20)
-    fired: dict[str, list[bool]] = {name: [] for name in p}
-    darkest = -spec.mean[0] / spec.std[0]  # channel 0's smallest pixel (0) after normalising
-    for _ in range(10):  # 400 samples
-        for batch in loader:
-            for image in batch["image"]:
-                fired["hflip"].append(bool(image[1, 0, 0] > image[1, 0, -1]))
-                fired["vflip"].append(bool(image[0, 0, 0] > image[0, -1, 0]))
-                fired["brightness"].append(bool(image[0].min() < 1.5 * darkest))
-    for name, prob in p.items():
-        rate, n = np.mean(fired[name]), len(fired[name])
-        assert n == 400
-        assert abs(rate - prob) < 3 * np.sqrt(prob * (1 - prob) / n), (name, rate)
-
-
-def test_len_equals_batches_yielded(prepared: Path) -> None:
-    for split, world, drop_last in [("train", 1, True), ("train", 2, False), ("valid", 3, True)]:
-        for rank in range(world):
-            loader = _loader(
-                prepared,
-                split,
-                AugSpec(),
-                batch_size=4,
-                rank=rank,
-                world_size=world,
-                drop_last=drop_last,
-            )
-            assert len(loader) == sum(1 for _ in loader) == sum(1 for _ in loader)
-            loader.close()
-
-
-def test_abandoned_pass_then_full_pass(prepared: Path) -> None:
-    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=2, prefetch=3)
-    assert len(loader) == 6
-    for _ in range(4):
-        next(iter(loader))  # abandoned after 1 batch, like limit_train_batches=1
-        rows = [i for batch in loader for i in batch["index"].tolist()]
-        assert sorted(rows) == list(range(12))
-    stale, fresh = iter(loader), iter(loader)
-    next(stale)
-    first = next(fresh)  # starting a new pass supersedes the old one
-    assert list(stale) == []
-    assert 1 + sum(1 for _ in fresh) == 6
-    assert len(first["index"]) == 2
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 6])
-def test_eval_covers_every_row_once(prepared: Path, world: int) -> None:
-    rows = []
-    for rank in range(world):
-        loader = _loader(prepared, "valid", AugSpec(), batch_size=2, rank=rank, world_size=world)
-        for _ in range(2):  # a second pass too: also after an empty one (5 rows, 6 ranks)
-            pass_rows = []
-            for batch in loader:
-                index = batch["index"]
-                assert (batch["mask"][:, 0, 0, 0] == (index % 2).float()).all()  # conftest's tag
-                pass_rows += index.tolist()
-            assert pass_rows == list(range(rank, 5, world))
-        rows += pass_rows
-        loader.close()
-    assert sorted(rows) == list(range(5))
 
 
 def test_decode_is_exact_at_native_size(ramps: Path) -> None:
@@ -364,49 +282,3 @@ def test_gpu_pipeline(prepared: Path) -> None:
     assert sorted(rows) == list(range(12))
     next(iter(loader))
     assert sum(1 for _ in loader) == len(loader)
-
-
-def test_lightning_sanity_check_and_batch_limits_keep_passes_full(
-    prepared: Path, tmp_path: Path
-) -> None:
-    import lightning as L
-
-    class Probe(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.zeros(1))
-            self.train_rows: list[list[int]] = []
-            self.val_rows: list[list[int]] = []
-
-        def training_step(self, batch: dict, _: int) -> torch.Tensor:
-            self.train_rows.append(batch["index"].tolist())
-            return (self.weight * batch["image"].mean()).sum()
-
-        def on_validation_epoch_start(self) -> None:
-            self.val_rows.append([])
-
-        def validation_step(self, batch: dict, _: int) -> None:
-            self.val_rows[-1] += batch["index"].tolist()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    train = _loader(prepared, "train", AugSpec(), batch_size=4, seed=3)
-    valid = _loader(prepared, "valid", AugSpec(), batch_size=2)
-    probe = Probe()
-    trainer = L.Trainer(
-        max_epochs=3,
-        limit_train_batches=1,  # abandons every train pass after 1 of 3 batches
-        num_sanity_val_steps=1,  # abandons the first validation pass after 1 of 3 batches
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(probe, train_dataloaders=train, val_dataloaders=valid)
-    first = [epoch_batches(12, 4, train=True, seed=3, epoch=e)[0].tolist() for e in range(3)]
-    assert probe.train_rows == first  # each epoch starts a fresh, reshuffled pass
-    assert len(probe.val_rows) == 4  # sanity check + 3 epochs
-    assert all(sorted(rows) == list(range(5)) for rows in probe.val_rows[1:])
