@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.data.datamodule import NailDataModule
+from nailseg.jobs import isolated_job
 from nailseg.model.module import SegModule
 
 WANDB_ID_KEY = "nailseg_wandb_run_id"
@@ -131,7 +132,8 @@ def run(cfg: DictConfig) -> float | None:
             {"config": OmegaConf.to_container(cfg, resolve=True), "choices": _choices()}
         )
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+    fit_module = torch.compile(module) if cfg.module.compile else module  # Lightning unwraps it
+    trainer.fit(fit_module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     fit_metrics = _plain_metrics(trainer.callback_metrics)
     checkpoint = next(
         (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None
@@ -176,7 +178,8 @@ def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
     the sweep goes on (`python -m nailseg.compare` reports it); a single run raises as usual."""
     try:
-        return run(cfg)
+        with isolated_job():  # DDP ranks re-run this job only; nothing leaks into the next job
+            return run(cfg)
     except Exception as err:
         if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
             raise

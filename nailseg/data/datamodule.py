@@ -3,12 +3,22 @@
 The backend is a partial (Hydra `_partial_: true`) taking the split's records; whatever it is, it
 yields the batch contract, so nothing downstream knows which backend runs. Sharding uses the
 trainer's global rank and world size (not LOCAL_RANK), so it is right on any number of nodes.
+
+Under DDP ranks may run different numbers of evaluation batches (rows r, r + world, ...; nothing
+padded): nothing in an evaluation step talks to other ranks (metrics sync once, at epoch end), so
+no rank waits. A rank with *no* evaluation batch would skip Lightning's whole evaluation loop,
+epoch-end sync included, and leave the others waiting forever: an evaluation split smaller than
+the world size is refused up front, on every rank alike.
+
+Loaders hold threads and (DALI) device buffers: each is closed when it is replaced or at
+`teardown`, so the jobs of a sweep in one process do not pile them up.
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pandas as pd
@@ -47,11 +57,15 @@ class NailDataModule(L.LightningDataModule):
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.loader = loader
         self.aug = aug
-        self.splits = {"train": read_split(self.root, "train"), "valid": read_split(self.root, "valid")}
+        self.splits = {
+            "train": read_split(self.root, "train"),
+            "valid": read_split(self.root, "valid"),
+        }
         if (self.root / "test.csv").is_file():
             self.splits["test"] = read_split(self.root, "test")
         self.group_names = sorted({g for rows in self.splits.values() for g in rows["group"]})
         self.group_ids = {name: i for i, name in enumerate(self.group_names)}
+        self._loaders: dict[str, Any] = {}  # the open loader of each stage
 
     @property
     def eval_spec(self) -> AugSpec:
@@ -63,10 +77,18 @@ class NailDataModule(L.LightningDataModule):
         """`trainer.overfit_batches`: train and validate on the same fixed, unaugmented batches."""
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
-    def _build(self, split: str, train: bool):
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+    def _build(self, stage: str, split: str, train: bool):
+        rank, world = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        )
         if self.overfitting:
             split, train = "train", False
+        if not train and len(self.splits[split]) < world:
+            raise ValueError(
+                f"the {split} split has {len(self.splits[split])} rows for {world} ranks: every "
+                f"rank needs one to evaluate (nothing is padded); use fewer devices or more data"
+            )
+        self._close(stage)
         loader = self.loader(
             records=self.splits[split],
             root=self.root,
@@ -79,13 +101,24 @@ class NailDataModule(L.LightningDataModule):
         )
         if train and self.trainer is not None:
             loader.set_epoch(self.trainer.current_epoch)  # a resumed fit continues the shuffles
+        self._loaders[stage] = loader
         return loader
 
+    def _close(self, stage: str) -> None:
+        loader = self._loaders.pop(stage, None)
+        if loader is not None:
+            loader.close()
+
     def train_dataloader(self):
-        return self._build("train", train=True)
+        return self._build("train", "train", train=True)
 
     def val_dataloader(self):
-        return self._build("valid", train=False)
+        return self._build("val", "valid", train=False)
 
     def test_dataloader(self):
-        return self._build("test" if "test" in self.splits else "valid", train=False)
+        return self._build("test", "test" if "test" in self.splits else "valid", train=False)
+
+    def teardown(self, stage: str) -> None:
+        """After fit / validate / test (Lightning calls it): release every loader now."""
+        for name in list(self._loaders):
+            self._close(name)

@@ -79,7 +79,9 @@ def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusi
     for name in _files(folder):
         rel, path = PurePosixPath(name), folder / name
         if rel.suffix.lower() not in IMAGE_EXTENSIONS:
-            unsupported.append(Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}"))
+            unsupported.append(
+                Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}")
+            )
             continue
         if len(rel.parts) == 1:
             group, stem = FLAT_GROUP, rel.stem

@@ -138,7 +138,9 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int) -> Outcome:
     mtimes = pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns
     save_npy_atomic(out_root / rel_image, image, mtimes[0])
     save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
-    record = Record(pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes)
+    record = Record(
+        pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes
+    )
     return Outcome(record=record, nonbinary_values=nonbinary)
 
 
@@ -159,7 +161,10 @@ def _up_to_date(pair: Pair, out_root: Path, manifest: dict[str, Record]) -> Reco
         return None
     sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
     try:
-        outputs = ((out_root / rel_image).stat().st_mtime_ns, (out_root / rel_mask).stat().st_mtime_ns)
+        outputs = (
+            (out_root / rel_image).stat().st_mtime_ns,
+            (out_root / rel_mask).stat().st_mtime_ns,
+        )
     except FileNotFoundError:
         return None
     return record if sources == outputs == (record.image_mtime_ns, record.mask_mtime_ns) else None

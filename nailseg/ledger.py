@@ -1,0 +1,104 @@
+"""An audit of which CSV rows each rank saw: proof that no sample is lost or duplicated.
+
+`*/samples` metrics count samples, and a count can be right while the rows are wrong (one row
+twice, another never), e.g. a loader that pads an uneven last shard with repeats, or ranks that
+shard by LOCAL_RANK and so read the same rows on every node. `SampleLedger` records the rows
+themselves (the batch contract's `index`), per stage, epoch and rank: the union over ranks is what
+the epoch covered, and a row in two ranks' lists is a duplicate.
+
+Opt-in (`callbacks=audit`). Each rank keeps its rows on the device until the stage's epoch ends
+(no per-step host sync) and then writes its own file; nothing is exchanged between ranks, so ranks
+that run different numbers of evaluation batches never wait for each other here. The sanity check
+is not recorded (it is a partial pass by design).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class SampleLedger(L.Callback):
+    """Writes `<dirpath>/<stage>_epoch<EEE>_step<SSSSSSS>_rank<R>.json` for every train, val and
+    test epoch on every rank: {"stage", "epoch", "global_step", "rank", "world_size", "rows"}.
+
+    `rows` are the CSV rows of the stage's split in the order the rank saw them. The global step
+    tells apart several validations in one epoch (`trainer.val_check_interval` < 1).
+    """
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.dirpath = Path(dirpath)
+        self._rows: dict[str, list[torch.Tensor]] = {"train": [], "val": [], "test": []}
+
+    def _record(self, trainer: L.Trainer, stage: str, batch: Mapping[str, torch.Tensor]) -> None:
+        if not trainer.sanity_checking:
+            self._rows[stage].append(batch["index"].detach())
+
+    def _write(self, trainer: L.Trainer, stage: str) -> None:
+        if trainer.sanity_checking:
+            return
+        chunks, self._rows[stage] = self._rows[stage], []
+        rows = torch.cat(chunks).cpu().tolist() if chunks else []
+        entry = {
+            "stage": stage,
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "rows": rows,
+        }
+        name = (
+            f"{stage}_epoch{trainer.current_epoch:03d}_step{trainer.global_step:07d}"
+            f"_rank{trainer.global_rank}.json"
+        )
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        tmp = self.dirpath / f".{name}.tmp"
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, self.dirpath / name)  # readers never see a half-written file
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._record(trainer, "train", batch)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "train")
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._record(trainer, "val", batch)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "val")
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._record(trainer, "test", batch)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "test")
