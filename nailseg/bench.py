@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 import nailseg.config  # noqa: F401  (registers the typed schemas)
+from nailseg.atomic import save_figure, write_text
 from nailseg.data.datamodule import NailDataModule
 from nailseg.model.losses import build_loss
 
@@ -192,10 +193,8 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
         f"{first['model']}, {first['image_size']}, batch {first['batch_size']}, {first['device']}"
     )
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    save_figure(path, fig)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _print(rows: pd.DataFrame) -> None:
@@ -268,10 +267,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 close()
     frame = pd.DataFrame(rows, columns=COLUMNS)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".bench.csv.tmp"
-    frame.to_csv(tmp, index=False, float_format="%.4f")
-    tmp.replace(out / "bench.csv")
+    write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
     _plot(frame, out / "bench.png")
     _print(frame)
     Console().print(f"written: {out / 'bench.csv'}, {out / 'bench.png'}")

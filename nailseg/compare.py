@@ -20,6 +20,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from omegaconf import OmegaConf
 
+from nailseg.atomic import save_figure, write_text
+
 KEYS = ("loader", "aug", "model", "dataset")
 COLUMNS = [
     "job",
@@ -67,7 +69,7 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
     rows = pd.DataFrame([_job_row(job) for job in jobs], columns=COLUMNS).astype(
         {"epochs": "Int64"}
     )
-    (sweep_dir / "compare.md").write_text(_markdown(rows))
+    write_text(sweep_dir / "compare.md", _markdown(rows))
     ok = rows[rows["status"] == "ok"]
     if not ok.empty:
         _plot(ok, sweep_dir / "compare.png")
@@ -98,10 +100,8 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
     right.set_ylabel("best val Dice")
     right.set_ylim(0, 1)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    save_figure(path, fig)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def main(argv: list[str]) -> None:

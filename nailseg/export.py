@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from torch import nn
 
+from nailseg.atomic import temp_path
 from nailseg.inference import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.model.checkpoint import CheckpointError, load_net
 
@@ -66,7 +67,7 @@ def export_onnx(
     difference of the logits from PyTorch's when `verify`, and then writes only if it is within
     `TOLERANCE`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)  # checked before it is renamed into place
     example = torch.zeros(2, 3, *spec.image_size)
     try:
         with warnings.catch_warnings():

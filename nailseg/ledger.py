@@ -15,13 +15,14 @@ is not recorded (it is a partial pass by design).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+
+from nailseg.atomic import write_text
 
 
 class SampleLedger(L.Callback):
@@ -57,10 +58,7 @@ class SampleLedger(L.Callback):
             f"{stage}_epoch{trainer.current_epoch:03d}_step{trainer.global_step:07d}"
             f"_rank{trainer.global_rank}.json"
         )
-        self.dirpath.mkdir(parents=True, exist_ok=True)
-        tmp = self.dirpath / f".{name}.tmp"
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, self.dirpath / name)  # readers never see a half-written file
+        write_text(self.dirpath / name, json.dumps(entry))  # readers never see a half-written file
 
     def on_train_batch_end(
         self,

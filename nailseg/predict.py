@@ -45,6 +45,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
+from nailseg.atomic import write_text
 from nailseg.data.imageio import UnreadableImage, binarise, read_mask_values, read_rgb
 from nailseg.inference import (
     InferenceConfig,
@@ -97,16 +98,6 @@ class PredictSummary:
     @property
     def images_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _read(photo: Photo) -> np.ndarray | UnreadableImage:
@@ -323,12 +314,12 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     )
     if scores:
         table = score_table(scores)
-        _write_text_atomic(output / "scores.csv", table.to_csv(index=False, lineterminator="\n"))
+        write_text(output / "scores.csv", table.to_csv(index=False, lineterminator="\n"))
         summary.scores = totals(table)
     else:  # a scores.csv left by an earlier run would describe other predictions
         (output / "scores.csv").unlink(missing_ok=True)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
-    _write_text_atomic(output / "summary.json", json.dumps(report, indent=2))
+    write_text(output / "summary.json", json.dumps(report, indent=2))
     print_summary(summary, output, console)
     if not written:
         raise PredictError(f"none of the {len(summary.skipped)} input files could be read")

@@ -15,7 +15,6 @@ input size, normalisation, data root) that changes it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from torch import nn
 
+from nailseg.atomic import write_text
 from nailseg.inference import InferenceSpec, full_size_probabilities
 from nailseg.scoring import dice_iou
 
@@ -74,9 +74,7 @@ def auto_threshold(
             return ThresholdChoice(**entry["choice"])
     choice = sweep(net, spec, root, tta=tta, device=device, batch_size=batch_size, console=console)
     entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"entries": entries}, indent=2))
-    os.replace(tmp, cache)
+    write_text(cache, json.dumps({"entries": entries}, indent=2))
     return choice
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg.atomic import write_text
 from nailseg.data.datamodule import NailDataModule
 from nailseg.jobs import isolated_job
 from nailseg.model.module import SegModule
@@ -87,9 +87,7 @@ def _choices() -> dict[str, str]:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(payload, indent=2, sort_keys=True))
 
 
 def _plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from nailseg.atomic import write_atomic
+
 TRUTH_COLOR = (0, 255, 0)
 PRED_COLOR = (255, 0, 0)
 
@@ -56,18 +58,6 @@ def grid(rows: Sequence[Sequence[np.ndarray]], pad: int = 2, fill: int = 255) ->
 
 
 def save_png_atomic(path: str | os.PathLike[str], array: np.ndarray) -> Path:
-    """Write `array` as a PNG via a temporary file and a rename, so readers (a dashboard, a
-    file sync) never see a half-written image."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a per-process name in the same folder (rename is atomic only within one filesystem); plain
-    # open() rather than mkstemp so the PNG gets the usual umask permissions, not 0600
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            Image.fromarray(array).save(f, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write `array` as a PNG atomically, so readers (a dashboard, a file sync) never see a
+    half-written image."""
+    return write_atomic(path, lambda f: Image.fromarray(array).save(f, format="PNG"))

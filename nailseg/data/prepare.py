@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from nailseg.atomic import write_atomic, write_text
 from nailseg.data.imageio import UnreadableImage, binarise, read_mask_values, read_rgb
 from nailseg.data.layout import (
     EMPTY_MASK,
@@ -47,7 +48,6 @@ SETTINGS_FILE = "prepare.json"
 MANIFEST_FILE = "manifest.csv"
 MTIME_COLUMNS = ["image_mtime_ns", "mask_mtime_ns"]
 FORMAT_VERSION = 1
-TMP_SUFFIX = ".tmp"
 
 
 class PrepareError(RuntimeError):
@@ -95,22 +95,8 @@ def _output_paths(pair: Pair) -> tuple[str, str]:
     return f"images/{pair.key}.npy", f"masks/{pair.key}.npy"
 
 
-def _write_atomic(path: Path, write, mtime_ns: int | None = None) -> None:
-    """`write(file)` into a temporary sibling, then rename: a final name is never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        if mtime_ns is not None:
-            os.utime(tmp, ns=(mtime_ns, mtime_ns))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_npy_atomic(path: Path, array: np.ndarray, mtime_ns: int | None = None) -> None:
-    _write_atomic(
+    write_atomic(
         path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False), mtime_ns
     )
 
@@ -183,7 +169,7 @@ def _reset_if_settings_changed(out_root: Path, settings: dict) -> None:
         shutil.rmtree(out_root / sub, ignore_errors=True)
     (out_root / MANIFEST_FILE).unlink(missing_ok=True)
     out_root.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, lambda f: f.write(json.dumps(settings, indent=2, sort_keys=True).encode()))
+    write_text(path, json.dumps(settings, indent=2, sort_keys=True))
 
 
 def _remove_leftovers(out_root: Path, keep: set[str]) -> None:
@@ -218,7 +204,7 @@ def _convert_all(pairs: list[Pair], out_root: Path, threshold: int, workers: int
 
 def _write_csv(path: Path, rows: pd.DataFrame) -> None:
     text = rows.to_csv(index=False, float_format="%.6f", lineterminator="\n")
-    _write_atomic(path, lambda f: f.write(text.encode()))
+    write_text(path, text)
 
 
 def prepare(

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import multiprocessing
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
+from nailseg.atomic import write_bytes, write_text
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated
 MANIFEST = "synthetic.json"
@@ -382,9 +383,7 @@ def _write_png(path: Path, array: np.ndarray) -> None:
     ok, buf = cv2.imencode(".png", array, _PNG_PARAMS)
     if not ok:
         raise OSError(f"cannot encode {path}")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buf.tobytes())
-    os.replace(tmp, path)
+    write_bytes(path, buf.tobytes())
 
 
 def _write_sample(job: tuple[Path, int, int]) -> None:
@@ -445,9 +444,7 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
             stale = _NAME.fullmatch(path.name) and path.name not in keep
             if stale or (path.name.startswith(".s") and path.name.endswith(".tmp")):
                 path.unlink()
-    tmp = out_dir / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(_manifest(n, seed)) + "\n")
-    os.replace(tmp, out_dir / MANIFEST)
+    write_text(out_dir / MANIFEST, json.dumps(_manifest(n, seed)) + "\n")
     return out_dir
 
 
