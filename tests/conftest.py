@@ -62,6 +62,20 @@ def write_prepared(
     return root
 
 
+def write_split(root: Path, split: str, images: list[np.ndarray], masks: list[np.ndarray]) -> None:
+    """npy files and `split`.csv as prepare.py writes them; groups 'a' / 'b' alternate."""
+    rows = []
+    for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
+        group = "ab"[i % 2]
+        rel_image, rel_mask = Path("images", group, f"{i}.npy"), Path("masks", group, f"{i}.npy")
+        for rel, array in ((rel_image, image), (rel_mask, mask)):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            np.save(root / rel, array)
+        h, w = image.shape[:2]
+        rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
+    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
+
+
 @pytest.fixture
 def prepared(tmp_path: Path) -> Path:
     return write_prepared(tmp_path / "prepared")

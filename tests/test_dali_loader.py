@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import write_split
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.dali import DaliLoader, npy_shape
@@ -117,17 +118,7 @@ def _unnormalise(image: torch.Tensor, spec: AugSpec) -> np.ndarray:
 
 def _write(root: Path, images: list[np.ndarray], masks: list[np.ndarray]) -> Path:
     """A prepared root (group 'a' / 'b' alternating) from the given arrays."""
-    rows = []
-    for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
-        group = "ab"[i % 2]
-        rel_image, rel_mask = Path("images", group, f"{i}.npy"), Path("masks", group, f"{i}.npy")
-        for rel, arr in ((rel_image, image), (rel_mask, mask)):
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.save(root / rel, arr)
-        h, w = image.shape[:2]
-        rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
-    columns = ["images", "masks", "group", "height", "width", "fg_fraction"]
-    pd.DataFrame(rows, columns=columns).to_csv(root / "train.csv", index=False)
+    write_split(root, "train", images, masks)
     return root
 
 

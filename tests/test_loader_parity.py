@@ -21,13 +21,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import write_split
 
 from nailseg.data.augment import OP_PARAMS, AugOp, AugSpec
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia import KorniaLoader
 from nailseg.data.loaders.sampling import epoch_batches
 from nailseg.data.loaders.torch import TorchLoader
-from nailseg.data.prepare import CSV_COLUMNS
 
 BACKENDS = ("torch", "kornia", "dali")
 # Structural tests also run the torch backend with persistent worker processes.
@@ -52,20 +52,6 @@ def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kw
         settings["num_workers"] = 2 if kind == "torch-workers" else 0
     backend = {"dali": DaliLoader, "kornia": KorniaLoader}.get(kind, TorchLoader)
     return backend(records, root, spec, **{**settings, **kwargs})
-
-
-def write_split(root: Path, split: str, images: list[np.ndarray], masks: list[np.ndarray]) -> None:
-    """npy files and `split`.csv as prepare.py writes them; groups 'a' / 'b' alternate."""
-    rows = []
-    for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
-        group = "ab"[i % 2]
-        rel_image, rel_mask = Path("images", group, f"{i}.npy"), Path("masks", group, f"{i}.npy")
-        for rel, array in ((rel_image, image), (rel_mask, mask)):
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.save(root / rel, array)
-        h, w = image.shape[:2]
-        rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
-    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
 
 
 def raw(image: np.ndarray) -> np.ndarray:
