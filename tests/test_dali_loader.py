@@ -13,7 +13,8 @@ import torch
 from conftest import write_split
 
 from nailseg.data.augment import AugSpec
-from nailseg.data.loaders.dali import DaliLoader, npy_shape
+from nailseg.data.loaders.base import npy_shape
+from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.sampling import epoch_batches, num_batches
 
 GROUPS = {"a": 0, "b": 1}

@@ -28,13 +28,12 @@ import pandas as pd
 import torch
 
 from nailseg.data.augment import AugOp, AugSpec
+from nailseg.data.loaders.base import Batch, npy_shape, resolve_device
 from nailseg.data.loaders.sampling import epoch_batches, num_batches
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
     from nvidia.dali.pipeline import Pipeline
-
-Batch = dict[str, torch.Tensor]
 
 
 def _dali() -> Any:
@@ -47,30 +46,6 @@ def _dali() -> Any:
             "install it or pick another loader backend (loader=torch)"
         ) from err
     return nvidia.dali
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'gpu' when torch sees CUDA, else 'cpu'; 'cpu' and 'gpu' pass through."""
-    if device == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"DALI loader device must be 'auto', 'cpu' or 'gpu', got {device!r}")
-    return device
-
-
-def npy_shape(path: Path, channels: int) -> tuple[int, int]:
-    """(height, width) of a prepared .npy, after checking it is what the decoder expects."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version != (1, 0):
-            raise ValueError(f"{path}: npy format {version}, DALI's decoder reads only 1.0")
-        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
-    if dtype != np.uint8 or fortran_order or len(shape) != 3 or shape[2] != channels:
-        raise ValueError(
-            f"{path}: expected a C-order uint8 HxWx{channels} array, got dtype {dtype}, "
-            f"shape {shape}, fortran_order={fortran_order}"
-        )
-    return shape[0], shape[1]
 
 
 class _Feeder:

@@ -33,8 +33,7 @@ import torch
 from kornia.geometry.transform import warp_affine
 
 from nailseg.data.augment import AugOp, AugSpec
-from nailseg.data.loaders.base import BatchTransform, WorkerLoader
-from nailseg.data.loaders.dali import Batch
+from nailseg.data.loaders.base import Batch, BatchTransform, WorkerLoader
 from nailseg.data.loaders.spec_math import blur_window, crop_windows, rotation_matrices
 from nailseg.data.loaders.torch import OpenCVTransform
 
