@@ -29,11 +29,7 @@ def real_data() -> Path:
 
 
 def write_prepared(
-    root: Path,
-    n_train: int = 12,
-    n_valid: int = 5,
-    size: tuple[int, int] = (40, 48),
-    groups: tuple[str, ...] = ("a", "b"),
+    root: Path, n_train: int = 12, n_valid: int = 5, size: tuple[int, int] = (40, 48)
 ) -> Path:
     """Write a prepared root (npy + CSVs) whose every sample carries its CSV row index.
 
@@ -43,34 +39,33 @@ def write_prepared(
     """
     rng = np.random.default_rng(0)
     for split, n in (("train", n_train), ("valid", n_valid)):
-        rows = []
+        images, masks = [], []
         for i in range(n):
-            group = groups[i % len(groups)]
             h, w = size[0] + (i % 3) * 4, size[1] + (i % 2) * 6  # mixed sizes, as real data has
             image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
             image[0, 0, 0] = i % 256
             mask = np.zeros((h, w, 1), np.uint8)
             mask[h // 4 : h // 2, w // 4 : w // 2] = 1
             mask[:4, :4] = i % 2
-            rel_img = Path("images") / group / f"{split}_{i:04d}.npy"
-            rel_mask = Path("masks") / group / f"{split}_{i:04d}.npy"
-            for rel, arr in ((rel_img, image), (rel_mask, mask)):
-                (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                np.save(root / rel, arr, allow_pickle=False)
-            rows.append([str(rel_img), str(rel_mask), group, h, w, float(mask.mean())])
-        pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
+            images.append(image)
+            masks.append(mask)
+        write_split(root, split, images, masks, prefix=f"{split}_")
     return root
 
 
-def write_split(root: Path, split: str, images: list[np.ndarray], masks: list[np.ndarray]) -> None:
-    """npy files and `split`.csv as prepare.py writes them; groups 'a' / 'b' alternate."""
+def write_split(
+    root: Path, split: str, images: list[np.ndarray], masks: list[np.ndarray], prefix: str = ""
+) -> None:
+    """npy files (`<prefix><row>.npy`) and `split`.csv as prepare.py writes them; groups 'a' / 'b'
+    alternate."""
     rows = []
     for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
         group = "ab"[i % 2]
-        rel_image, rel_mask = Path("images", group, f"{i}.npy"), Path("masks", group, f"{i}.npy")
+        name = f"{prefix}{i}.npy"
+        rel_image, rel_mask = Path("images", group, name), Path("masks", group, name)
         for rel, array in ((rel_image, image), (rel_mask, mask)):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.save(root / rel, array)
+            np.save(root / rel, array, allow_pickle=False)
         h, w = image.shape[:2]
         rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
     pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
