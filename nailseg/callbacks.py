@@ -15,6 +15,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
@@ -23,45 +24,47 @@ from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, sav
 class ThroughputMonitor(L.Callback):
     """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
 
-    The step time of a batch is its wait plus its compute: wait runs from the end of the previous
-    batch (or the epoch start) to `on_train_batch_start`, i.e. pulling the next batch from the
-    loader and copying it to the device; compute runs from there to `on_train_batch_end`.
-    `data_wait_frac` = total wait / total step time; `images_per_s` = images / total step time.
-    Validation run in the middle of an epoch is excluded.
-
-    CUDA runs asynchronously, so with `cuda_sync` (default) the device is synchronised at each batch
-    end, which makes compute and wait exact at the cost of the CPU no longer queueing the next step
-    ahead of the GPU. Without it the numbers are CPU-side: GPU work still queued when a batch
-    "ends" is counted as wait. Under DDP `images_per_s` is summed over ranks (whole-job throughput)
-    and `data_wait_frac` averaged.
+    `images_per_s` = the epoch's training images / its training wall time, validation run inside
+    the epoch excluded. The device is synchronised only where that time starts and stops (epoch
+    start and end, validation start and end), so the CPU keeps queueing steps ahead of the GPU as
+    in any run (a sync per batch cost a launch-bound SegFormer ~10%) and the figure is exact.
+    `data_wait_frac` = time blocked between one batch's end and the next one's start (pulling the
+    batch from the loader) / that wall time: the definition `make bench` uses. Under DDP
+    `images_per_s` is summed over ranks (whole-job throughput) and `data_wait_frac` averaged.
     """
 
-    def __init__(self, cuda_sync: bool = True) -> None:
-        self.cuda_sync = cuda_sync
+    def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
-        self._last_end: float | None = None
-        self._batch_start = 0.0
+        self._segment_start: float | None = None  # start of the running training stretch
+        self._last_end = 0.0
+        self._elapsed = 0.0
         self._wait = 0.0
-        self._compute = 0.0
         self._images = 0
 
-    def _now(self, pl_module: L.LightningModule) -> float:
-        if self.cuda_sync and pl_module.device.type == "cuda":
+    @staticmethod
+    def _synced_now(pl_module: L.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         return time.perf_counter()
 
+    def _resume(self, pl_module: L.LightningModule) -> None:
+        self._segment_start = self._last_end = self._synced_now(pl_module)
+
+    def _pause(self, pl_module: L.LightningModule) -> None:
+        if self._segment_start is not None:
+            self._elapsed += self._synced_now(pl_module) - self._segment_start
+            self._segment_start = None
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
-        self._last_end = self._now(pl_module)
+        self._resume(pl_module)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._batch_start = self._now(pl_module)
-        if self._last_end is not None:
-            self._wait += self._batch_start - self._last_end
+        self._wait += time.perf_counter() - self._last_end
 
     def on_train_batch_end(
         self,
@@ -71,20 +74,24 @@ class ThroughputMonitor(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._last_end = self._now(pl_module)
-        self._compute += self._last_end - self._batch_start
+        self._last_end = time.perf_counter()
         self._images += len(batch["image"])
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pause(pl_module)  # a no-op outside a training epoch (sanity check, validate())
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # restart the wait clock so mid-epoch validation is not counted as waiting for data
-        self._last_end = self._now(pl_module)
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._resume(pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        total = self._wait + self._compute
-        if total <= 0.0:
+        self._pause(pl_module)
+        if self._elapsed <= 0.0:
             return
-        pl_module.log("train/images_per_s", self._images / total, sync_dist=True, reduce_fx="sum")
-        pl_module.log("train/data_wait_frac", self._wait / total, sync_dist=True)
+        pl_module.log(
+            "train/images_per_s", self._images / self._elapsed, sync_dist=True, reduce_fx="sum"
+        )
+        pl_module.log("train/data_wait_frac", self._wait / self._elapsed, sync_dist=True)
 
 
 class PredictionOverlays(L.Callback):

@@ -114,9 +114,8 @@ class ModuleConfig:
     loss: str = "dice_bce"
     threshold: float = 0.5
     channels_last: bool | None = None  # None: on for CUDA, off for CPU
-    compile: bool = (
-        False  # torch.compile the module: fewer kernel launches (SegFormer is launch-bound)
-    )
+    compile: bool = False  # torch.compile the module: fewer kernel launches
+    compile_mode: str = "default"  # reduce-overhead: also CUDA graphs (SegFormer is launch-bound)
     optimizer: Any = field(
         default_factory=lambda: {
             "_target_": "torch.optim.AdamW",

@@ -25,6 +25,7 @@ from nailseg.atomic import write_text
 from nailseg.data.datamodule import NailDataModule
 from nailseg.jobs import isolated_job
 from nailseg.model.module import SegModule
+from nailseg.model.net import compile_net
 
 WANDB_ID_KEY = "nailseg_wandb_run_id"
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ def run(cfg: DictConfig) -> float | None:
         threshold=cfg.module.threshold,
         channels_last=channels_last,
     )
+    # Lightning unwraps the compiled module and compiles its forward the same way
+    fit_module = compile_net(module, cfg.module.compile_mode) if cfg.module.compile else module
     loggers = build_loggers(cfg, _wandb_id(ckpt))
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [WandbRunId()]
     if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
@@ -130,7 +133,6 @@ def run(cfg: DictConfig) -> float | None:
             {"config": OmegaConf.to_container(cfg, resolve=True), "choices": _choices()}
         )
 
-    fit_module = torch.compile(module) if cfg.module.compile else module  # Lightning unwraps it
     trainer.fit(fit_module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     fit_metrics = _plain_metrics(trainer.callback_metrics)
     checkpoint = next(

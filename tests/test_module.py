@@ -240,17 +240,22 @@ def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
         default_root_dir=tmp_path,
         callbacks=[ThroughputMonitor()],
     )
-    delay, n = 0.05, 6
+    delay, n, val_delay = 0.05, 6, 0.5
     start = time.perf_counter()
-    trainer.fit(model, DataLoader(_SlowDataset(n, delay=delay), batch_size=2))
+    trainer.fit(
+        model,
+        DataLoader(_SlowDataset(n, delay=delay), batch_size=2),
+        DataLoader(_SlowDataset(2, delay=val_delay), batch_size=2),
+    )
     elapsed = time.perf_counter() - start
     metrics = trainer.callback_metrics
     assert metrics["train/samples"].item() == n
     # step time = images / rate; its waiting part must hold every sleep of the loader (a bound
-    # that holds however loaded the machine is) and the whole cannot exceed the fit itself
+    # that holds however loaded the machine is), and the whole excludes validation (sanity check
+    # and epoch end: 4 slow validation samples)
     step_time = n / metrics["train/images_per_s"].item()
     wait = metrics["train/data_wait_frac"].item() * step_time
-    assert n * delay <= wait <= step_time <= elapsed
+    assert n * delay <= wait <= step_time <= elapsed - 4 * val_delay
 
 
 def test_overlays_every_n_epochs(tmp_path: Path) -> None:

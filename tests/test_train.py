@@ -78,6 +78,12 @@ def test_wrong_type_fails_at_start_naming_the_key(tmp_path):
         compose_train(["aug=heavy", "aug.ops.0.p=often"], tmp_path)
 
 
+def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
+    with pytest.raises(ValueError, match=r"reduce_overhead.*reduce-overhead"):
+        train(prepared, tmp_path / "run", "module.compile=true", "module.compile_mode=reduce_overhead", "logger=none")  # fmt: skip
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_typo_fails_from_the_command_line_before_any_work():
     proc = subprocess.run(
         [sys.executable, "train.py", "trainer.max_epoch=3"],

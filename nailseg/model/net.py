@@ -6,7 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import segmentation_models_pytorch as smp
+import torch
 from torch import nn
+
+# torch.compile's modes; reduce-overhead and max-autotune also replay the compiled forward and
+# backward as CUDA graphs (one launch each), which is what a launch-bound model needs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def build_net(
@@ -31,3 +36,11 @@ def build_net(
         )
     except KeyError as err:
         raise ValueError(f"model.arch={arch!r} is not an smp architecture ({err})") from err
+
+
+def compile_net(module: nn.Module, mode: str) -> nn.Module:
+    """`torch.compile(module, mode=mode)`, with the mode checked first so a typo fails before any
+    data is read rather than inside the first training step."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    return torch.compile(module, mode=mode)
