@@ -121,8 +121,8 @@ def run(cfg: DictConfig) -> float | None:
         threshold=cfg.module.threshold,
         channels_last=channels_last,
     )
-    # Lightning unwraps the compiled module and compiles its forward the same way
-    fit_module = compile_net(module, cfg.module.compile_mode) if cfg.module.compile else module
+    if cfg.module.compile:
+        compile_net(module.net, cfg.module.compile_mode)
     loggers = build_loggers(cfg, _wandb_id(ckpt))
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [WandbRunId()]
     if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
@@ -133,7 +133,7 @@ def run(cfg: DictConfig) -> float | None:
             {"config": OmegaConf.to_container(cfg, resolve=True), "choices": _choices()}
         )
 
-    trainer.fit(fit_module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     fit_metrics = _plain_metrics(trainer.callback_metrics)
     checkpoint = next(
         (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None

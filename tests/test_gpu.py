@@ -10,11 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from train_helpers import TINY_UNET, train
+from train_helpers import TINY_UNET, compose_train, small_overrides, train
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.prepare import CSV_COLUMNS
+from nailseg.model.checkpoint import load_net
+from nailseg.train import run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -90,10 +92,12 @@ def test_fit_with_cuda_graphs(prepared, tmp_path):
     replay, so a step that kept one (in a log, a metric, a callback) would fail or miscount here;
     train drops the last batch but val/test end in a partial one (a second graph)."""
     extra = ["trainer.max_epochs=2", "logger=csv", "module.compile=true", "module.compile_mode=reduce-overhead"]  # fmt: skip
-    train(prepared, tmp_path / "run", *extra, device="gpu")
+    cfg = compose_train(small_overrides(prepared, *extra, device="gpu"), tmp_path / "run")
+    run(cfg)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 12 and metrics["fit"]["val/samples"] == 5
     assert metrics["test"]["test/samples"] == 5 and 0 <= metrics["test"]["test/dice"] <= 1
+    load_net(metrics["best_checkpoint"], cfg.model)  # the eager net loads what was compiled
 
 
 def test_bench_on_gpu(prepared, tmp_path):

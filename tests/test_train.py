@@ -20,6 +20,7 @@ from wandb_records import history, run_id
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.prepare import prepare
+from nailseg.model.net import build_net, compile_net
 from nailseg.train import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,12 @@ def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
     with pytest.raises(ValueError, match=r"reduce_overhead.*reduce-overhead"):
         train(prepared, tmp_path / "run", "module.compile=true", "module.compile_mode=reduce_overhead", "logger=none")  # fmt: skip
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_compiling_keeps_the_state_dict_keys_of_the_eager_net():
+    net = build_net("unet", "resnet18", options={"encoder_depth": 3, "decoder_channels": [8, 4, 2]})
+    keys = list(net.state_dict())
+    assert compile_net(net, "reduce-overhead") is net and list(net.state_dict()) == keys
 
 
 def test_typo_fails_from_the_command_line_before_any_work():

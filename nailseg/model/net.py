@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import segmentation_models_pytorch as smp
-import torch
 from torch import nn
 
 # torch.compile's modes; reduce-overhead and max-autotune also replay the compiled forward and
@@ -38,9 +37,15 @@ def build_net(
         raise ValueError(f"model.arch={arch!r} is not an smp architecture ({err})") from err
 
 
-def compile_net(module: nn.Module, mode: str) -> nn.Module:
-    """`torch.compile(module, mode=mode)`, with the mode checked first so a typo fails before any
-    data is read rather than inside the first training step."""
+def compile_net(net: nn.Module, mode: str) -> nn.Module:
+    """Compile `net`'s forward in place (`nn.Module.compile`), so its state_dict keys, and the
+    checkpoints holding them, stay those of the eager net. The mode is checked first so a typo
+    fails before any data is read rather than inside the first training step.
+
+    Only the net: Lightning, given a compiled LightningModule, also compiles its step methods,
+    and under CUDA graphs the metric states updated there would be overwritten by the next replay.
+    """
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
-    return torch.compile(module, mode=mode)
+    net.compile(mode=mode)
+    return net
