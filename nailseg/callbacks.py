@@ -156,10 +156,16 @@ class PredictionOverlays(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         # inference_mode, not no_grad: the kept batch was made inside the validation loop's
-        # inference mode, and inference tensors may only be used there or without autograd
-        # the precision plugin's cast and autocast, as Lightning applies them around a val step
+        # inference mode, and inference tensors may only be used there or without autograd;
+        # force_eager: a compiled net would recompile for these few inference tensors (minutes
+        # for SegFormer under CUDA graphs); the precision plugin's cast and autocast, as
+        # Lightning applies them around a val step
         precision = trainer.precision_plugin
-        with torch.inference_mode(), precision.forward_context():
+        with (
+            torch.inference_mode(),
+            torch.compiler.set_stance("force_eager"),
+            precision.forward_context(),
+        ):
             logits = pl_module(precision.convert_input(images.to(pl_module.device)))
         pl_module.train(was_training)
         probs = torch.sigmoid(logits.float()).cpu()

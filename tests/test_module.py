@@ -281,3 +281,31 @@ def test_overlays_every_n_epochs(tmp_path: Path) -> None:
         2 + 2 * (SIZE + 2),
         3,
     )
+
+
+def test_overlays_do_not_recompile_a_compiled_net(tmp_path: Path) -> None:
+    """Overlays run the eager net: a compiled one would recompile for their inference tensors."""
+    from torch._dynamo.testing import CompileCounter
+
+    frames = []
+    for overlays in (False, True):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        model = SegModule(
+            torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
+        )
+        model.net.compile(backend=counter)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path / str(overlays),
+            callbacks=[PredictionOverlays(every_n_epochs=1, max_images=2)] if overlays else [],
+        )
+        trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
+        frames.append(counter.frame_count)
+    assert (tmp_path / "True" / "overlays" / "epoch_001.png").is_file()
+    assert frames[0] > 0 and frames[1] == frames[0]
