@@ -422,10 +422,17 @@ class DaliLoader:
         return self._pipe
 
     def close(self) -> None:
-        """Release the pipeline (its threads and buffers) now rather than at garbage collection."""
+        """Release the pipeline (its threads and buffers) now rather than at garbage collection.
+
+        On the GPU, DALI's buffers go back to DALI's memory pool, which would keep them from torch
+        (and from the next job of a sweep run in this process): the pool's free blocks are
+        returned to the device too."""
         self._pass += 1
         self._in_flight = False
-        self._pipe = None
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None and self.device == "gpu":
+            del pipe
+            _dali().backend.ReleaseUnusedMemory()
 
     def __del__(self) -> None:
-        self.close()
+        self._pipe = None  # at garbage collection (maybe interpreter exit): no DALI calls
