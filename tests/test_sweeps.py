@@ -11,7 +11,7 @@ import yaml
 from ddp_helpers import ddp_overrides, job_dirs, run_train
 from hydra import compose, initialize_config_dir
 from train_helpers import CONF, small_overrides, train
-from wandb_records import _records, history, run_id
+from wandb_records import complete_records, history, run_id
 
 from nailseg.data.datamodule import NailDataModule
 
@@ -78,7 +78,9 @@ def test_optuna_study_completes_and_reports_the_best_trial(prepared, tmp_path):
 
 def _exit_code(run_file: Path) -> int:
     (code,) = [
-        r.exit.exit_code for r in _records(run_file) if r.WhichOneof("record_type") == "exit"
+        r.exit.exit_code
+        for r in complete_records(run_file)
+        if r.WhichOneof("record_type") == "exit"
     ]
     return code
 

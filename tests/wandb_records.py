@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
 from wandb.proto import wandb_internal_pb2 as pb
 
 BLOCK = 32 * 1024
@@ -38,10 +40,26 @@ def _records(path: Path):
             yield record
 
 
+def complete_records(path: Path, timeout: float = 60.0) -> list[pb.Record]:
+    """The file's records once W&B's service process has written its last one (`exit`): the
+    service writes the file, and `finish()` can return before the tail is on disk."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = list(_records(path))
+        except DecodeError:  # a chunk still being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def history(run_file: Path) -> list[dict]:
     """Every history row the run logged, as {key: value}."""
     rows = []
-    for record in _records(run_file):
+    for record in complete_records(run_file):
         if record.WhichOneof("record_type") == "history":
             rows.append(
                 {
@@ -53,7 +71,7 @@ def history(run_file: Path) -> list[dict]:
 
 
 def run_id(run_file: Path) -> str:
-    for record in _records(run_file):
+    for record in complete_records(run_file):
         if record.WhichOneof("record_type") == "run":
             return record.run.run_id
     raise ValueError(f"{run_file}: no run record")
