@@ -213,6 +213,27 @@ def test_channels_last() -> None:
     assert out.shape == (2, 1, SIZE, SIZE) and torch.isfinite(out).all()
 
 
+def _conv_module() -> SegModule:
+    """A one-layer model: for the tests of the callbacks, not of the net."""
+    return SegModule(
+        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
+    )
+
+
+def _bare_trainer(root: Path, max_epochs: int, callbacks: list[L.Callback]) -> L.Trainer:
+    """A CPU trainer with only the callbacks under test: no logger, checkpoints or bars."""
+    return L.Trainer(
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=callbacks,
+    )
+
+
 class _SlowDataset(ContractDataset):
     """Every sample takes `delay` seconds to load: the loader, not the net, is the bottleneck."""
 
@@ -227,19 +248,8 @@ class _SlowDataset(ContractDataset):
 
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
 def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
-    model = SegModule(
-        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
-    )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[ThroughputMonitor()],
-    )
+    model = _conv_module()
+    trainer = _bare_trainer(tmp_path, 1, [ThroughputMonitor()])
     delay, n, val_delay = 0.05, 6, 0.5
     start = time.perf_counter()
     trainer.fit(
@@ -259,19 +269,8 @@ def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
 
 
 def test_overlays_every_n_epochs(tmp_path: Path) -> None:
-    model = SegModule(
-        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
-    )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[PredictionOverlays(every_n_epochs=2, max_images=2)],
-    )
+    model = _conv_module()
+    trainer = _bare_trainer(tmp_path, 3, [PredictionOverlays(every_n_epochs=2, max_images=2)])
     trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
     # epoch 1 by the period, epoch 2 as the last; no temporary files left behind
     names = sorted(p.name for p in (tmp_path / "overlays").iterdir())
@@ -291,19 +290,12 @@ def test_overlays_do_not_recompile_a_compiled_net(tmp_path: Path) -> None:
     for overlays in (False, True):
         torch._dynamo.reset()
         counter = CompileCounter()
-        model = SegModule(
-            torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
-        )
+        model = _conv_module()
         model.net.compile(backend=counter)
-        trainer = L.Trainer(
-            accelerator="cpu",
-            max_epochs=2,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path / str(overlays),
-            callbacks=[PredictionOverlays(every_n_epochs=1, max_images=2)] if overlays else [],
+        trainer = _bare_trainer(
+            tmp_path / str(overlays),
+            2,
+            [PredictionOverlays(every_n_epochs=1, max_images=2)] if overlays else [],
         )
         trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
         frames.append(counter.frame_count)
