@@ -27,7 +27,7 @@ class ThroughputMonitor(L.Callback):
     `images_per_s` = the epoch's training images / its training wall time, validation run inside
     the epoch excluded. The device is synchronised only where that time starts and stops (epoch
     start and end, validation start and end), so the CPU keeps queueing steps ahead of the GPU as
-    in any run (a sync per batch cost a launch-bound SegFormer ~10%) and the figure is exact.
+    in any run (a sync per batch would drain that queue every step) and the figure is exact.
     `data_wait_frac` = time blocked between one batch's end and the next one's start (pulling the
     batch from the loader) / that wall time: the definition `make bench` uses. Under DDP
     `images_per_s` is summed over ranks (whole-job throughput) and `data_wait_frac` averaged.
@@ -157,8 +157,8 @@ class PredictionOverlays(L.Callback):
         pl_module.eval()
         # inference_mode, not no_grad: the kept batch was made inside the validation loop's
         # inference mode, and inference tensors may only be used there or without autograd;
-        # force_eager: a compiled net would recompile for these few inference tensors (minutes
-        # for SegFormer under CUDA graphs); the precision plugin's cast and autocast, as
+        # force_eager: a compiled net would recompile for these few inference tensors (about a
+        # minute for SegFormer-b2 on the H200); the precision plugin's cast and autocast, as
         # Lightning applies them around a val step
         precision = trainer.precision_plugin
         with (

@@ -39,8 +39,8 @@ def build_net(
 
 def compile_net(net: nn.Module, mode: str) -> nn.Module:
     """Compile `net`'s forward in place (`nn.Module.compile`), so its state_dict keys, and the
-    checkpoints holding them, stay those of the eager net. The mode is checked first so a typo
-    fails before any data is read rather than inside the first training step.
+    checkpoints holding them, stay those of the eager net. The mode is checked here, before
+    training starts, so a typo does not surface inside the first training step.
 
     Only the net: Lightning, given a compiled LightningModule, also compiles its step methods,
     and under CUDA graphs the metric states updated there would be overwritten by the next replay.
