@@ -4,7 +4,7 @@ import hydra
 from omegaconf import DictConfig
 
 import nailseg.config  # noqa: F401  (registers the typed schemas)
-from nailseg.train import run_job
+from nailseg.training.run import run_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -2,17 +2,19 @@
 
     python -m nailseg.bench_prepare input_dir=../shared/data/nails output_dir=outputs/bench/prepare
 
-Each figure is the median of `repeats` runs; the cold run starts from an empty output folder
-(the input files sit in the page cache after the first read, as they would on a second epoch).
-Writes `<output_dir>/bench_prepare.csv` and prints a table.
+Each figure is the median of `repeats` runs; a cold run writes into a new folder (made for it
+and removed after it, so the benchmark never deletes anything it did not make; the input files sit
+in the page cache after the first read, as they would on a second epoch), a rerun into
+`<output_dir>/prepared`. Writes `<output_dir>/bench_prepare.csv` and prints a table.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -21,45 +23,44 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from nailseg.atomic import write_text
 from nailseg.data.prepare import prepare
 from nailseg.data.synthetic import generate
 
 
-def _median_seconds(fn, repeats: int, before=None) -> float:
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> float:
+    """Median time of `fn(folder)` with a folder that does not exist yet."""
     times = []
     for _ in range(repeats):
-        if before is not None:
-            before()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        with tempfile.TemporaryDirectory(dir=scratch) as fresh:
+            times.append(_seconds(lambda: fn(Path(fresh) / "out")))
     return statistics.median(times)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_prepare")
 def main(cfg: DictConfig) -> None:
     input_dir, out = Path(cfg.input_dir), Path(cfg.output_dir)
-    data = out / "prepared"
+    out.mkdir(parents=True, exist_ok=True)
     workers = cfg.num_workers or os.cpu_count() or 1
 
-    def cold_start() -> None:
-        shutil.rmtree(data, ignore_errors=True)
+    def run_prepare(root: Path):
+        return prepare(input_dir, root, num_workers=workers, group_regex=cfg.group_regex)
 
-    def run_prepare() -> None:
-        prepare(input_dir, data, num_workers=workers, group_regex=cfg.group_regex)
-
-    n_pairs = prepare(input_dir, data, num_workers=workers, group_regex=cfg.group_regex).written
-    cold = _median_seconds(run_prepare, cfg.repeats, before=cold_start)
-    rerun = _median_seconds(run_prepare, cfg.repeats)
-
-    synth = out / "synthetic"
+    first = run_prepare(out / "prepared")
+    n_pairs = first.written + first.up_to_date
+    cold = _cold_seconds(run_prepare, out, cfg.repeats)
+    rerun = statistics.median(
+        _seconds(lambda: run_prepare(out / "prepared")) for _ in range(cfg.repeats)
+    )
     n_synth = cfg.synthetic_n
-
-    def generate_fresh() -> None:
-        generate(synth, n=n_synth, seed=0, num_workers=workers)
-
-    synthetic = _median_seconds(
-        generate_fresh, cfg.repeats, before=lambda: shutil.rmtree(synth, ignore_errors=True)
+    synthetic = _cold_seconds(
+        lambda folder: generate(folder, n=n_synth, seed=0, num_workers=workers), out, cfg.repeats
     )
 
     rows = pd.DataFrame(
@@ -72,8 +73,7 @@ def main(cfg: DictConfig) -> None:
     )
     rows["workers"] = workers
     rows["cpus"] = os.cpu_count()
-    out.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(out / "bench_prepare.csv", index=False, float_format="%.4f")
+    write_text(out / "bench_prepare.csv", rows.to_csv(index=False, float_format="%.4f"))
 
     table = Table(
         title=f"prepare benchmark ({input_dir}, {workers} workers, median of {cfg.repeats})"

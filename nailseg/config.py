@@ -1,12 +1,16 @@
 """Typed schemas for every config, registered in Hydra's ConfigStore.
 
-Each YAML file lists its schema first in its defaults, so an unknown key or a value of the wrong
-type fails when the config is composed, naming the key — not at epoch 3.
+Schemas carry types only; every value lives in a YAML file under `conf/` (one source of defaults).
+A field is MISSING (the YAML must set it) or None ("not set": the code's documented meaning, such
+as Lightning's own default for a trainer key, or a schedule as long as the whole fit). Each YAML
+file lists its schema first in its defaults, so an unknown key or a value of the wrong type fails
+when the config is composed, naming the key — not at epoch 3. `tests/test_config.py` holds every
+schema to this rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -17,8 +21,8 @@ from omegaconf import MISSING
 class SyntheticConfig:
     """Procedural data the project generates itself (the default on a fresh clone)."""
 
-    n: int = 200
-    seed: int = 0
+    n: int = MISSING
+    seed: int = MISSING
 
 
 @dataclass
@@ -29,29 +33,34 @@ class DatasetConfig:
     root: str = MISSING  # prepared data: the output of prepare.py
     raw_dir: str | None = None  # Images/ + Masks/; what prepare.py reads by default
     group_regex: str | None = None  # subject id from a file stem: one subject, one split
-    image_size: list[int] = field(default_factory=lambda: [128, 128])  # height, width
-    synthetic: SyntheticConfig | None = None
+    image_size: list[int] = MISSING  # height, width
+    synthetic: SyntheticConfig | None = None  # set: prepare.py generates raw_dir first
 
 
 @dataclass
 class SplitConfig:
-    valid_fraction: float = 0.2
-    test_fraction: float = 0.0
-    seed: int = 42
+    """How prepare.py splits the pairs; values in conf/prepare.yaml."""
+
+    valid_fraction: float = MISSING
+    test_fraction: float = MISSING
+    seed: int = MISSING
     group_regex: str | None = None
-    folds: int = 1
-    fold: int = 0
+    folds: int = MISSING
+    fold: int = MISSING
 
 
 @dataclass
 class PrepareConfig:
+    """prepare.py; values in conf/prepare.yaml."""
+
     dataset: DatasetConfig = MISSING
     input_dir: str = MISSING
     output_dir: str = MISSING
-    mask_threshold: int = 127
-    strict: bool = False
+    mask_threshold: int = MISSING
+    strict: bool = MISSING
+    prune: bool = MISSING  # delete the outputs of pairs gone from the input
     num_workers: int | None = None  # None: one per CPU core
-    split: SplitConfig = field(default_factory=SplitConfig)
+    split: SplitConfig = MISSING
 
 
 @dataclass
@@ -59,7 +68,7 @@ class AugOpConfig:
     """One op of an `aug=` spec; only the range keys its op takes may be set (see augment.py)."""
 
     op: str = MISSING
-    p: float = 1.0
+    p: float = MISSING
     degrees: list[float] | None = None
     scale: list[float] | None = None
     ratio: list[float] | None = None
@@ -69,10 +78,16 @@ class AugOpConfig:
 
 @dataclass
 class AugConfig:
-    _target_: str = "nailseg.data.augment.AugSpec.from_config"
-    ops: list[AugOpConfig] = field(default_factory=list)
-    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
-    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    _target_: str = MISSING
+    ops: list[AugOpConfig] = MISSING
+
+
+@dataclass
+class NormalizeConfig:
+    """`(x/255 - mean) / std` per RGB channel: what every loader, predict and export apply."""
+
+    mean: list[float] = MISSING
+    std: list[float] = MISSING
 
 
 @dataclass
@@ -80,99 +95,140 @@ class LoaderConfig:
     """A loader backend; built per split by the datamodule (`_partial_`: records etc. come later)."""
 
     _target_: str = MISSING
-    _partial_: bool = True
-    batch_size: int = 16
-    device: str = "auto"  # auto | cpu | gpu
-    num_workers: int = 2  # CPU parallelism: DALI threads, DataLoader worker processes
-    prefetch: int = 2
-    seed: int = 0
+    _partial_: bool = MISSING
+    batch_size: int = MISSING
+    device: str = MISSING  # auto | cpu | gpu
+    num_workers: int = MISSING  # CPU parallelism: DALI threads, DataLoader worker processes
+    prefetch: int = MISSING
+    seed: int = MISSING
 
 
 @dataclass
 class TorchLoaderConfig(LoaderConfig):
     """`loader=torch` and `loader=kornia`: a torch DataLoader underneath."""
 
-    pin_memory: bool = True
-    persistent_workers: bool = True
+    pin_memory: bool = MISSING
+    persistent_workers: bool = MISSING
 
 
 @dataclass
 class ModelConfig:
     """Any segmentation-models-pytorch architecture (`arch`), built by `smp.create_model`."""
 
-    _target_: str = "nailseg.model.net.build_net"
+    _target_: str = MISSING
     arch: str = MISSING
     encoder_name: str = MISSING
     encoder_weights: str | None = None  # "imagenet" downloads weights: opt-in only
-    options: dict[str, Any] = field(default_factory=dict)  # extra arch keyword arguments
+    options: dict[str, Any] = MISSING  # extra arch keyword arguments (plain values)
+
+
+@dataclass
+class AdamWConfig:
+    _target_: str = MISSING
+    _partial_: bool = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+
+
+@dataclass
+class SGDConfig:
+    _target_: str = MISSING
+    _partial_: bool = MISSING
+    lr: float = MISSING
+    momentum: float = MISSING
+    weight_decay: float = MISSING
+    nesterov: bool = MISSING
+
+
+@dataclass
+class CosineConfig:
+    """CosineAnnealingLR stepped every optimizer step; T_max None: the whole fit."""
+
+    _target_: str = MISSING
+    _partial_: bool = MISSING
+    T_max: int | None = None
+    eta_min: float = MISSING
+
+
+@dataclass
+class OneCycleConfig:
+    """OneCycleLR; total_steps None: the whole fit."""
+
+    _target_: str = MISSING
+    _partial_: bool = MISSING
+    max_lr: float = MISSING
+    total_steps: int | None = None
+    pct_start: float = MISSING
+    div_factor: float = MISSING
+    final_div_factor: float = MISSING
+
+
+@dataclass
+class WarmupCosineConfig:
+    """Linear warm-up, then cosine to `min_lr_ratio`; total_steps None: the whole fit."""
+
+    _target_: str = MISSING
+    _partial_: bool = MISSING
+    total_steps: int | None = None
+    warmup_fraction: float = MISSING
+    min_lr_ratio: float = MISSING
 
 
 @dataclass
 class ModuleConfig:
-    """The LightningModule's knobs: loss, threshold, optimiser and schedule (`_partial_`)."""
+    """The LightningModule's knobs (optimizer and scheduler are groups of their own)."""
 
-    loss: str = "dice_bce"
-    threshold: float = 0.5
+    loss: str = MISSING  # dice | bce | focal | lovasz | dice_bce
+    threshold: float = MISSING
     channels_last: bool | None = None  # None: on for CUDA, off for CPU
-    compile: bool = False  # torch.compile the module: fewer kernel launches
-    compile_mode: str = "default"  # reduce-overhead: also CUDA graphs (SegFormer is launch-bound)
-    optimizer: Any = field(
-        default_factory=lambda: {
-            "_target_": "torch.optim.AdamW",
-            "_partial_": True,
-            "lr": 1e-3,
-            "weight_decay": 1e-4,
-        }
-    )
-    scheduler: Any = field(
-        default_factory=lambda: {
-            "_target_": "torch.optim.lr_scheduler.CosineAnnealingLR",
-            "_partial_": True,
-            "T_max": "${trainer.max_epochs}",
-        }
-    )
+    compile: bool = MISSING  # torch.compile the net: fewer kernel launches
+    compile_mode: str = MISSING  # reduce-overhead: also CUDA graphs (SegFormer is launch-bound)
 
 
 @dataclass
 class TrainerConfig:
-    """Lightning Trainer keyword arguments; every key here is overridable as trainer.<key>=..."""
+    """Lightning Trainer keyword arguments; every key is overridable as trainer.<key>=...
 
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "auto"
-    strategy: str = "auto"
-    devices: Any = "auto"
-    num_nodes: int = 1
+    None means "not set": the key is not passed, so Lightning's own default applies.
+    """
+
+    _target_: str = MISSING
+    accelerator: str | None = None
+    strategy: str | None = None
+    devices: Any = None
+    num_nodes: int | None = None
     precision: str | None = None
-    fast_dev_run: Any = False
-    max_epochs: int | None = 10
+    fast_dev_run: Any = None
+    max_epochs: int | None = None
     min_epochs: int | None = None
-    max_steps: int = -1
+    max_steps: int | None = None
     min_steps: int | None = None
     max_time: str | None = None
     limit_train_batches: Any = None
     limit_val_batches: Any = None
     limit_test_batches: Any = None
     limit_predict_batches: Any = None
-    overfit_batches: Any = 0.0
+    overfit_batches: Any = None
     val_check_interval: Any = None
-    check_val_every_n_epoch: int | None = 1
+    check_val_every_n_epoch: int | None = None
     num_sanity_val_steps: int | None = None
     log_every_n_steps: int | None = None
     enable_checkpointing: bool | None = None
     enable_progress_bar: bool | None = None
     enable_model_summary: bool | None = None
-    accumulate_grad_batches: int = 1
+    accumulate_grad_batches: int | None = None
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str | None = None
     deterministic: Any = None
     benchmark: bool | None = None
-    inference_mode: bool = True
-    use_distributed_sampler: bool = True
+    inference_mode: bool | None = None
+    use_distributed_sampler: bool | None = None
     profiler: str | None = None
-    detect_anomaly: bool = False
-    barebones: bool = False
-    sync_batchnorm: bool = False
-    reload_dataloaders_every_n_epochs: int = 0
+    detect_anomaly: bool | None = None
+    barebones: bool | None = None
+    sync_batchnorm: bool | None = None
+    reload_dataloaders_every_n_epochs: int | None = None
     default_root_dir: str | None = None
 
 
@@ -181,32 +237,46 @@ class TrainConfig:
     dataset: DatasetConfig = MISSING
     loader: LoaderConfig = MISSING
     aug: AugConfig = MISSING
+    normalize: NormalizeConfig = MISSING
     model: ModelConfig = MISSING
-    module: ModuleConfig = field(default_factory=ModuleConfig)
+    optimizer: Any = MISSING
+    scheduler: Any = None  # scheduler=none: a constant learning rate
+    module: ModuleConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: dict[str, Any] | None = None
     callbacks: dict[str, Any] | None = None
-    run_dir: str = "${hydra:runtime.output_dir}"
-    seed: int = 42
-    ckpt_path: str | None = None  # "last" (newest last.ckpt under outputs/) or a path
-    test: bool = True  # after fit, test the best checkpoint and write metrics.json
-    optimized_metric: str = "val/dice"  # what train.py returns to sweepers
-    overlay_every_n_epochs: int = 5
+    run_dir: str = MISSING
+    seed: int = MISSING
+    train: bool = MISSING  # false: only evaluate `ckpt_path` on `eval_split`
+    ckpt_path: str | None = None  # "last" (the newest valid last.ckpt) or a path: resume
+    test: bool = MISSING  # after fit, evaluate the best checkpoint and write metrics.json
+    eval_split: str = MISSING  # auto (test when prepared, else valid) | train | valid | test
+    optimized_metric: str = MISSING  # what train.py returns to sweepers (its best value)
+    optimized_mode: str = MISSING  # max | min: which value of optimized_metric is best
+    overlay_every_n_epochs: int = MISSING
+
+
+SCHEMAS: dict[str | None, dict[str, type]] = {
+    None: {"prepare_schema": PrepareConfig, "train_schema": TrainConfig},
+    "dataset": {"dataset_schema": DatasetConfig},
+    "aug": {"aug_schema": AugConfig},
+    "loader": {"loader_schema": LoaderConfig, "torch_loader_schema": TorchLoaderConfig},
+    "model": {"model_schema": ModelConfig},
+    "optimizer": {"adamw_schema": AdamWConfig, "sgd_schema": SGDConfig},
+    "scheduler": {
+        "cosine_schema": CosineConfig,
+        "onecycle_schema": OneCycleConfig,
+        "cosine_warmup_schema": WarmupCosineConfig,
+    },
+    "trainer": {"trainer_schema": TrainerConfig},
+}
 
 
 def register() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="prepare_schema", node=PrepareConfig)
-    cs.store(name="train_schema", node=TrainConfig)
-    for group, node in (
-        ("dataset", DatasetConfig),
-        ("aug", AugConfig),
-        ("loader", LoaderConfig),
-        ("model", ModelConfig),
-        ("trainer", TrainerConfig),
-    ):
-        cs.store(group=group, name=f"{group}_schema", node=node)
-    cs.store(group="loader", name="torch_loader_schema", node=TorchLoaderConfig)
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=group, name=name, node=node)
 
 
 register()

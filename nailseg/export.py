@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 from rich.console import Console
 from torch import nn
 
@@ -47,10 +47,12 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 @dataclass
 class ExportConfig(InferenceConfig):
-    format: str = "onnx"
+    """Types only: the values are in conf/export.yaml."""
+
+    format: str = MISSING
     output: str | None = None  # None: next to the checkpoint, <checkpoint name>.onnx
-    opset: int = 17
-    verify: bool = True  # check ONNX Runtime against PyTorch before writing
+    opset: int = MISSING
+    verify: bool = MISSING  # check ONNX Runtime against PyTorch before writing
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
@@ -108,7 +110,7 @@ def _metadata(spec: InferenceSpec) -> dict[str, str]:
         "nailseg.mean": json.dumps(list(spec.mean)),
         "nailseg.std": json.dumps(list(spec.std)),
         "nailseg.threshold": json.dumps(spec.threshold),
-        "nailseg.model": json.dumps(OmegaConf.to_container(spec.model, resolve=True)),
+        "nailseg.model": json.dumps(dict(spec.model)),
         "nailseg.checkpoint": spec.ckpt.name,
     }
 

@@ -1,36 +1,44 @@
 """Running a trained net on photos: what predict, the threshold sweep and export share.
 
-The input size, normalisation and threshold come from the training run the checkpoint belongs to
-(`<run>/.hydra/config.yaml`), so a model is run exactly as it was validated; each can be overridden.
-Photos are brought to the input size the way the evaluation loader does it (bilinear with
-antialiasing, like DALI's linear resize, then `(x/255 - mean) / std`), and probabilities are
-brought back to each photo's own size bilinearly before they are thresholded, so masks have smooth
-edges at full resolution rather than the blocks of an upsampled low-resolution mask.
+The input size, normalisation and threshold come from the checkpoint's card (see
+model/checkpoint.py), so a model is run exactly as it was validated, even when the checkpoint was
+copied away from its run; each can be overridden. Photos are brought to the input size the way the
+evaluation loader does it (bilinear with antialiasing, like DALI's linear resize, then
+`(x/255 - mean) / std`), and probabilities are brought back to each photo's own size bilinearly
+before they are thresholded, so masks have smooth edges at full resolution rather than the blocks
+of an upsampled low-resolution mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 from torch import nn
 
 from nailseg.config import ModelConfig
-from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
-from nailseg.model.checkpoint import CheckpointError, load_run_config, run_dir_of
+from nailseg.model.checkpoint import (
+    CheckpointError,
+    card_of,
+    legacy_card,
+    plain_model,
+    read_checkpoint,
+    run_dir_of,
+)
 
 DEFAULT_THRESHOLD = 0.5
 
 
 @dataclass
 class InferenceConfig:
-    """Keys that predict and export share: the checkpoint and overrides of what its run says
-    (None: take the run's value)."""
+    """Keys that predict and export share: the checkpoint and overrides of what its card says
+    (None: take the checkpoint's value)."""
 
     ckpt: str = MISSING
     model: ModelConfig | None = None  # model=unet model.encoder_name=...: a `model=` group
@@ -44,8 +52,7 @@ class InferenceSpec:
     """How to run one checkpoint: the net to build and how its inputs were made."""
 
     ckpt: Path
-    run_dir: Path | None
-    model: DictConfig
+    model: Mapping[str, Any]  # plain: arch, encoder_name, options
     image_size: tuple[int, int]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -54,58 +61,46 @@ class InferenceSpec:
 
 
 def resolve_spec(cfg: DictConfig) -> InferenceSpec:
-    """The spec for `cfg.ckpt`: the run's settings with `cfg`'s non-null overrides applied."""
+    """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
+    plain config values) with `cfg`'s non-null overrides applied."""
     ckpt = Path(cfg.ckpt)
-    if not ckpt.is_file():
-        raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")
-    run_dir = run_dir_of(ckpt)
-    run = load_run_config(run_dir) if run_dir is not None else OmegaConf.create()
-    model = cfg.model if cfg.model is not None else OmegaConf.select(run, "model")
-    image_size = _pick(cfg.image_size, run, "dataset.image_size", None)
-    if model is None or image_size is None:
+    card = card_of(read_checkpoint(ckpt))
+    if card is None:
+        run_dir = run_dir_of(ckpt)
+        card = legacy_card(run_dir) if run_dir is not None else {}
+    if cfg.model is not None:
+        model = plain_model(cfg.model, "model")
+    elif card.get("model") is not None:
+        model = plain_model(card["model"], f"the model recorded in {ckpt}")
+    else:
+        model = None
+    image_size = cfg.image_size if cfg.image_size is not None else card.get("image_size")
+    mean = cfg.mean if cfg.mean is not None else card.get("mean")
+    std = cfg.std if cfg.std is not None else card.get("std")
+    if model is None or image_size is None or mean is None or std is None:
         raise CheckpointError(
-            f"{ckpt} is not inside a training run (no {ckpt.absolute().parent.parent}/.hydra/"
-            "config.yaml): pass model=<unet|segformer|...> and image_size=[h,w] it was trained with"
+            f"{ckpt} carries no description of its model and inputs (a checkpoint written "
+            "before nailseg recorded them, away from its run folder): pass model=<unet|"
+            "segformer|...>, image_size=[h,w], mean=[...] and std=[...] it was trained with"
         )
     if len(image_size) != 2:
         raise CheckpointError(f"image_size must be [height, width], got {list(image_size)}")
+    data_root = card.get("data_root")
     return InferenceSpec(
         ckpt=ckpt,
-        run_dir=run_dir,
         model=model,
         image_size=(int(image_size[0]), int(image_size[1])),
-        mean=_triple(_pick(cfg.mean, run, "aug.mean", IMAGENET_MEAN), "mean"),
-        std=_triple(_pick(cfg.std, run, "aug.std", IMAGENET_STD), "std"),
-        threshold=float(OmegaConf.select(run, "module.threshold", default=DEFAULT_THRESHOLD)),
-        data_root=_data_root(run, run_dir),
+        mean=_triple(mean, "mean"),
+        std=_triple(std, "std"),
+        threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
+        data_root=Path(data_root) if data_root else None,
     )
-
-
-def _pick(override, run: DictConfig, key: str, default):
-    return override if override is not None else OmegaConf.select(run, key, default=default)
 
 
 def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
     if len(values) != 3:
         raise CheckpointError(f"{name} needs one value per RGB channel, got {list(values)}")
     return (float(values[0]), float(values[1]), float(values[2]))
-
-
-def _data_root(run: DictConfig, run_dir: Path | None) -> Path | None:
-    """The run's `dataset.root`; a relative one is taken from the directory training ran in
-    (Hydra's `runtime.cwd`) when it is still there, else from the current directory."""
-    root = OmegaConf.select(run, "dataset.root")
-    if root is None:
-        return None
-    root = Path(root)
-    if root.is_absolute() or run_dir is None:
-        return root
-    hydra_file = run_dir / ".hydra" / "hydra.yaml"
-    if hydra_file.is_file():
-        cwd = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.cwd")
-        if cwd is not None and (Path(cwd) / root).is_dir():
-            return Path(cwd) / root
-    return root
 
 
 def resolve_device(name: str) -> torch.device:

@@ -66,16 +66,18 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 @dataclass
 class PredictConfig(InferenceConfig):
+    """Types only: the values are in conf/predict.yaml."""
+
     input: Any = MISSING  # a folder (searched recursively), a file, or a list of either
     output: str = MISSING
     masks: str | None = None  # true masks, matched by key: writes scores.csv
-    tta: bool = False  # mean of identity, horizontal and vertical flip probabilities
-    threshold: str | None = None  # None: the run's; a number; "auto": Dice-best on validation
-    data_root: str | None = None  # prepared data for threshold=auto (None: the run's)
-    batch_size: int = 8
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
+    threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
+    data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
+    batch_size: int = MISSING
+    device: str = MISSING  # auto | cpu | cuda | cuda:N
     num_workers: int | None = None  # threads reading and writing files (None: one per core)
-    mask_threshold: int = 127  # a true mask's value > this is nail (0/1 masks taken as is)
+    mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
@@ -90,7 +92,7 @@ class PredictSummary:
     images: int = 0  # photos predicted and written
     seconds: float = 0.0  # reading, predicting and writing them
     threshold: float = 0.5
-    threshold_source: str = "run"  # run | override | auto
+    threshold_source: str = "checkpoint"  # checkpoint | override | auto
     skipped: list[Skipped] = field(default_factory=list)
     unscored: list[Skipped] = field(default_factory=list)  # predicted, but with no usable mask
     scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
@@ -236,9 +238,10 @@ def _threshold(
     device: torch.device,
     console: Console,
 ) -> tuple[float, str]:
-    """(threshold, where it came from): the run's, the one given, or the Dice-best on validation."""
+    """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
+    validation."""
     if cfg.threshold is None:
-        return spec.threshold, "run"
+        return spec.threshold, "checkpoint"
     if str(cfg.threshold) == "auto":
         choice = auto_threshold(
             net,

@@ -7,9 +7,9 @@ binned between thresholds, and per-bin foreground/background counts give TP/FP/F
 threshold by a cumulative sum. Ties (a plateau of equal Dice) go to the threshold nearest the
 run's own, so a well-separated model keeps its usual threshold.
 
-The choice is stored in `<run>/threshold.json`, one entry per checkpoint (by name, size and
-modification time, so a rewritten `last.ckpt` is swept again) and per inference setting (TTA,
-input size, normalisation, data root) that changes it.
+The choice is stored in `threshold.json` beside the checkpoint, one entry per checkpoint (by
+name, size and modification time, so a rewritten `last.ckpt` is swept again) and per inference
+setting (TTA, input size, normalisation, data root) that changes it.
 """
 
 from __future__ import annotations
@@ -58,16 +58,11 @@ def auto_threshold(
     console: Console | None = None,
 ) -> ThresholdChoice:
     """The cached choice for this checkpoint and setting, else a fresh sweep (then cached)."""
-    if spec.run_dir is None:
-        raise ThresholdError(
-            f"threshold=auto stores its choice in the training run, but {spec.ckpt} is not inside "
-            "one; pass threshold=<number>"
-        )
     root = data_root or spec.data_root
     if root is None:
         raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
     key = _cache_key(spec, root, tta)
-    cache = spec.run_dir / CACHE_FILE
+    cache = spec.ckpt.parent / CACHE_FILE
     entries = json.loads(cache.read_text())["entries"] if cache.is_file() else []
     for entry in entries:
         if entry["key"] == key:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nailseg.data.prepare import CSV_COLUMNS
+from nailseg.data.format import CSV_COLUMNS, write_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -68,7 +68,7 @@ def write_split(
             np.save(root / rel, array, allow_pickle=False)
         h, w = image.shape[:2]
         rows.append([str(rel_image), str(rel_mask), group, h, w, float(mask.mean())])
-    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(root / f"{split}.csv", index=False)
+    write_table(root / f"{split}.csv", pd.DataFrame(rows, columns=CSV_COLUMNS))
 
 
 @pytest.fixture

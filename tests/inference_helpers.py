@@ -13,7 +13,7 @@ from train_helpers import CONF, compose_train, small_overrides
 
 import nailseg.export  # registers export_schema
 import nailseg.predict  # noqa: F401  (registers predict_schema)
-from nailseg.train import run as train_run
+from nailseg.training.run import run as train_run
 
 
 def make_run(root: Path, run_dir: Path) -> Path:

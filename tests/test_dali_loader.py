@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from conftest import write_split
 
 from nailseg.data.augment import AugSpec
+from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.base import npy_shape
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.sampling import epoch_batches, num_batches
@@ -105,7 +105,7 @@ def test_plan_rejects_bad_rank() -> None:
 
 
 def _loader(root: Path, split: str, spec: AugSpec, **kwargs) -> DaliLoader:
-    records = pd.read_csv(root / f"{split}.csv")
+    records = read_split(root, split)
     kwargs = {"train": split == "train", "batch_size": 4, "image_size": (32, 32), **kwargs}
     return DaliLoader(records, root, spec, group_ids=GROUPS, **kwargs)
 
@@ -175,7 +175,7 @@ def test_pairing_over_shuffled_epochs(tagged: Path) -> None:
             {"op": "random_resized_crop", "p": 0.5, "scale": [0.3, 1.0], "ratio": [0.5, 2.0]},
         ]
     )
-    records = pd.read_csv(tagged / "train.csv")
+    records = read_split(tagged, "train")
     loader = _loader(tagged, "train", spec)
     orders = []
     for _ in range(3):

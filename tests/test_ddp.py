@@ -12,17 +12,15 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 from conftest import write_prepared
 from ddp_helpers import ddp_overrides, run_train
-from hydra.utils import instantiate
 from train_helpers import compose_train
 from wandb_records import history
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
-from nailseg.model.module import SegModule
+from nailseg.training.build import build
 
 N_TRAIN, N_VALID, BATCH, EPOCHS = 13, 5, 2, 2
 
@@ -92,7 +90,7 @@ def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_run):
         # rows r::2: rank 0 runs two batches ([0, 2], [4]), rank 1 one ([1, 3]) -- no padding
         assert ledger[epoch, 0] == [0, 2, 4] and ledger[epoch, 1] == [1, 3]
     assert logged(run_dir, "val/samples") == [N_VALID] * EPOCHS
-    test = read_ledger(run_dir, "test")  # test falls back to valid: once more, each row once
+    test = read_ledger(run_dir, "test")  # the final evaluation on valid: once more, each row once
     rows = sorted(row for rank_rows in test.values() for row in rank_rows)
     assert len(test) == 2 and rows == list(range(N_VALID))
 
@@ -100,28 +98,11 @@ def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_run):
 def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_run, tmp_path):
     root, run_dir = ddp_run
     ddp_dice = json.loads((run_dir / "metrics.json").read_text())["fit"]["val/dice"]
-    cfg = compose_train(ddp_overrides(root), tmp_path / "single")
-    datamodule = NailDataModule(
-        root=cfg.dataset.root,
-        image_size=tuple(cfg.dataset.image_size),
-        loader=instantiate(cfg.loader),
-        aug=instantiate(cfg.aug, _convert_="all"),
-    )
-    module = SegModule(
-        net=instantiate(cfg.model),
-        optimizer=instantiate(cfg.module.optimizer),
-        loss=cfg.module.loss,
-        group_names=datamodule.group_names,
-    )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    built = build(compose_train(ddp_overrides(root, "logger=none"), tmp_path / "single"))
     last = run_dir / "checkpoints" / "last.ckpt"  # the weights the last validation ran on
-    (single,) = trainer.validate(module, datamodule=datamodule, ckpt_path=last, weights_only=True)
+    (single,) = built.trainer.validate(
+        built.module, datamodule=built.datamodule, ckpt_path=last, weights_only=True
+    )
     assert single["val/samples"] == N_VALID
     assert single["val/dice"] == pytest.approx(ddp_dice, abs=1e-6)
 

@@ -13,10 +13,11 @@ import torch
 from train_helpers import TINY_UNET, compose_train, small_overrides, train
 
 from nailseg.data.augment import AugSpec
+from nailseg.data.datamodule import read_split
+from nailseg.data.format import CSV_COLUMNS
 from nailseg.data.loaders.dali import DaliLoader
-from nailseg.data.prepare import CSV_COLUMNS
 from nailseg.model.checkpoint import load_net
-from nailseg.train import run
+from nailseg.training.run import run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -80,7 +81,7 @@ def test_closing_a_gpu_loader_returns_its_memory(prepared):
     """A sweep runs its jobs in one process: a closed loader's GPU memory must not stay in DALI's
     pool, out of reach of torch and of the next job. At 1024² one batch of 8 is ~130 MB and the
     pipeline holds several, far above the tolerance."""
-    records = pd.read_csv(prepared / "train.csv")
+    records = read_split(prepared, "train")
     groups = {g: i for i, g in enumerate(sorted(set(records["group"])))}
     torch.zeros(1, device="cuda")  # the CUDA context exists before the baseline
     free_before = torch.cuda.mem_get_info()[0]
@@ -101,7 +102,8 @@ def test_short_fit_on_gpu(model, prepared, tmp_path):
     train(prepared, tmp_path / "run", *extra, device="gpu")
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 12 and metrics["fit"]["val/samples"] == 5
-    assert metrics["test"]["test/samples"] == 5 and 0 <= metrics["test"]["test/dice"] <= 1
+    final = metrics["final"]["metrics"]
+    assert final["val_best/samples"] == 5 and 0 <= final["val_best/dice"] <= 1
 
 
 def test_fit_with_cuda_graphs(prepared, tmp_path):
@@ -113,8 +115,9 @@ def test_fit_with_cuda_graphs(prepared, tmp_path):
     run(cfg)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 12 and metrics["fit"]["val/samples"] == 5
-    assert metrics["test"]["test/samples"] == 5 and 0 <= metrics["test"]["test/dice"] <= 1
-    load_net(metrics["best_checkpoint"], cfg.model)  # the eager net loads what was compiled
+    final = metrics["final"]["metrics"]
+    assert final["val_best/samples"] == 5 and 0 <= final["val_best/dice"] <= 1
+    load_net(metrics["best"]["checkpoint"], cfg.model)  # the eager net loads what was compiled
 
 
 def test_bench_on_gpu(prepared, tmp_path):

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from conftest import write_split
 
 from nailseg.data.augment import OP_PARAMS, AugOp, AugSpec
+from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia import KorniaLoader
 from nailseg.data.loaders.sampling import epoch_batches
@@ -41,7 +41,7 @@ MEAN = 255 * np.array(AugSpec().mean)[:, None, None]
 
 
 def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kwargs):
-    records = pd.read_csv(root / f"{split}.csv", dtype={"group": str})
+    records = read_split(root, split)
     settings = {
         "train": split == "train",
         "batch_size": 20,

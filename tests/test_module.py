@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from nailseg.callbacks import PredictionOverlays, ThroughputMonitor
 from nailseg.model.module import SegModule
+from nailseg.training.callbacks import PredictionOverlays, TrainSpeedMonitor
 
 GROUPS = ("a", "b")
 SIZE = 32
@@ -77,7 +77,7 @@ def _module(**kwargs: Any) -> SegModule:
         {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "betas": [0.9, 0.99]}
     )
     scheduler = instantiate(
-        {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "_partial_": True}
+        {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "_partial_": True, "T_max": None}
     )
     return SegModule(
         _net(), optimizer, scheduler, group_names=OmegaConf.create(list(GROUPS)), **kwargs
@@ -105,7 +105,7 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         logger=logger,
         callbacks=[
             checkpoint,
-            ThroughputMonitor(),
+            TrainSpeedMonitor(),
             PredictionOverlays(every_n_epochs=5, max_images=8),
         ],
         enable_progress_bar=False,
@@ -249,7 +249,7 @@ class _SlowDataset(ContractDataset):
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
 def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
     model = _conv_module()
-    trainer = _bare_trainer(tmp_path, 1, [ThroughputMonitor()])
+    trainer = _bare_trainer(tmp_path, 1, [TrainSpeedMonitor()])
     delay, n, val_delay = 0.05, 6, 0.5
     start = time.perf_counter()
     trainer.fit(

@@ -12,14 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from conftest import write_prepared
 from inference_helpers import compose_cli, constant_checkpoint, make_run, save_image
 from PIL import Image
 from rich.console import Console
 from train_helpers import TINY_UNET
 
+from nailseg.data.datamodule import read_split
 from nailseg.inference import full_size_probabilities, probabilities, resolve_spec
-from nailseg.model.checkpoint import ArchitectureMismatch, CheckpointError, load_net
+from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
 from nailseg.predict import PredictError, main, run
 from nailseg.scoring import score_image
 from nailseg.threshold import CACHE_FILE, ThresholdError
@@ -253,10 +255,9 @@ def test_mask_of_another_size_is_not_scored(trained, tmp_path):
 
 
 def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photos, tmp_path):
-    run_dir = trained.parent.parent
-    (run_dir / CACHE_FILE).unlink(missing_ok=True)
+    (trained.parent / CACHE_FILE).unlink(missing_ok=True)
     summary = predict(trained, photos / "top.jpeg", tmp_path / "out", "threshold=auto")
-    cache = json.loads((run_dir / CACHE_FILE).read_text())
+    cache = json.loads((trained.parent / CACHE_FILE).read_text())
     (entry,) = cache["entries"]
     choice = entry["choice"]
     assert summary.threshold == choice["threshold"] and summary.threshold_source == "auto"
@@ -266,7 +267,7 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
     spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
     net = load_net(trained, spec.model)
     root = spec.data_root
-    valid = pd.read_csv(root / "valid.csv")
+    valid = read_split(root, "valid")
     tp = fp = fn = 0
     for image_file, mask_file in zip(valid["images"], valid["masks"], strict=True):
         image = np.load(root / image_file)
@@ -304,7 +305,7 @@ def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_pa
     assert summary.threshold == 0.5
     keys = [
         e["key"]["checkpoint"]
-        for e in json.loads((ckpt.parent.parent / CACHE_FILE).read_text())["entries"]
+        for e in json.loads((ckpt.parent / CACHE_FILE).read_text())["entries"]
     ]
     assert "constant_auto.ckpt" in keys
 
@@ -339,13 +340,85 @@ def test_not_a_checkpoint(trained, tmp_path):
         load_net(junk, model)
 
 
-def test_checkpoint_outside_a_run_needs_model_and_size(trained, photos, tmp_path):
-    lone = tmp_path / "lone.ckpt"
-    shutil.copy(trained, lone)
-    with pytest.raises(CheckpointError, match=r"model=.*image_size="):
-        predict(lone, photos / "top.jpeg", tmp_path / "out")
-    summary = predict(lone, photos / "top.jpeg", tmp_path / "out", *TINY_UNET, "image_size=[32,32]")
+def test_a_checkpoint_copied_alone_into_an_empty_folder_predicts(trained, photos, tmp_path):
+    alone = tmp_path / "alone" / "model.ckpt"
+    alone.parent.mkdir()
+    shutil.copy(trained, alone)  # no run folder, no .hydra: the checkpoint describes itself
+    summary = predict(alone, photos / "a", tmp_path / "out", "threshold=auto")
+    assert summary.images == 3 and summary.threshold_source == "auto"
+    with Image.open(tmp_path / "out" / "masks" / "rgb.png") as mask:
+        assert mask.size == (53, 37)
+    assert (alone.parent / CACHE_FILE).is_file()  # the threshold's cache sits beside it
+
+
+def _without_card(ckpt: Path, out: Path) -> Path:
+    """`ckpt` as checkpoints were written before they carried a card."""
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del checkpoint[CARD_KEY]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, out)
+    return out
+
+
+def _old_run(tmp_path: Path, trained: Path, model: dict) -> Path:
+    """A run folder as earlier versions wrote it (normalisation under `aug`), holding `model`."""
+    run_dir = tmp_path / "old_run"
+    config = {
+        "model": model,
+        "dataset": {"image_size": [32, 32], "root": "data/nowhere"},
+        "aug": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+        "module": {"threshold": 0.4},
+    }
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    return _without_card(trained, run_dir / "checkpoints" / "last.ckpt")
+
+
+def test_a_checkpoint_older_than_cards_is_read_from_its_run_folder(trained, photos, tmp_path):
+    model = {"_target_": "nailseg.model.net.build_net", "arch": "Unet", "encoder_name": "resnet18"}
+    model["options"] = {"encoder_depth": 3, "decoder_channels": [16, 8, 4]}
+    summary = predict(_old_run(tmp_path, trained, model), photos / "top.jpeg", tmp_path / "out")
+    assert summary.images == 1 and summary.threshold == 0.4
+
+    lone = _without_card(trained, tmp_path / "lone" / "lone.ckpt")
+    with pytest.raises(CheckpointError, match=r"model=.*image_size=.*mean="):
+        predict(lone, photos / "top.jpeg", tmp_path / "out2")
+    norm = ["mean=[0.485,0.456,0.406]", "std=[0.229,0.224,0.225]", "image_size=[32,32]"]
+    summary = predict(lone, photos / "top.jpeg", tmp_path / "out2", *TINY_UNET, *norm)
     assert summary.images == 1 and summary.threshold == 0.5
+
+
+HOSTILE = {"_target_": "pathlib.Path.touch", "self": "PWNED"}
+
+
+@pytest.mark.parametrize(
+    ("where", "model"),
+    [
+        ("run folder", HOSTILE),
+        ("run folder", {"arch": "Unet", "encoder_name": "resnet18", "options": {"x": HOSTILE}}),
+        ("card", {"arch": "Unet", "encoder_name": "resnet18", "options": {"x": HOSTILE}}),
+        ("card", {"arch": "builtins.exec", "encoder_name": "resnet18", "options": {}}),
+    ],
+)
+def test_a_hostile_config_off_disk_is_refused_and_never_run(
+    where, model, trained, photos, tmp_path
+):
+    sentinel = tmp_path / "pwned"
+    model = json.loads(json.dumps(model).replace("PWNED", str(sentinel)))
+    if where == "run folder":
+        ckpt = _old_run(tmp_path, trained, model)
+    else:
+        checkpoint = torch.load(trained, map_location="cpu", weights_only=True)
+        checkpoint[CARD_KEY]["model"] = model
+        ckpt = tmp_path / "hostile.ckpt"
+        torch.save(checkpoint, ckpt)
+    for app, extra in (
+        ("predict", [f"input={photos / 'top.jpeg'}", f"output={tmp_path}/o"]),
+        ("export", []),
+    ):
+        with pytest.raises(CheckpointError, match=r"refused|not one of smp's architectures"):
+            resolve_spec(compose_cli(app, [f"ckpt={ckpt}", *extra]))
+    assert not sentinel.exists()
 
 
 @pytest.mark.real_data

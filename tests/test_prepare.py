@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from nailseg.data.format import JOURNAL_FILE, LOCK_FILE, MARKER_FILE, read_table
 from nailseg.data.layout import (
     DUPLICATE_STEM,
     EMPTY_MASK,
@@ -61,9 +63,7 @@ def _load(root: Path, rel: str) -> np.ndarray:
 
 def _all_rows(out: Path) -> pd.DataFrame:
     frames = [
-        pd.read_csv(out / f"{s}.csv", dtype={"group": str})
-        for s in ("train", "valid")
-        if (out / f"{s}.csv").exists()
+        read_table(out / f"{s}.csv") for s in ("train", "valid") if (out / f"{s}.csv").exists()
     ]
     return pd.concat(frames, ignore_index=True)
 
@@ -74,7 +74,7 @@ def test_pairs_across_extensions_and_case(tmp_path):
     _pair(raw, "g1", "b", "png", "TIFF")
     _pair(raw, "g2", "c", "jpeg", "BMP")
     _pair(raw, "g2", "d", "Png", "jpg")
-    summary = prepare(raw, out, num_workers=1, valid_fraction=0.0)
+    summary = prepare(raw, out, num_workers=1)
     assert summary.written == 4 and not summary.excluded
     rows = _all_rows(out)
     assert sorted(rows["images"]) == [
@@ -108,8 +108,9 @@ def test_noisy_jpeg_masks_are_binarised(tmp_path):
     truth = (((yy - 30) ** 2 + (xx - 35) ** 2) < 15**2).astype(np.uint8) * 255
     _save(raw / "Images" / "g" / "n.png", _image(64, 64))
     _save(raw / "Masks" / "g" / "n.jpg", truth, quality=60)
+    _pair(raw, "g", "clean")
     assert len(np.unique(np.asarray(Image.open(raw / "Masks" / "g" / "n.jpg")))) > 2  # really noisy
-    summary = prepare(raw, out, num_workers=1, valid_fraction=0.0)
+    summary = prepare(raw, out, num_workers=1)
     assert summary.nonbinary_masks == 1 and summary.max_distinct_values > 2
     mask = _load(out, "masks/g/n.npy")[..., 0]
     assert set(np.unique(mask)) == {0, 1}
@@ -125,10 +126,11 @@ def test_mask_threshold_and_01_masks(tmp_path):
     _save(raw / "Masks" / "g" / "t.png", grey)
     _save(raw / "Images" / "g" / "u.png", _image())
     _save(raw / "Masks" / "g" / "u.png", (_mask() > 0).astype(np.uint8))  # stored as {0, 1}
-    prepare(raw, out, num_workers=1, valid_fraction=0.0)
+    prepare(raw, out, num_workers=1)
     assert _load(out, "masks/g/t.npy").sum() == 1
     assert _load(out, "masks/g/u.npy").sum() == 36  # {0,1} masks are not emptied by the threshold
-    prepare(raw, out, num_workers=1, valid_fraction=0.0, mask_threshold=50)  # settings change: redo
+    redone = prepare(raw, out, num_workers=1, mask_threshold=50)  # settings change: redo
+    assert redone.written == 2 and redone.up_to_date == 0
     assert _load(out, "masks/g/t.npy").sum() == 24 * 16
 
 
@@ -149,8 +151,9 @@ def test_image_modes_and_exif_orientation(tmp_path):
     red[5:10, 5:10, 0] = 255  # a coloured annotation: red nail on black
     _save(raw / "Images" / "g" / "red.png", rgb)
     _save(raw / "Masks" / "g" / "red.png", red)
-    summary = prepare(raw, out, num_workers=1, valid_fraction=0.0)
+    summary = prepare(raw, out, num_workers=1)
     assert summary.written == 6, summary.excluded
+    assert summary.rescaled == {16: 1}
     assert np.array_equal(_load(out, "images/g/grey.npy"), np.repeat(rgb[..., :1], 3, axis=2))
     assert np.array_equal(_load(out, "images/g/rgba.npy"), rgb)
     assert _load(out, "images/g/pal.npy").shape == (20, 30, 3)
@@ -162,6 +165,7 @@ def test_image_modes_and_exif_orientation(tmp_path):
 def test_every_exclusion_names_file_and_fault(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pair(raw, "g", "good")
+    _pair(raw, "g", "fine")
     _save(raw / "Images" / "g" / "lonely.png", _image())
     _save(raw / "Masks" / "g" / "orphan.png", _mask())
     _save(raw / "Masks" / "g" / "corrupt.png", _mask())
@@ -180,8 +184,8 @@ def test_every_exclusion_names_file_and_fault(tmp_path):
     (raw / "Images" / "g" / "notes.txt").write_text("not an image")
     (raw / "Images" / "g" / ".DS_Store").write_bytes(b"ignored")
 
-    summary = prepare(raw, out, num_workers=2, valid_fraction=0.0)
-    assert summary.written == 1
+    summary = prepare(raw, out, num_workers=2)
+    assert summary.written == 2
     by_name = {}
     for exclusion in summary.excluded:
         by_name.setdefault(exclusion.path.name, []).append(exclusion)
@@ -204,11 +208,11 @@ def test_every_exclusion_names_file_and_fault(tmp_path):
         "twice.jpg",
     }
     assert ".DS_Store" not in by_name
-    listed = pd.read_csv(out / "excluded.csv")
+    listed = read_table(out / "excluded.csv")
     assert len(listed) == len(summary.excluded) and set(listed["reason"]) == set(expected.values())
 
     with pytest.raises(PrepareError, match="strict"):
-        prepare(raw, out, num_workers=1, valid_fraction=0.0, strict=True)
+        prepare(raw, out, num_workers=1, strict=True)
 
 
 def test_nothing_usable_fails_naming_the_reason(tmp_path):
@@ -243,6 +247,7 @@ def _run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def test_cli_exit_codes(tmp_path):
     raw = tmp_path / "raw"
     _pair(raw, "g", "a")
+    _pair(raw, "g", "c")
     _save(raw / "Images" / "g" / "b.png", _image())
     out = tmp_path / "out"
     ok = _run_cli(
@@ -320,12 +325,12 @@ def _snapshot(out: Path) -> dict[str, tuple[bytes, int]]:
 
 def test_rerun_is_idempotent_and_resyncs_changes(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
-    for i in range(8):
+    for i in range(10):
         _pair(raw, f"g{i % 2}", f"s{i}", seed=i)
     first = prepare(raw, out, num_workers=2)
     before = _snapshot(out)
     again = prepare(raw, out, num_workers=2)
-    assert (first.written, again.written, again.up_to_date) == (8, 0, 8)
+    assert (first.written, again.written, again.up_to_date) == (10, 0, 10)
     after = _snapshot(out)
     assert after.keys() == before.keys()
     for name, (data, mtime) in before.items():
@@ -338,11 +343,42 @@ def test_rerun_is_idempotent_and_resyncs_changes(tmp_path):
     _save(raw / "Images" / "g1" / "s1.png", _image(seed=99))  # changed photo: reconverted
     _save(raw / "Masks" / "g1" / "s3.png", _mask(box=8))  # changed mask: new fg_fraction
     changed = prepare(raw, out, num_workers=1)
-    assert (changed.written, changed.up_to_date) == (2, 5)
-    row = _all_rows(out).set_index("masks").loc["masks/g1/s3.npy"]
-    assert row["fg_fraction"] == pytest.approx(64 / (24 * 32), abs=1e-6)
-    assert not (out / "images/g0/s0.npy").exists() and not (out / "masks/g0/s0.npy").exists()
+    assert (changed.written, changed.up_to_date, changed.kept_gone) == (2, 7, 1)
+    rows = _all_rows(out).set_index("masks")
+    assert rows.loc["masks/g1/s3.npy", "fg_fraction"] == pytest.approx(64 / (24 * 32), abs=1e-6)
+    assert "masks/g0/s0.npy" not in rows.index  # gone from the CSVs ...
+    assert (out / "images/g0/s0.npy").exists() and (out / "masks/g0/s0.npy").exists()  # not disk
     assert np.array_equal(_load(out, "images/g1/s1.npy"), _image(seed=99))
+
+    pruned = prepare(raw, out, num_workers=1, prune=True)
+    assert (pruned.written, pruned.up_to_date, pruned.pruned, pruned.kept_gone) == (0, 9, 1, 0)
+    assert not (out / "images/g0/s0.npy").exists() and not (out / "masks/g0/s0.npy").exists()
+    assert len(_all_rows(out)) == 9
+
+
+def test_root_carries_marker_and_lock_and_no_journal_after_a_run(tmp_path):
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    for i in range(4):
+        _pair(raw, "g", f"s{i}", seed=i)
+    prepare(raw, out, num_workers=1)
+    assert json.loads((out / MARKER_FILE).read_text())["mask_threshold"] == 127
+    assert (out / LOCK_FILE).exists() and not (out / JOURNAL_FILE).exists()
+    manifest = read_table(out / "manifest.csv")
+    assert sorted(manifest["images"]) == [f"images/g/s{i}.npy" for i in range(4)]
+    assert set(manifest["listed"]) == {1}
+
+
+def test_split_depends_on_names_and_seed_only():
+    stems = [f"s{i}" for i in range(60)]
+    groups = [f"g{i % 7}" for i in range(60)]
+    split = assign_splits(groups, stems, valid_fraction=0.2, test_fraction=0.1, seed=5)
+    shuffled = np.random.default_rng(0).permutation(60)
+    again = assign_splits(
+        [groups[i] for i in shuffled], [stems[i] for i in shuffled], valid_fraction=0.2,
+        test_fraction=0.1, seed=5,
+    )  # fmt: skip
+    assert [again[list(shuffled).index(i)] for i in range(60)] == split
+    assert (split.count("valid"), split.count("test")) == (12, 6)
 
 
 def test_kill_and_rerun_gives_the_uninterrupted_outputs(tmp_path):
@@ -410,8 +446,8 @@ def test_real_data_all_pairs(real_data, tmp_path):
         assert int(mask.sum()) == int((source == 255).sum())
         assert _load(out, row["images"]).shape == (*source.shape[:2], 3)
     pattern = re.compile(REAL_SUBJECT)
-    valid = pd.read_csv(out / "valid.csv", dtype={"group": str})
-    train = pd.read_csv(out / "train.csv", dtype={"group": str})
+    valid = read_table(out / "valid.csv")
+    train = read_table(out / "train.csv")
     subjects = {
         name: {
             subject_of(Path(p).stem, pattern) for p in frame.loc[frame["group"] == "1", "images"]

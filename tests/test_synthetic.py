@@ -91,6 +91,18 @@ def test_new_request_regenerates_and_removes_only_stale_samples(tmp_path: Path) 
     assert not list(root.rglob(".*"))  # no temp files left
 
 
+def test_interrupted_set_is_redone_and_an_empty_folder_is_taken(tmp_path: Path) -> None:
+    root = tmp_path / "empty"
+    root.mkdir()
+    generate(root, n=4, seed=0)
+    first = _files(root)
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).write_text(json.dumps(manifest | {"complete": False}))  # as if killed
+    (root / "Images" / GROUPS[1] / "s0001.png").unlink()
+    generate(root, n=4, seed=0)
+    assert _files(root) == first
+
+
 def test_groups_differ_in_size_finger_count_and_texture(dataset: Path) -> None:
     sizes: dict[str, set[tuple[int, ...]]] = {g: set() for g in GROUPS}
     nails: dict[str, list[int]] = {g: [] for g in GROUPS}

@@ -9,44 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import write_split
 from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf.errors import ValidationError
 from train_helpers import compose_train, small_overrides, train
-from wandb_records import history, run_id
+from wandb_records import history, run_id, summary
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.prepare import prepare
+from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
-from nailseg.train import run
+from nailseg.training.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS, AUGS = ("unet", "segformer"), ("none", "light", "heavy", "geometric")
-
-
-@pytest.mark.parametrize(("model", "aug"), list(itertools.product(MODELS, AUGS)))
-def test_every_model_and_aug_composes_and_instantiates(model, aug, tmp_path):
-    cfg = compose_train([f"model={model}", f"aug={aug}", "trainer=cpu"], tmp_path)
-    spec = instantiate(cfg.aug, _convert_="all")
-    assert isinstance(spec, AugSpec) and len(spec.ops) == len(cfg.aug.ops)
-    net = instantiate(cfg.model)
-    with torch.no_grad():
-        assert net(torch.zeros(1, 3, 64, 64)).shape == (1, 1, 64, 64)
-    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=False)
-    assert trainer.max_epochs == cfg.trainer.max_epochs
-    assert callable(instantiate(cfg.loader))
-    assert cfg.model.encoder_weights is None  # nothing is downloaded unless asked for
-
-
-@pytest.mark.parametrize("logger", ["wandb", "csv", "tensorboard", "none"])
-def test_every_logger_instantiates(logger, tmp_path):
-    cfg = compose_train([f"logger={logger}"], tmp_path)
-    loggers = [instantiate(c) for c in (cfg.logger or {}).values()]
-    assert len(loggers) == (0 if logger == "none" else 1)
 
 
 def test_any_smp_architecture_through_the_model_group(tmp_path):
@@ -124,8 +104,77 @@ def test_fast_dev_run(model, loader, prepared, tmp_path):
     train(prepared, tmp_path / "run", *extra)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 4 and metrics["fit"]["val/samples"] == 4
-    assert metrics["test"]["test/samples"] == 4
+    assert (
+        metrics["evaluated_on"] == "valid" and metrics["final"]["metrics"]["val_best/samples"] == 4
+    )
     assert metrics["choices"]["loader"] == loader
+
+
+def test_lr_falls_once_over_the_whole_fit_and_ends_near_its_minimum(prepared, tmp_path):
+    # the schedule as composed (scheduler=cosine): 4 epochs of 3 steps, one decay, no restart
+    train(prepared, tmp_path / "run", "trainer.max_epochs=4", "logger=csv", "test=false")
+    lrs = _metrics_csv(tmp_path / "run")["lr-AdamW"].dropna().tolist()
+    assert len(lrs) == 12 and lrs[0] == pytest.approx(1e-3)
+    assert all(b < a for a, b in itertools.pairwise(lrs)), lrs
+    assert lrs[-1] < 0.02 * lrs[0]
+
+
+# a net that needs sides divisible by its output stride (smp's Unet takes any size)
+SEGFORMER = [
+    "model=segformer",
+    "~model.options.encoder_depth",
+    "~model.options.decoder_channels",
+    "dataset.image_size=[32,36]",
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("loader.batch_size=13", r"loader.batch_size=13: the train split has 12 rows for 1 rank"),
+        ("loader.batch_size=0", r"loader.batch_size=0: must be at least 1"),
+        (SEGFORMER, r"dataset.image_size=\[32, 36\]: Segformer/mit_b0 .* divisible by 32"),
+        ("module.threshold=1.5", r"module.threshold=1.5"),
+        ("eval_split=testing", r"eval_split=testing"),
+        ("eval_split=test", r"eval_split=test: .* has no test.csv"),
+        ("optimizer.weight_decy=0.1", r"optimizer.weight_decy"),
+        ("train=false", r"train=false evaluates a checkpoint"),
+    ],
+)
+def test_bad_values_fail_before_any_work_naming_key_and_value(
+    override, message, prepared, tmp_path
+):
+    overrides = override if isinstance(override, list) else [override]
+    with pytest.raises(Exception, match=message):
+        train(prepared, tmp_path / "run", *overrides, "logger=csv")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_test_split_is_reported_as_test_and_only_then(prepared, tmp_path):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for _ in range(4)]
+    masks = [(rng.random((40, 48, 1)) > 0.5).astype(np.uint8) for _ in range(4)]
+    write_split(prepared, "test", images, masks, prefix="test_")
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=1", "logger=csv")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["evaluated_on"] == "test" and metrics["final"]["metrics"]["test/samples"] == 4
+    assert _per_epoch(_metrics_csv(run_dir), "test/samples") == [4]
+
+
+def test_evaluation_only_run_scores_a_checkpoint_on_the_chosen_split(prepared, tmp_path):
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none", "test=false")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    for split, samples in (("valid", 5), ("train", 12)):
+        out = tmp_path / f"eval_{split}"
+        train(
+            prepared, out, "train=false", f"ckpt_path={ckpt}", f"eval_split={split}", "logger=none"
+        )
+        metrics = json.loads((out / "metrics.json").read_text())
+        prefix = "val" if split == "valid" else split
+        assert metrics["evaluated_on"] == split and metrics["resumed_from"] == str(ckpt)
+        assert metrics["final"]["metrics"][f"{prefix}_eval/samples"] == samples
+        assert not (out / "checkpoints").exists()
 
 
 # (overrides, train samples per epoch, val samples per epoch); 12 train and 5 valid rows, batch 4
@@ -179,20 +228,21 @@ def test_early_stopping_then_test_sees_every_sample(prepared, tmp_path):
     frame = _metrics_csv(run_dir)
     assert _per_epoch(frame, "train/samples") == [12, 12]
     assert _per_epoch(frame, "val/samples") == [5, 5]
-    assert _per_epoch(frame, "test/samples") == [5]
+    assert _per_epoch(frame, "val_best/samples") == [5]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["test"]["test/samples"] == 5 and metrics["best_checkpoint"]
+    assert metrics["final"]["metrics"]["val_best/samples"] == 5 and metrics["best"]["checkpoint"]
 
 
-def _wandb_file(run_dir: Path) -> Path:
-    (found,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    return found
+def _wandb_files(run_dir: Path) -> list[Path]:
+    """The run's offline W&B files, one per session (a resumed fit adds one), oldest first."""
+    return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def test_wandb_offline_run_holds_the_metrics(prepared, tmp_path):
+def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, "trainer.max_epochs=2", "logger=wandb")
-    rows = history(_wandb_file(run_dir))
+    train(prepared, run_dir, "trainer.max_epochs=3", "logger=wandb")
+    (run_file,) = _wandb_files(run_dir)
+    rows = history(run_file)
     logged = {k for row in rows for k in row}
     for key in (
         "train/loss_step",
@@ -203,31 +253,61 @@ def test_wandb_offline_run_holds_the_metrics(prepared, tmp_path):
         "val/iou",
         "val/samples",
         "val/dice_group_a",
-        "test/dice",
+        "val/dice_best",
+        "val_best/dice",
         "lr-AdamW",
     ):
         assert key in logged, key
-    assert [r["val/samples"] for r in rows if "val/samples" in r] == [5, 5]
+    assert not any(k.startswith("test/") for k in logged)  # no test split, no test score
+    dice = [r["val/dice"] for r in rows if "val/dice" in r]
+    assert len(dice) == 3
+    assert [r["val/dice_best"] for r in rows if "val/dice_best" in r] == pytest.approx(
+        [max(dice[: i + 1]) for i in range(3)]
+    )
+    assert summary(run_file)["val/dice"]["max"] == pytest.approx(max(dice))
     assert list(run_dir.glob("overlays/epoch_*.png"))
-    assert (run_dir / "metrics.json").is_file()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["best"]["value"] == pytest.approx(max(dice))
 
 
-def test_resume_continues_step_optimizer_and_wandb_run(prepared, tmp_path):
+def test_resume_continues_its_run_folder_keeping_the_best(prepared, tmp_path):
     runs = tmp_path / "runs"
-    train(prepared, runs / "first", "trainer.max_epochs=2", "logger=wandb", "test=false")
-    first = json.loads((runs / "first" / "metrics.json").read_text())
-    assert first["global_step"] == 6  # 3 batches x 2 epochs
+    first_dir = runs / "first"
+    train(prepared, first_dir, "trainer.max_epochs=2", "logger=wandb", "test=false")
+    first = json.loads((first_dir / "metrics.json").read_text())
+    assert first["global_step"] == 6 and first["best"]["value"] is not None  # 3 batches x 2
+
+    # nothing left to train: the best is the one restored from the checkpoint
+    train(prepared, runs / "again", "trainer.max_epochs=2", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
+    again = json.loads((first_dir / "metrics.json").read_text())
+    assert again["best"] == first["best"]
+    assert again["resumed_from"] == str(first_dir / "checkpoints" / "last.ckpt")
+
     train(prepared, runs / "second", "trainer.max_epochs=4", "logger=wandb", "ckpt_path=last")
-    second = json.loads((runs / "second" / "metrics.json").read_text())
+    second = json.loads((first_dir / "metrics.json").read_text())  # the run folder it continued
     assert second["global_step"] == 12 and second["epochs"] == 4
-    assert run_id(_wandb_file(runs / "first")) == run_id(_wandb_file(runs / "second"))
-    rows = history(_wandb_file(runs / "second"))
+    assert not (runs / "second" / "checkpoints").exists()
+    files = _wandb_files(first_dir)
+    assert len(files) == 2 and run_id(files[0]) == run_id(files[1])
+    rows = history(files[1])
     assert [r["train/samples"] for r in rows if "train/samples" in r] == [12, 12]
     assert [r["epoch"] for r in rows if "train/samples" in r] == [2, 3]
     lrs = [r["lr-AdamW"] for r in rows if "lr-AdamW" in r]
     assert lrs and lrs[0] < 1e-3  # the schedule continued; a restart would log the initial lr
-    with pytest.raises(FileNotFoundError, match=r"last\.ckpt"):
+    dice = [r["val/dice"] for f in files for r in history(f) if "val/dice" in r]
+    assert len(dice) == 4 and second["best"]["value"] == pytest.approx(max(dice))
+    with pytest.raises(CheckpointError, match=r"last\.ckpt"):
         train(prepared, tmp_path / "lonely" / "run", "ckpt_path=last")
+
+
+def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp_path):
+    # val/samples never changes: only epoch 0 is a "best"; last.ckpt must still move on
+    train(prepared, tmp_path / "run", "trainer.max_epochs=3", "optimized_metric=val/samples", "logger=none", "test=false")  # fmt: skip
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (2, 9)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("epoch_*.ckpt")] == [
+        "epoch_000.ckpt"
+    ]
 
 
 def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
@@ -248,8 +328,8 @@ def test_overfit_one_batch_of_real_photos(real_data, tmp_path):
             "loader.batch_size=8",
             "logger=csv",
             "test=false",
-            "module.optimizer.lr=0.003",
-            "module.scheduler=null",
+            "optimizer.lr=0.003",
+            "scheduler=none",
             "trainer.max_epochs=60",
         ),
         tmp_path / "run",

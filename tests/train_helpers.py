@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import nailseg.config  # noqa: F401  (registers the schemas)
-from nailseg.train import run
+from nailseg.training.run import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

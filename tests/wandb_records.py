@@ -75,3 +75,13 @@ def run_id(run_file: Path) -> str:
         if record.WhichOneof("record_type") == "run":
             return record.run.run_id
     raise ValueError(f"{run_file}: no run record")
+
+
+def summary(run_file: Path) -> dict:
+    """The run's final summary, as {key: value}."""
+    values = {}
+    for record in complete_records(run_file):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return values

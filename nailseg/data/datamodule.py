@@ -24,7 +24,7 @@ import lightning as L
 import pandas as pd
 
 from nailseg.data.augment import AugSpec
-from nailseg.data.prepare import CSV_COLUMNS
+from nailseg.data.format import CSV_COLUMNS
 
 
 def read_split(root: Path, split: str) -> pd.DataFrame:
@@ -35,15 +35,18 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
             f"{path} not found: prepare the data first (`python prepare.py output_dir={root}` "
             f"or `make prepare`)"
         )
-    rows = pd.read_csv(path, dtype={"group": str})
-    missing = set(CSV_COLUMNS) - set(rows.columns)
-    if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)} (expected {CSV_COLUMNS})")
-    return rows
+    from nailseg.data.format import read_table  # names like `NA` stay text
+
+    return read_table(path, required=CSV_COLUMNS)
 
 
 class NailDataModule(L.LightningDataModule):
-    """train / valid / test loaders over a prepared root; test falls back to valid without test.csv."""
+    """train / valid loaders over a prepared root, and the loader of the final evaluation.
+
+    Lightning's test stage runs the final evaluation on `final_split`: `auto` is the test split
+    when the data has one, else the validation split (then the module must not report it as a
+    test score; see `SegModule.test_prefix`).
+    """
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class NailDataModule(L.LightningDataModule):
         image_size: tuple[int, int],
         loader: functools.partial,
         aug: AugSpec,
+        final_split: str = "auto",
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -63,6 +67,14 @@ class NailDataModule(L.LightningDataModule):
         }
         if (self.root / "test.csv").is_file():
             self.splits["test"] = read_split(self.root, "test")
+        if final_split == "auto":
+            final_split = "test" if "test" in self.splits else "valid"
+        if final_split not in self.splits:
+            raise FileNotFoundError(
+                f"eval_split={final_split}: {self.root} has no {final_split}.csv "
+                "(prepare it with split.test_fraction > 0, or evaluate on valid)"
+            )
+        self.final_split = final_split
         self.group_names = sorted({g for rows in self.splits.values() for g in rows["group"]})
         self.group_ids = {name: i for i, name in enumerate(self.group_names)}
         self._loaders: dict[str, Any] = {}  # the open loader of each stage
@@ -116,7 +128,7 @@ class NailDataModule(L.LightningDataModule):
         return self._build("val", "valid", train=False)
 
     def test_dataloader(self):
-        return self._build("test", "test" if "test" in self.splits else "valid", train=False)
+        return self._build("test", self.final_split, train=False)
 
     def teardown(self, stage: str) -> None:
         """After fit / validate / test (Lightning calls it): release every loader now."""

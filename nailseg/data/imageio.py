@@ -1,17 +1,29 @@
 """Decode users' image and mask files into the arrays the project stores, whatever their mode.
 
-Images become RGB uint8 HxWx3 (grey, RGBA, palette and 16-bit converted; EXIF orientation
-applied). Masks become one uint8 channel HxW of their raw values (binarised later, by `binarise`):
-an RGB(A) mask is reduced by the max over its colour channels so that a coloured annotation on
-black (a pure red nail, say) still counts as foreground; alpha is ignored.
+Images become RGB uint8 HxWx3 (grey, RGBA, palette and deep converted; EXIF orientation applied).
+Deep (more than 8-bit) images are scaled by their real bit depth: the PNG's `sBIT` chunk when it
+has one, else the smallest of 10/12/14/16 bits that holds the image's maximum, so a 12-bit camera
+image in a 16-bit file is not scaled by 16 bits into near black. PIL cuts 16-bit colour to 8 bits
+itself, so such files are decoded by OpenCV.
+
+Masks become one integer channel HxW of their raw label values, whatever their depth (binarised
+later, by `binarise`), so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an
+RGB(A) mask is reduced by the max over its colour channels so that a coloured annotation on black
+(a pure red nail, say) still counts as foreground; alpha is ignored.
 """
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
+import cv2
 import numpy as np
 from PIL import Image, ImageOps
+
+DEPTHS = (10, 12, 14, 16, 32)  # candidate bit depths of deep images, smallest first
+_INT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L"})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class UnreadableImage(ValueError):
@@ -22,56 +34,114 @@ class UnreadableImage(ValueError):
         self.path, self.reason = path, reason
 
 
-def _open(path: Path) -> Image.Image:
+def _png_depth(path: Path) -> tuple[int, int | None]:
+    """(bits per sample from IHDR, significant bits from sBIT or None) of a PNG file."""
+    depth, colour, significant = 8, 0, None
+    with open(path, "rb") as f:
+        f.read(len(_PNG_SIGNATURE))
+        while len(header := f.read(8)) == 8:
+            length, kind = struct.unpack(">I4s", header)
+            if kind in (b"IDAT", b"IEND"):
+                break
+            data = f.read(length)
+            f.seek(4, 1)  # CRC
+            if kind == b"IHDR" and length >= 10:
+                depth, colour = data[8], data[9]
+            elif kind == b"sBIT" and data:
+                significant = max(data[:3] if colour in (2, 6) else data[:1])
+    return depth, significant
+
+
+def _file_depth(im: Image.Image, path: Path) -> tuple[int, int | None]:
+    """(bits per sample in the file, significant bits when the file says)."""
+    if im.format == "PNG":
+        return _png_depth(path)
+    if im.format == "TIFF":
+        return max(im.tag_v2.get(258, (8,))), None
+    return 8, None
+
+
+def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int | None]:
+    """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; and the
+    significant bits the file declares."""
     try:
         with Image.open(path) as im:
+            depth, significant = _file_depth(im, path)
+            if depth > 8 and im.mode in ("RGB", "RGBA", "LA"):
+                return _deep_colour(path), significant
             im.load()  # decode now: a truncated file fails here, not later
-            return ImageOps.exif_transpose(im)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+            return ImageOps.exif_transpose(im), significant
+    except (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError) as err:
         raise UnreadableImage(path, f"cannot decode image: {err}") from err
 
 
-def _to_uint8(array: np.ndarray, path: Path) -> np.ndarray:
-    """16- or 32-bit integer data scaled to 8 bits by its dtype's range; 8-bit kept as is."""
-    if array.dtype == np.uint8:
-        return array
-    if array.dtype == np.bool_:
-        return array.astype(np.uint8) * 255
-    if np.issubdtype(array.dtype, np.integer):
-        bits = 16 if array.max(initial=0) <= 0xFFFF else 32
-        return (array.astype(np.uint64) >> (bits - 8)).astype(np.uint8)
-    raise UnreadableImage(path, f"unsupported pixel type {array.dtype}")
+def _deep_colour(path: Path) -> np.ndarray:
+    """16-bit colour as uint16 RGB (OpenCV applies the EXIF orientation)."""
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_ANYDEPTH)
+    if bgr is None:
+        raise UnreadableImage(path, "cannot decode 16-bit colour image")
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def _bits(array: np.ndarray, significant: int | None) -> int:
+    """The bit depth deep data is scaled by: declared, else the smallest that holds the max."""
+    if significant:
+        return significant
+    top = int(array.max(initial=0))
+    return next((bits for bits in DEPTHS if top < 1 << bits), DEPTHS[-1])
+
+
+def _to_uint8(array: np.ndarray, bits: int) -> np.ndarray:
+    """Scale `bits`-deep integers to 0..255, rounding (a 16-bit v * 257 becomes v)."""
+    top = (1 << bits) - 1
+    clipped = np.clip(array.astype(np.int64), 0, top)
+    return ((clipped * 255 + top // 2) // top).astype(np.uint8)
+
+
+def decode_rgb(path: Path) -> tuple[np.ndarray, int]:
+    """RGB uint8 HxWx3, C-order, and the bit depth it was scaled from (8: not scaled)."""
+    decoded, significant = _decode(path)
+    if isinstance(decoded, np.ndarray):
+        deep = decoded
+    elif decoded.mode in _INT_MODES:
+        deep = np.repeat(np.asarray(decoded)[..., None], 3, axis=2)
+    else:
+        return np.ascontiguousarray(np.asarray(decoded.convert("RGB"), dtype=np.uint8)), 8
+    bits = _bits(deep, significant)
+    return np.ascontiguousarray(_to_uint8(deep, bits)), bits
 
 
 def read_rgb(path: Path) -> np.ndarray:
     """RGB uint8 HxWx3, C-order."""
-    im = _open(path)
-    if im.mode in ("I", "I;16", "I;16B", "I;16L"):
-        grey = _to_uint8(np.asarray(im), path)
-        return np.ascontiguousarray(np.repeat(grey[..., None], 3, axis=2))
-    return np.ascontiguousarray(np.asarray(im.convert("RGB"), dtype=np.uint8))
+    return decode_rgb(path)[0]
 
 
 def read_mask_values(path: Path) -> np.ndarray:
-    """The mask's raw values as one uint8 channel HxW (see the module docstring)."""
-    im = _open(path)
-    if im.mode == "P":
-        im = im.convert("RGBA")
-    array = np.asarray(im)
+    """The mask's raw label values as one integer channel HxW (see the module docstring)."""
+    decoded, _ = _decode(path)
+    if isinstance(decoded, np.ndarray):
+        array = decoded
+    else:
+        array = np.asarray(decoded.convert("RGBA") if decoded.mode == "P" else decoded)
     if array.ndim == 3:
         array = array[..., :3].max(axis=2) if array.shape[2] >= 3 else array[..., 0]
-    return np.ascontiguousarray(_to_uint8(array, path))
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise UnreadableImage(path, f"unsupported pixel type {array.dtype}")
+    return np.ascontiguousarray(array)
 
 
 def binarise(values: np.ndarray, threshold: int) -> tuple[np.ndarray, int]:
     """Mask in {0, 1}, and the number of distinct values when the input was not binary (else 0).
 
     Values above `threshold` are foreground; a mask stored as {0, 1} is taken as is (thresholding
-    it at 127 would empty it). Noisy masks (JPEG artefacts, anti-aliased edges) are reported by
-    their count of distinct values so a user sees how far from binary they were.
+    it at 127 would empty it). {0, 255} and {0, the type's maximum} count as binary. Noisy masks
+    (JPEG artefacts, anti-aliased edges) are reported by their count of distinct values so a user
+    sees how far from binary they were.
     """
     distinct = set(np.unique(values).tolist())
     if distinct <= {0, 1}:
         return values.astype(np.uint8), 0
-    nonbinary = 0 if distinct <= {0, 255} else len(distinct)
-    return (values > threshold).astype(np.uint8), nonbinary
+    binary = distinct <= {0, 255} or distinct <= {0, int(np.iinfo(values.dtype).max)}
+    return (values > threshold).astype(np.uint8), 0 if binary else len(distinct)

@@ -4,6 +4,11 @@ Layout: `<root>/Images/<group>/<name>.<ext>` and `<root>/Masks/<group>/<name>.<e
 sub-folders of `Images/` (any names, any number); files directly in `Images/` form the group
 `FLAT_GROUP`. An image pairs with the mask of the same group and file stem, whatever either's
 extension or its case (`x.JPG` pairs with `x.png`).
+
+Nothing is skipped silently: symlinked folders are followed, and a folder reached a second time (a
+symlink loop, or two links to one folder, which would put the same photos in two places) is listed
+as excluded; so is a folder that cannot be listed, a name that is not valid UTF-8 (it could not be
+written to the CSVs) and names that differ only in case (one file on macOS and Windows).
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ UNREADABLE = "unreadable or corrupt file"
 SIZE_MISMATCH = "image/mask size mismatch"
 EMPTY_MASK = "empty mask"
 DUPLICATE_STEM = "two files with one stem"
+CASE_CLASH = "names that differ only in case"
+NOT_UTF8 = "name not valid UTF-8"
+FOLDER_TWICE = "folder reached twice (symlink loop or second link)"
+UNLISTABLE = "folder cannot be listed"
+OUTPUT_TAKEN = "output path holds a file nailseg did not write"
 UNSUPPORTED = "not an image file"
 EXCLUSION_KINDS = (
     NO_MASK,
@@ -31,8 +41,18 @@ EXCLUSION_KINDS = (
     SIZE_MISMATCH,
     EMPTY_MASK,
     DUPLICATE_STEM,
+    CASE_CLASH,
+    NOT_UTF8,
+    FOLDER_TWICE,
+    UNLISTABLE,
+    OUTPUT_TAKEN,
     UNSUPPORTED,
 )
+
+
+def display_path(path: os.PathLike[str] | str) -> str:
+    """A path as printable text: bytes that are not UTF-8 become `\\xNN` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -58,37 +78,78 @@ class Exclusion:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.kind} ({self.detail})"
+        return f"{display_path(self.path)}: {self.kind} ({self.detail})"
 
 
-def _files(folder: Path) -> list[str]:
-    """POSIX paths of the files under `folder`, relative to it, sorted; dot files and folders
-    skipped. os.walk reads file types from the directory listing: no stat per file."""
-    found = []
-    for top, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # os.fsdecode turned undecodable bytes into lone surrogates
+        return False
+    return True
+
+
+def _files(folder: Path) -> tuple[list[str], list[Exclusion]]:
+    """POSIX paths of the files under `folder`, relative to it, sorted (dot files and folders
+    skipped), and the folders left out. Symlinked folders are followed, each real folder once:
+    os.walk reads file types from the directory listing, so this costs one stat per folder."""
+    found, excluded = [], []
+    seen = {_identity(folder)}
+
+    def unlistable(err: OSError) -> None:
+        excluded.append(Exclusion(Path(err.filename), UNLISTABLE, err.strerror or str(err)))
+
+    for top, dirs, files in os.walk(folder, onerror=unlistable, followlinks=True):
+        kept = []
+        for name in sorted(d for d in dirs if not d.startswith(".")):
+            path = Path(top, name)
+            try:
+                identity = _identity(path)
+            except OSError as err:
+                excluded.append(Exclusion(path, UNLISTABLE, err.strerror or str(err)))
+                continue
+            if identity in seen:
+                detail = f"resolves to {display_path(path.resolve())}, scanned already"
+                excluded.append(Exclusion(path, FOLDER_TWICE, detail))
+                continue
+            seen.add(identity)
+            kept.append(name)
+        dirs[:] = kept
         rel_top = PurePosixPath(Path(top).relative_to(folder).as_posix())
         found += [str(rel_top / name) for name in files if not name.startswith(".")]
-    return sorted(found)
+    return sorted(found), excluded
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    stat = folder.stat()
+    return stat.st_dev, stat.st_ino
 
 
 def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusion]]:
-    """Map (group, stem) → files under `folder`; non-image files are reported, dotfiles ignored."""
+    """Map (group, stem) → files under `folder`; files and folders that cannot be used are
+    reported, dotfiles ignored."""
     found: dict[tuple[str, str], list[Path]] = defaultdict(list)
-    unsupported = []
-    for name in _files(folder):
+    names, excluded = _files(folder)
+    for name in names:
         rel, path = PurePosixPath(name), folder / name
-        if rel.suffix.lower() not in IMAGE_EXTENSIONS:
-            unsupported.append(
-                Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}")
-            )
-            continue
-        if len(rel.parts) == 1:
-            group, stem = FLAT_GROUP, rel.stem
+        if not _is_utf8(name):
+            excluded.append(Exclusion(path, NOT_UTF8, "rename it: the CSVs are UTF-8"))
+        elif rel.suffix.lower() not in IMAGE_EXTENSIONS:
+            excluded.append(Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}"))
+        elif len(rel.parts) == 1:
+            found[(FLAT_GROUP, rel.stem)].append(path)
         else:
-            group, stem = rel.parts[0], str(PurePosixPath(*rel.parts[1:]).with_suffix(""))
-        found[(group, stem)].append(path)
-    return found, unsupported
+            found[(rel.parts[0], str(PurePosixPath(*rel.parts[1:]).with_suffix("")))].append(path)
+    return found, excluded
+
+
+def _case_clashes(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Keys that equal another key but for case: their outputs would be one file on a
+    case-insensitive filesystem, so neither can be told apart safely."""
+    by_folded: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for key in keys:
+        by_folded["/".join(key).casefold()].append(key)
+    return {key for same in by_folded.values() if len(same) > 1 for key in same}
 
 
 def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
@@ -107,19 +168,25 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
     images, excluded = _scan(images_dir)
     masks, excluded_masks = _scan(masks_dir)
     excluded += excluded_masks
+    clashes = _case_clashes(set(images) | set(masks))
 
     pairs = []
     for key in sorted(set(images) | set(masks)):
         image_files, mask_files = images.get(key, []), masks.get(key, [])
-        if len(image_files) > 1 or len(mask_files) > 1:
-            names = ", ".join(p.relative_to(root).as_posix() for p in image_files + mask_files)
+        files = image_files + mask_files
+        names = ", ".join(p.relative_to(root).as_posix() for p in files)
+        if key in clashes:
+            detail = f"{names} would share an output name on a case-insensitive filesystem"
+            excluded += [Exclusion(p, CASE_CLASH, detail) for p in files]
+        elif len(image_files) > 1 or len(mask_files) > 1:
             detail = f"cannot tell which files pair: {names}"
-            excluded += [Exclusion(p, DUPLICATE_STEM, detail) for p in image_files + mask_files]
-            continue
-        if not mask_files:
-            excluded.append(Exclusion(image_files[0], NO_MASK, f"no Masks/{key}.* found"))
+            excluded += [Exclusion(p, DUPLICATE_STEM, detail) for p in files]
+        elif not mask_files:
+            excluded.append(Exclusion(image_files[0], NO_MASK, f"no Masks/{'/'.join(key)}.* found"))
         elif not image_files:
-            excluded.append(Exclusion(mask_files[0], NO_IMAGE, f"no Images/{key}.* found"))
+            excluded.append(
+                Exclusion(mask_files[0], NO_IMAGE, f"no Images/{'/'.join(key)}.* found")
+            )
         else:
             pairs.append(Pair(group=key[0], stem=key[1], image=image_files[0], mask=mask_files[0]))
     return pairs, excluded

@@ -1,19 +1,44 @@
 """Seeded train/valid/test splits, stratified by group, that keep each subject on one side.
 
 A subject is what `group_regex` extracts from a file stem (its first non-empty capture group, or
-the whole match): all photos of one subject land in the same split, so near-identical shots of one
-hand cannot leak from train into valid. A stem the regex does not match is its own subject.
-Splits are computed per group, so every group is represented in proportion; within a group whole
-subjects are assigned, so fractions are met as closely as subject sizes allow.
+the whole match): all photos of one subject in a group land in the same split, so near-identical
+shots of one hand cannot leak from train into valid. A stem the regex does not match is its own
+subject.
+
+The split sizes are allocated over the whole set, not per group: every subject gets a position in
+[0, 1) within its group (the middle of its share of the group's samples, in a seeded shuffle), and
+subjects are taken in order of position, so each split draws from every group in proportion, and
+the overall split is within one subject of the requested fraction however small the groups are
+(50 groups of one photo each still give a 20% validation split). The result depends only on the
+seed and the names, never on their order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-import zlib
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-import numpy as np
+Unit = tuple[str, str]  # (group, subject): what is kept whole
+
+
+def check_split_settings(
+    valid_fraction: float, test_fraction: float, folds: int, fold: int
+) -> None:
+    """Raise ValueError naming the `split.` key and value that is out of range."""
+    for key, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+        if not 0 <= value < 1:
+            raise ValueError(f"split.{key}={value} is outside [0, 1)")
+    if valid_fraction + test_fraction >= 1:
+        raise ValueError(
+            f"split.valid_fraction={valid_fraction} + split.test_fraction={test_fraction} must be "
+            "below 1: nothing would be left to train on"
+        )
+    if folds < 1:
+        raise ValueError(f"split.folds={folds} must be at least 1")
+    if folds > 1 and not 0 <= fold < folds:
+        raise ValueError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
 
 
 def subject_of(stem: str, pattern: re.Pattern[str] | None) -> str:
@@ -26,27 +51,48 @@ def subject_of(stem: str, pattern: re.Pattern[str] | None) -> str:
     return next((g for g in match.groups() if g), match.group(0))
 
 
-def _take(subjects: list[str], sizes: dict[str, int], target: int) -> list[str]:
-    """Subjects from the front of the list until their samples reach `target` (at least one)."""
-    taken: list[str] = []
-    count = 0
-    for subject in subjects:
-        if count >= target and taken:
+def _rank(seed: int, unit: Unit) -> bytes:
+    """A seeded pseudo-random sort key of one unit, independent of every other name."""
+    text = "\0".join((str(seed), *unit)).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(text, digest_size=8).digest()
+
+
+def _stratified_order(sizes: Counter[Unit], seed: int) -> list[Unit]:
+    """Units by their position within their group (ties broken by the seeded rank)."""
+    by_group: dict[str, list[Unit]] = defaultdict(list)
+    for unit in sizes:
+        by_group[unit[0]].append(unit)
+    keyed = []
+    for units in by_group.values():
+        units.sort(key=lambda u: _rank(seed, u))
+        total, before = sum(sizes[u] for u in units), 0
+        for unit in units:
+            keyed.append(((before + sizes[unit] / 2) / total, _rank(seed, unit), unit))
+            before += sizes[unit]
+    return [unit for *_, unit in sorted(keyed)]
+
+
+def _take(order: list[Unit], sizes: Counter[Unit], fraction: float, total: int) -> list[Unit]:
+    """Units from the front of `order` until their samples reach `fraction` of `total`: at least
+    one when the fraction is positive, never the last one (something must stay behind)."""
+    target = max(1, round(fraction * total)) if fraction > 0 else 0
+    taken, count = [], 0
+    for unit in order[:-1]:
+        if count >= target:
             break
-        taken.append(subject)
-        count += sizes[subject]
+        taken.append(unit)
+        count += sizes[unit]
     return taken
 
 
-def _balanced_folds(subjects: list[str], sizes: dict[str, int], folds: int) -> list[list[str]]:
-    """Greedy balance: biggest subjects first, each into the fold with the fewest samples."""
-    buckets: list[list[str]] = [[] for _ in range(folds)]
-    load = [0] * folds
-    for subject in sorted(subjects, key=lambda s: -sizes[s]):  # stable: ties keep shuffled order
-        i = int(np.argmin(load))
-        buckets[i].append(subject)
-        load[i] += sizes[subject]
-    return buckets
+def _fold(order: list[Unit], sizes: Counter[Unit], folds: int, fold: int) -> list[Unit]:
+    """Fold `fold` of `folds` contiguous, near-equal runs of the stratified order."""
+    total, before, chosen = sum(sizes[u] for u in order), 0, []
+    for unit in order:
+        if int(folds * (before + sizes[unit] / 2) / total) == fold:
+            chosen.append(unit)
+        before += sizes[unit]
+    return chosen
 
 
 def assign_splits(
@@ -64,38 +110,17 @@ def assign_splits(
 
     With `folds > 1`, the samples left after the test split are cut into `folds` subject-disjoint
     folds of near-equal size; fold `fold` is "valid", the rest "train" (`valid_fraction` unused).
-    The result depends only on the inputs, never on their order.
     """
-    if not 0 <= valid_fraction < 1 or not 0 <= test_fraction < 1:
-        raise ValueError(
-            f"fractions must be in [0, 1): valid={valid_fraction}, test={test_fraction}"
-        )
-    if folds > 1 and not 0 <= fold < folds:
-        raise ValueError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
+    check_split_settings(valid_fraction, test_fraction, folds, fold)
     pattern = re.compile(group_regex) if group_regex else None
-    subjects = [subject_of(stem, pattern) for stem in stems]
-    split_of_subject: dict[tuple[str, str], str] = {}
-
-    for group in sorted(set(groups)):
-        sizes: dict[str, int] = {}
-        for g, subject in zip(groups, subjects, strict=True):
-            if g == group:
-                sizes[subject] = sizes.get(subject, 0) + 1
-        rng = np.random.default_rng([seed, zlib.crc32(group.encode())])
-        names = sorted(sizes)
-        order = [names[i] for i in rng.permutation(len(names))]
-        total = sum(sizes.values())
-
-        # the last subject of the shuffled order always stays in train
-        test = _take(order[:-1], sizes, round(test_fraction * total)) if test_fraction > 0 else []
-        rest = [s for s in order if s not in set(test)]
-        if folds > 1:
-            valid = _balanced_folds(rest, sizes, folds)[fold]
-        elif valid_fraction > 0 and len(rest) > 1:
-            valid = _take(rest[:-1], sizes, round(valid_fraction * total))
-        else:
-            valid = []
-        for name, chosen in (("test", test), ("valid", valid)):
-            split_of_subject.update({(group, s): name for s in chosen})
-
-    return [split_of_subject.get((g, s), "train") for g, s in zip(groups, subjects, strict=True)]
+    units = [(g, subject_of(s, pattern)) for g, s in zip(groups, stems, strict=True)]
+    sizes = Counter(units)
+    order = _stratified_order(sizes, seed)
+    test = _take(order, sizes, test_fraction, len(units))
+    rest = order[len(test) :]
+    if folds > 1:
+        valid = _fold(rest, sizes, folds, fold)
+    else:
+        valid = _take(rest, sizes, valid_fraction, len(units))
+    split_of = {unit: "test" for unit in test} | {unit: "valid" for unit in valid}
+    return [split_of.get(unit, "train") for unit in units]

@@ -10,6 +10,10 @@ the pink blob" from being the answer.
 
 Every sample draws from its own RNG, seeded by (seed, index), so the files do not depend on the
 worker count or order: same (n, seed) gives byte-identical files.
+
+The generator writes only into a folder that is new, empty, or marked as its own by `MANIFEST`, so
+pointing it (or `prepare.py dataset.raw_dir=...`) at a folder of real photos fails, naming it,
+before anything is written; in its own folder it deletes only its own `sNNNN.png` files.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ import cv2
 import numpy as np
 
 from nailseg.atomic import write_bytes, write_text
+from nailseg.data.format import ForeignFolderError, require_owned
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated
 MANIFEST = "synthetic.json"
 GROUPS = ("studio", "desk", "fabric", "clutter")
 MIN_FG, MAX_FG = 0.01, 0.40  # nail fraction of every mask; scenes outside are redrawn
 _NAME = re.compile(r"s\d{4,}\.png")
+_TEMP = re.compile(r"\.s\d{4,}\.png\.\d+\.tmp")  # nailseg.atomic's temporary names of samples
+_MARKER_KEYS = frozenset({"n", "seed", "version"})
+_OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(MANIFEST)}\.\d+\.tmp")
 _PNG_PARAMS = [cv2.IMWRITE_PNG_COMPRESSION, 1]  # speed over size; noise barely compresses anyway
 _SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
 
@@ -413,15 +421,18 @@ def is_current(out_dir: Path, n: int = 200, seed: int = 0) -> bool:
 def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -> Path:
     """Write n samples to `out_dir` unless it already holds them; returns `out_dir`.
 
-    The manifest is removed first and written last, so an interrupted run is redone next time;
-    our files (`sNNNN.png`) that are not part of the new set are removed, other files are kept.
+    Raises ForeignFolderError, before writing, when `out_dir` holds files but not our manifest.
+    The manifest is first rewritten as unfinished (it still marks the folder as ours) and written
+    complete last, so an interrupted run is redone next time; our files (`sNNNN.png`) that are
+    not part of the new set are removed, other files are kept.
     """
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:
         raise ValueError(f"need n >= 1 and num_workers >= 0, got n={n}, num_workers={num_workers}")
     if is_current(out_dir, n, seed):
         return out_dir
-    (out_dir / MANIFEST).unlink(missing_ok=True)
+    require_owned(out_dir, MANIFEST, _MARKER_KEYS, _OURS_IN_NEW_FOLDER)
+    write_text(out_dir / MANIFEST, json.dumps(_manifest(n, seed) | {"complete": False}) + "\n")
     folders = [out_dir / kind / group for kind in ("Images", "Masks") for group in GROUPS]
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
@@ -442,7 +453,7 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
     for folder in folders:
         for path in folder.iterdir():
             stale = _NAME.fullmatch(path.name) and path.name not in keep
-            if stale or (path.name.startswith(".s") and path.name.endswith(".tmp")):
+            if stale or _TEMP.fullmatch(path.name):
                 path.unlink()
     write_text(out_dir / MANIFEST, json.dumps(_manifest(n, seed)) + "\n")
     return out_dir
@@ -459,7 +470,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.out}: already holds n={args.n} seed={args.seed}; nothing written")
         return
     start = time.perf_counter()
-    generate(args.out, args.n, args.seed, args.workers)
+    try:
+        generate(args.out, args.n, args.seed, args.workers)
+    except ForeignFolderError as err:
+        parser.exit(2, f"{parser.prog}: {err}\n")
     seconds = time.perf_counter() - start
     print(
         f"wrote {args.n} images to {args.out} in {seconds:.2f} s "

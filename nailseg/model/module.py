@@ -1,22 +1,23 @@
 """The LightningModule: one binary segmentation net, its loss, and epoch-level metrics.
 
-It reads only the batch contract (`image`, `mask`, `group`; see DESIGN.md), so any loader backend
-works. Every epoch number is computed from sums over the whole epoch (torchmetrics states reduced
-with "sum" across DDP ranks), never from an average of per-batch or per-rank values:
+It reads only the batch contract (`image`, `mask`, `group`; see docs/DESIGN.md), so any loader
+backend works. Every epoch number is computed from sums over the whole epoch (torchmetrics states
+reduced with "sum" across DDP ranks), never from an average of per-batch or per-rank values:
 
     train/loss (step and epoch)  train/samples
-    val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>
-    test/loss test/dice test/iou test/samples test/{dice,iou,samples}_group_<name>
+    val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>  val/dice_best
+    <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `final_prefix`
 
 `*/samples` counts the samples actually seen (batch sizes, reset every epoch), so a loader that
 drops, repeats or pads samples shows up in the logs. Groups that got no samples in an epoch are not
-logged that epoch (their scores would be NaN).
+logged that epoch (their scores would be NaN). `val/dice_best` is the best `val/dice` so far; it
+is part of the module's state, so a resumed fit keeps it.
 
 Optimizer and scheduler arrive as `functools.partial`s (Hydra `_partial_: true`): the optimizer
 partial is called with the parameters; the scheduler partial with the optimizer. The scheduler is
-stepped after every optimizer step (`interval: step`), so `T_max` (or OneCycleLR's `total_steps`)
-counts optimizer steps; when the partial leaves it out it is filled with
-`trainer.estimated_stepping_batches`, the number of steps the whole fit will take.
+stepped after every optimizer step (`interval: step`), so its length (`T_max`, `total_steps`)
+counts optimizer steps; when the config leaves it unset (None) it is
+`trainer.estimated_stepping_batches`, the number of steps the whole fit takes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from torchmetrics import MeanMetric, SumMetric
 
 from nailseg.model.losses import build_loss
 from nailseg.model.metrics import SegmentationScores
+from nailseg.model.schedules import LENGTH_ARGS
 
-# scheduler arguments that mean "length of the whole schedule", filled in from the trainer
-_SCHEDULE_LENGTH_ARGS = ("T_max", "total_steps")
 _EVAL_STAGES = ("val", "test")
 
 
@@ -45,7 +45,9 @@ class SegModule(L.LightningModule):
 
     `forward` returns logits; `predict_step` returns probabilities B×1×H×W. With `channels_last`
     the net's weights and every input use the channels-last memory format (faster convolutions
-    with AMP on tensor-core GPUs).
+    with AMP on tensor-core GPUs). `test_prefix` names what the test stage logs: `test` for a
+    test split; the final evaluation of another split sets its own name (`val_best`, ...), so a
+    figure is never reported as a test score when it was not measured on a test split.
     """
 
     def __init__(
@@ -86,6 +88,8 @@ class SegModule(L.LightningModule):
         self.eval_scores = nn.ModuleDict(
             {stage: SegmentationScores(len(self.group_names), threshold) for stage in _EVAL_STAGES}
         )
+        self.register_buffer("val_dice_best", torch.tensor(float("nan")))
+        self.test_prefix = "test"
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
@@ -112,13 +116,18 @@ class SegModule(L.LightningModule):
         self._eval_step(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_eval_epoch("val")
+        dice = self._log_eval_epoch("val", "val")
+        if self.trainer.sanity_checking:  # a partial pass: neither logged nor a best
+            return
+        if not dice <= self.val_dice_best:  # also replaces the initial NaN
+            self.val_dice_best.fill_(dice)
+        self.log("val/dice_best", self.val_dice_best, sync_dist=True)
 
     def test_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
     def on_test_epoch_end(self) -> None:
-        self._log_eval_epoch("test")
+        self._log_eval_epoch("test", self.test_prefix)
 
     def predict_step(
         self, batch: Mapping[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
@@ -130,28 +139,29 @@ class SegModule(L.LightningModule):
         self.eval_loss[stage].update(self.loss_fn(logits, batch["mask"]), len(logits))
         self.eval_scores[stage].update(torch.sigmoid(logits), batch["mask"], batch["group"])
 
-    def _log_eval_epoch(self, stage: str) -> None:
+    def _log_eval_epoch(self, stage: str, prefix: str) -> float:
         """Log the epoch's loss, scores and sample counts (summed over ranks by torchmetrics'
-        compute), then reset for the next epoch."""
+        compute) under `prefix/`, reset for the next epoch; returns the epoch's Dice."""
         scores = self.eval_scores[stage].compute()
         values = {
-            f"{stage}/loss": self.eval_loss[stage].compute(),
-            f"{stage}/dice": scores["dice"],
-            f"{stage}/iou": scores["iou"],
-            f"{stage}/samples": scores["samples"].float(),
+            f"{prefix}/loss": self.eval_loss[stage].compute(),
+            f"{prefix}/dice": scores["dice"],
+            f"{prefix}/iou": scores["iou"],
+            f"{prefix}/samples": scores["samples"].float(),
         }
         for i, name in enumerate(self.group_names):
             if scores["samples_group"][i] > 0:
-                values[f"{stage}/dice_group_{name}"] = scores["dice_group"][i]
-                values[f"{stage}/iou_group_{name}"] = scores["iou_group"][i]
-                values[f"{stage}/samples_group_{name}"] = scores["samples_group"][i].float()
+                values[f"{prefix}/dice_group_{name}"] = scores["dice_group"][i]
+                values[f"{prefix}/iou_group_{name}"] = scores["iou_group"][i]
+                values[f"{prefix}/samples_group_{name}"] = scores["samples_group"][i].float()
         for name, value in values.items():
             # the value is already the same on every rank: sync_dist's mean over ranks leaves it
             # as it is (counts exactly, scores to float rounding) and stops Lightning's DDP
             # warning that an unsynced epoch value would be rank-local
-            self.log(name, value, prog_bar=name == f"{stage}/dice", sync_dist=True)
+            self.log(name, value, prog_bar=name == f"{prefix}/dice", sync_dist=True)
         self.eval_loss[stage].reset()
         self.eval_scores[stage].reset()
+        return float(scores["dice"])
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         optimizer = self.optimizer_factory(self.parameters())
@@ -159,8 +169,8 @@ class SegModule(L.LightningModule):
             return optimizer
         kwargs = {}
         accepted = inspect.signature(self.scheduler_factory.func).parameters
-        for arg in _SCHEDULE_LENGTH_ARGS:
-            if arg in accepted and arg not in self.scheduler_factory.keywords:
+        for arg in LENGTH_ARGS:
+            if arg in accepted and self.scheduler_factory.keywords.get(arg) is None:
                 kwargs[arg] = self._total_steps()
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {

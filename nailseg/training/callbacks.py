@@ -1,7 +1,8 @@
-"""Lightning callbacks: training throughput / loader wait, and prediction overlays of validation.
+"""Lightning callbacks: training speed / loader wait, prediction overlays of validation, and the
+card every checkpoint carries.
 
-Both read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's `forward`
-(logits B×1×H×W), so they work with every loader backend.
+The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's
+`forward` (logits B×1×H×W), so they work with every loader backend.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from nailseg.model.checkpoint import CARD_KEY
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
 
 
-class ThroughputMonitor(L.Callback):
+class TrainSpeedMonitor(L.Callback):
     """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
 
     `images_per_s` = the epoch's training images / its training wall time, validation run inside
@@ -196,3 +198,22 @@ class PredictionOverlays(L.Callback):
                         f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"
                     ],
                 )
+
+
+class CheckpointCard(L.Callback):
+    """Writes the run's card (model, input size, normalisation, threshold, groups, resolved
+    config; see model/checkpoint.py) and the W&B run id into every checkpoint, so the checkpoint
+    alone is enough to predict, export or resume into the same W&B run. `wandb_run_id` is the
+    resumed checkpoint's: a session without W&B passes it on rather than dropping it."""
+
+    def __init__(self, card: Mapping[str, Any], wandb_run_id: str | None = None) -> None:
+        self.card = dict(card)
+        self.wandb_run_id = wandb_run_id
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict
+    ) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                self.wandb_run_id = logger.version
+        checkpoint[CARD_KEY] = {**self.card, "wandb_run_id": self.wandb_run_id}

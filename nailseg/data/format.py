@@ -1,0 +1,93 @@
+"""The prepared root's on-disk contract: file names, CSV columns, the one CSV reader and writer, and
+the ownership marker that lets nailseg tell its own folders from a user's.
+
+Every CSV is read with `keep_default_na=False` and every column but the numeric ones as text, so a
+group or file stem named `NA`, `null`, `None` or `nan` stays that string through a rerun and into
+training; names with commas, quotes or newlines are quoted by the writer and round-trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from nailseg.atomic import write_bytes
+
+CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
+SPLITS = ("train", "valid", "test")
+MARKER_FILE = "prepare.json"  # marks a folder as a prepared root: nailseg writes only into those
+MANIFEST_FILE = "manifest.csv"  # every pair whose outputs nailseg wrote and still owns
+JOURNAL_FILE = "manifest.journal"  # pairs claimed and converted since the last complete run
+EXCLUDED_FILE = "excluded.csv"
+LOCK_FILE = ".prepare.lock"
+ROOT_FILES = frozenset(
+    {MARKER_FILE, MANIFEST_FILE, JOURNAL_FILE, EXCLUDED_FILE, *(f"{s}.csv" for s in SPLITS)}
+)
+NUMERIC_DTYPES = {
+    "height": "int64",
+    "width": "int64",
+    "fg_fraction": "float64",
+    "image_mtime_ns": "int64",
+    "mask_mtime_ns": "int64",
+    "listed": "int64",
+}
+TEMP_NAME = re.compile(r"\.(?P<target>.+)\.\d+\.tmp")  # nailseg.atomic.temp_path's names
+
+
+class ForeignFolderError(RuntimeError):
+    """A folder nailseg was asked to write into holds files it did not write."""
+
+
+def split_file(split: str) -> str:
+    return f"{split}.csv"
+
+
+def read_table(path: Path, required: Sequence[str] = ()) -> pd.DataFrame:
+    """A CSV written by `write_table`: text columns as `str`, nothing read as missing."""
+    dtypes = defaultdict(lambda: str, NUMERIC_DTYPES)
+    rows = pd.read_csv(path, dtype=dtypes, keep_default_na=False)
+    missing = set(required) - set(rows.columns)
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)} (expected {list(required)})")
+    return rows
+
+
+def write_table(path: Path, rows: pd.DataFrame) -> None:
+    """Atomically; a name that is not valid Unicode (only ever in a detail) is backslash-escaped."""
+    text = rows.to_csv(index=False, float_format="%.6f", lineterminator="\n")
+    write_bytes(path, text.encode("utf-8", "backslashreplace"))
+
+
+def has_marker(folder: Path, marker: str, keys: frozenset[str]) -> bool:
+    """Whether `folder/marker` is a JSON object holding `keys`: a marker nailseg wrote."""
+    try:
+        content = json.loads((folder / marker).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(content, dict) and keys <= content.keys()
+
+
+def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Pattern[str]) -> None:
+    """Raise ForeignFolderError unless `folder` is missing, holds only names that are `ours`, or
+    carries its marker: the check that keeps nailseg from writing into a user's folder."""
+    if has_marker(folder, marker, keys):
+        return
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError as err:
+        raise ForeignFolderError(f"{folder} is a file, not a folder") from err
+    foreign = [name for name in names if not ours.fullmatch(name)]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ForeignFolderError(
+            f"{folder} is not empty and has no {marker}, so nailseg did not make it: it holds "
+            f"{folder / foreign[0]}{more}. Nothing was written; choose a new or empty folder"
+        )

@@ -1,0 +1,56 @@
+"""Learning-rate schedules that torch lacks, and how long a built schedule is.
+
+Every schedule here is stepped after each optimizer step, and its length is the whole fit unless
+the config fixes it (see `SegModule.configure_optimizers`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+# the keyword argument that sets a schedule's length, in the schedules the config groups offer
+LENGTH_ARGS = ("T_max", "total_steps")
+
+
+class WarmupCosineLR(LambdaLR):
+    """Linear warm-up over `warmup_fraction` of `total_steps`, then cosine decay that reaches
+    `min_lr_ratio` × the base LR at the last step (step `total_steps - 1`)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.0,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"scheduler.total_steps={total_steps}: must be at least 1")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"scheduler.warmup_fraction={warmup_fraction}: must be in [0, 1)")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio}: must be in [0, 1]")
+        self.total_steps = total_steps
+        self.warmup_steps = round(warmup_fraction * total_steps)
+        self.min_lr_ratio = min_lr_ratio
+        super().__init__(optimizer, self.factor)
+
+    def factor(self, step: int) -> float:
+        """The LR multiplier used at (0-based) optimizer step `step`."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        decay_steps = self.total_steps - 1 - self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps) if decay_steps > 0 else 1.0
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+
+def schedule_length(scheduler: LRScheduler) -> int | None:
+    """The number of steps a built schedule spans (None for one without a fixed length)."""
+    for name in LENGTH_ARGS:
+        value = getattr(scheduler, name, None)
+        if isinstance(value, int):
+            return value
+    return None

@@ -1,0 +1,152 @@
+"""`build(cfg)`: every object a training run uses, from the composed config, in one place.
+
+`train.py`, the evaluation-only run (`train=false`) and the tests all build through here, so what
+the tests check is what users run. Each part is the config group's `_target_`, instantiated;
+everything is checked (`checks.py`) before the first file is written, and nothing here writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from nailseg.data.datamodule import NailDataModule
+from nailseg.model.checkpoint import make_card
+from nailseg.model.module import SegModule
+from nailseg.model.net import compile_net
+from nailseg.training import checks, resume
+from nailseg.training.callbacks import CheckpointCard
+from nailseg.training.checkpoint_io import AtomicCheckpointIO
+
+log = logging.getLogger(__name__)
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+@dataclass
+class Built:
+    """A training run, ready to fit: `cfg.run_dir` is the folder it writes to."""
+
+    cfg: DictConfig
+    datamodule: NailDataModule
+    module: SegModule
+    trainer: L.Trainer
+    loggers: list[Logger]
+    resume: resume.Resume | None
+
+
+def sweep_job() -> bool:
+    """Whether this run is one job of a `-m` sweep."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def final_prefix(split: str, after_fit: bool) -> str:
+    """What the final evaluation logs under: `test` only for the test split; the validation
+    split after a fit is `val_best` (the checkpoint was chosen on it), otherwise `<split>_eval`."""
+    if split == "test":
+        return "test"
+    short = "val" if split == "valid" else split
+    return f"{short}_best" if after_fit else f"{short}_eval"
+
+
+def build_loggers(cfg: DictConfig, wandb_run_id: str | None) -> list[Logger]:
+    """The `logger=` group's loggers; W&B resumes the checkpoint's run when there is one."""
+    loggers = []
+    for name, conf in (cfg.logger or {}).items():
+        extra: dict[str, Any] = {}
+        if name == "wandb" and wandb_run_id is not None:
+            extra = {"id": wandb_run_id, "resume": "allow"}
+        loggers.append(instantiate(conf, **extra))
+    return loggers
+
+
+def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """The trainer group without its unset (None) keys: those take Lightning's own defaults."""
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    return {key: value for key, value in trainer.items() if value is not None}
+
+
+def _channels_last(cfg: DictConfig) -> bool:
+    if cfg.module.channels_last is not None:
+        return bool(cfg.module.channels_last)
+    return cfg.trainer.accelerator in GPU_ACCELERATORS and torch.cuda.is_available()
+
+
+def build(cfg: DictConfig) -> Built:
+    """Check `cfg`, resolve what `ckpt_path` resumes, seed, and build data, module and trainer."""
+    checks.check_values(cfg)
+    resumed = resume.resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job())
+    if resumed is not None:
+        resume.check_matches(resumed, cfg)
+        if cfg.train:  # continue in the checkpoint's own run folder (see resume.py)
+            cfg.run_dir = str(resumed.run_dir)
+
+    L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it
+    image_size = (int(cfg.dataset.image_size[0]), int(cfg.dataset.image_size[1]))
+    aug = instantiate(cfg.aug, mean=cfg.normalize.mean, std=cfg.normalize.std, _convert_="all")
+    datamodule = NailDataModule(
+        root=cfg.dataset.root,
+        image_size=image_size,
+        loader=instantiate(cfg.loader),
+        aug=aug,
+        final_split=cfg.eval_split,
+    )
+    net = instantiate(cfg.model)
+    checks.check_input_size(net, image_size, cfg.model)
+    optimizer = instantiate(cfg.optimizer)
+    checks.check_arguments(optimizer, "optimizer")
+    scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
+    if scheduler is not None:
+        checks.check_arguments(scheduler, "scheduler")
+    module = SegModule(
+        net=net,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss=cfg.module.loss,
+        group_names=datamodule.group_names,
+        threshold=cfg.module.threshold,
+        channels_last=_channels_last(cfg),
+    )
+    module.test_prefix = final_prefix(datamodule.final_split, after_fit=cfg.train)
+    if cfg.module.compile:
+        compile_net(module.net, cfg.module.compile_mode)
+
+    wandb_run_id = resumed.card.get("wandb_run_id") if resumed else None
+    loggers = build_loggers(cfg, wandb_run_id)
+    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
+    if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    callbacks.append(CheckpointCard(make_card(cfg, datamodule.group_names), wandb_run_id))
+    trainer: L.Trainer = instantiate(
+        _trainer_kwargs(cfg),
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
+    )
+    if cfg.train:
+        checks.check_train_split(
+            len(datamodule.splits["train"]), cfg.loader.batch_size, trainer.world_size
+        )
+    if cfg.trainer.accelerator in GPU_ACCELERATORS:
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path
+    return Built(cfg, datamodule, module, trainer, loggers, resumed)
+
+
+def describe_metrics(loggers: list[Logger]) -> None:
+    """W&B's run summary shows the best `val/dice` (not the last epoch's) and the lowest loss."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            for name, summary in (("val/dice", "max"), ("val/loss", "min")):
+                logger.experiment.define_metric(
+                    name, step_metric="trainer/global_step", summary=summary
+                )

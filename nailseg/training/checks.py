@@ -1,0 +1,75 @@
+"""Checks of a composed training config, run before any work: each error names the key and value.
+
+Without them a wrong value fails late or, worse, not at all: a train split smaller than one batch
+per rank trains nothing and exits 0 (Lightning drops the partial batch), an input size the model
+cannot take fails inside the first step, a typo in an optimizer argument only when the fit starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from omegaconf import DictConfig
+from torch import nn
+
+EVAL_SPLITS = ("auto", "train", "valid", "test")
+MODES = ("max", "min")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the value."""
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Ranges and choices of the training config's own keys."""
+    size = list(cfg.dataset.image_size)
+    if len(size) != 2 or any(int(v) < 1 for v in size):
+        raise ConfigError(f"dataset.image_size={size}: must be [height, width], both >= 1")
+    if cfg.loader.batch_size < 1:
+        raise ConfigError(f"loader.batch_size={cfg.loader.batch_size}: must be at least 1")
+    if not 0.0 < cfg.module.threshold < 1.0:
+        raise ConfigError(f"module.threshold={cfg.module.threshold}: must be in (0, 1)")
+    max_epochs = cfg.trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1 and max_epochs < 1:
+        raise ConfigError(f"trainer.max_epochs={max_epochs}: must be >= 1 (or -1: no limit)")
+    if cfg.eval_split not in EVAL_SPLITS:
+        raise ConfigError(f"eval_split={cfg.eval_split}: must be one of {', '.join(EVAL_SPLITS)}")
+    if cfg.optimized_mode not in MODES:
+        raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
+    if cfg.overlay_every_n_epochs < 1:
+        raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
+    if not cfg.train and not cfg.ckpt_path:
+        raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
+
+
+def check_arguments(factory: functools.partial, key: str) -> None:
+    """Every keyword of a Hydra partial (`optimizer`, `scheduler`) is one its target takes."""
+    try:
+        inspect.signature(factory.func).bind_partial(None, *factory.args, **factory.keywords)
+    except TypeError as err:
+        raise ConfigError(f"{key}: {factory.func.__qualname__} {err}") from None
+
+
+def check_input_size(net: nn.Module, image_size: tuple[int, int], model: DictConfig) -> None:
+    """The net takes inputs of `image_size` (smp nets need sides divisible by the encoder's
+    output stride, 32 for most)."""
+    stride = getattr(getattr(net, "encoder", None), "output_stride", 1)
+    if getattr(net, "requires_divisible_input_shape", False) and any(
+        side % stride for side in image_size
+    ):
+        fit = [-(-side // stride) * stride for side in image_size]
+        raise ConfigError(
+            f"dataset.image_size={list(image_size)}: {model.arch}/{model.encoder_name} needs sides "
+            f"divisible by {stride}; e.g. dataset.image_size={fit}"
+        )
+
+
+def check_train_split(rows: int, batch_size: int, world_size: int) -> None:
+    """At least one full batch per rank: Lightning would otherwise train on nothing."""
+    if rows // world_size < batch_size:
+        raise ConfigError(
+            f"loader.batch_size={batch_size}: the train split has {rows} rows for {world_size} "
+            f"rank(s), fewer than one full batch each; lower loader.batch_size (at most "
+            f"{max(1, rows // world_size)}) or prepare more data"
+        )

@@ -1,0 +1,149 @@
+"""`train.py` body: build everything (`build.py`), fit, evaluate the best checkpoint, report.
+
+The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`, `train.log`,
+`checkpoints/`, `overlays/`, the logger folders (W&B offline runs included) and `metrics.json`:
+
+    resumed_from  the checkpoint `ckpt_path` named (train=false: the one evaluated), or null
+    fit           the last epoch's metrics
+    best          optimized_metric's best value, its mode and checkpoint (what train.py returns)
+    evaluated_on  the split of the final evaluation: test when the data has one, else valid
+    final         the final evaluation's metrics, named `test/...` only for a test split
+                  (`val_best/...` for the validation split the best checkpoint was chosen on)
+
+`train=false` skips the fit and evaluates `ckpt_path` on `eval_split` (`<split>_eval/...`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from nailseg.atomic import write_text
+from nailseg.training.build import Built, build, describe_metrics, sweep_job
+from nailseg.training.console import print_config_tree, route_library_logs, run_log
+from nailseg.training.jobs import isolated_job
+
+log = logging.getLogger(__name__)
+
+
+def _choices() -> dict[str, str]:
+    """The config group options this run was composed from (loader=dali, aug=heavy, ...)."""
+    if not HydraConfig.initialized():
+        return {}
+    return {
+        k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")
+    }
+
+
+def _job_log() -> Path | None:
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    return Path(hydra.runtime.output_dir) / f"{hydra.job.name}.log"
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    write_text(path, json.dumps(payload, indent=2, sort_keys=True))
+
+
+def _plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    return {k: float(v) for k, v in sorted(metrics.items()) if k.startswith(prefix)}
+
+
+def _best(built: Built) -> dict[str, Any]:
+    """optimized_metric's best value and checkpoint, from the checkpoint callback watching it
+    (restored from the checkpoint on resume); without one (fast_dev_run), the last value."""
+    cfg, trainer = built.cfg, built.trainer
+    watching = [
+        c
+        for c in trainer.checkpoint_callbacks
+        if isinstance(c, ModelCheckpoint) and c.monitor == cfg.optimized_metric
+    ]
+    if watching and watching[0].best_model_score is not None:
+        value, path = float(watching[0].best_model_score), watching[0].best_model_path or None
+    else:
+        last = trainer.callback_metrics.get(cfg.optimized_metric)
+        value, path = (float(last) if last is not None else None), None
+    return {
+        "metric": cfg.optimized_metric,
+        "mode": cfg.optimized_mode,
+        "value": value,
+        "checkpoint": path,
+    }
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
+    (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
+    route_library_logs()
+    built = build(cfg)
+    cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if trainer.is_global_zero:
+        print_config_tree(cfg)
+    with run_log(run_dir, _job_log()):
+        if built.resume is not None:
+            log.info("checkpoint %s; writing to %s", built.resume.checkpoint, run_dir)
+        describe_metrics(built.loggers)
+        for logger in built.loggers:
+            logger.log_hyperparams(
+                {"config": OmegaConf.to_container(cfg, resolve=True), "choices": _choices()}
+            )
+        checkpoint = built.resume.checkpoint if built.resume else None
+        report: dict[str, Any] = {
+            "choices": _choices(),
+            "resumed_from": str(checkpoint) if checkpoint else None,
+        }
+        if cfg.train:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+            best = _best(built)
+            checkpoint = best["checkpoint"]
+            report |= {
+                "fit": _plain_metrics(trainer.callback_metrics),
+                "best": best,
+                "global_step": trainer.global_step,
+                "epochs": trainer.current_epoch,
+            }
+        if cfg.test or not cfg.train:
+            trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+            report |= {
+                "evaluated_on": datamodule.final_split,
+                "final": {
+                    "checkpoint": str(checkpoint) if checkpoint else None,
+                    "metrics": _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/"),
+                },
+            }
+        if trainer.is_global_zero:
+            _write_json(run_dir / "metrics.json", report)
+        for logger in built.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.finish()
+    return report["best"]["value"] if cfg.train else None
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
+    the sweep goes on (`python -m nailseg.compare` reports it); a single run raises as usual."""
+    try:
+        with isolated_job():  # DDP ranks re-run this job only; nothing leaks into the next job
+            return run(cfg)
+    except Exception as err:
+        if not sweep_job():
+            raise
+        log.exception("job failed; the sweep continues")
+        run_dir = Path(cfg.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(
+            run_dir / "failed.json",
+            {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()},
+        )
+        return None
