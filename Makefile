@@ -39,8 +39,10 @@ format: install
 bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
 	$(PY) -m nailseg.bench_prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
 
-clean:
-	rm -rf data outputs multirun .pytest_cache .ruff_cache
+clean:  ## remove outputs/, multirun/, the synthetic data set and the tool caches; never your photos
+	rm -rf outputs multirun .pytest_cache .ruff_cache
+	test ! -f data/synthetic/raw/synthetic.json || rm -rf data/synthetic/raw
+	test ! -f data/synthetic/prepared/prepare.json || rm -rf data/synthetic/prepared
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg.bench output_dir=$(BENCH_DIR)/loaders $(ARGS)

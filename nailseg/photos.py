@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+
+from nailseg.data.imageio import UnreadableImage, binarise, read_mask_values
 from nailseg.data.layout import DUPLICATE_STEM, FLAT_GROUP, IMAGE_EXTENSIONS
 
 
@@ -65,25 +69,18 @@ def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
 
 
 def list_inputs(
-    inputs: str | Path | Iterable[str | Path], exclude: Path | None = None
+    inputs: str | Path | Iterable[str | Path],
 ) -> tuple[list[Photo], list[Skipped]]:
-    """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either;
-    files under `exclude` (the output folder, when it lies inside an input folder, so a rerun
-    does not predict its own masks) are left out.
+    """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either.
 
     Raises FileNotFoundError naming an input that does not exist.
     """
     if isinstance(inputs, str | Path):
         inputs = [inputs]
-    skip = exclude.resolve() if exclude is not None else None
     entries = []
     for item in map(Path, inputs):
         if item.is_dir():
-            entries += [
-                (_key(path, item), path)
-                for path in image_files(item)
-                if skip is None or skip not in path.resolve().parents
-            ]
+            entries += [(_key(path, item), path) for path in image_files(item)]
         elif item.is_file():
             entries.append((item.stem, item))
         else:
@@ -115,3 +112,41 @@ class MaskIndex:
         if not paths:
             return None, f"no mask {key}.* under {self.folder}"
         return None, f"{DUPLICATE_STEM}: {', '.join(map(str, paths))}"
+
+
+@dataclass(frozen=True)
+class TrueMask:
+    """A true mask, binarised and bit-packed (one bit a pixel, so a folder of them fits in
+    memory: they are all read before predict writes anything)."""
+
+    path: Path
+    shape: tuple[int, int]
+    bits: np.ndarray
+
+    @classmethod
+    def read(cls, path: Path, threshold: int) -> TrueMask:
+        mask, _ = binarise(read_mask_values(path), threshold)
+        return cls(path, (mask.shape[0], mask.shape[1]), np.packbits(mask.astype(bool)))
+
+    def array(self) -> np.ndarray:
+        """HxW bool."""
+        count = self.shape[0] * self.shape[1]
+        return np.unpackbits(self.bits, count=count).reshape(self.shape).astype(bool)
+
+
+def read_true_masks(
+    photos: Iterable[Photo], index: MaskIndex, threshold: int, pool: Executor
+) -> dict[str, TrueMask | str]:
+    """Each photo's true mask, or why it has none (not found, two candidates, unreadable)."""
+
+    def one(photo: Photo) -> TrueMask | str:
+        path, why = index.find(photo.key)
+        if path is None:
+            return why or "no mask"
+        try:
+            return TrueMask.read(path, threshold)
+        except UnreadableImage as err:
+            return f"mask {err}"
+
+    photos = list(photos)
+    return dict(zip((p.key for p in photos), pool.map(one, photos), strict=True))

@@ -4,12 +4,15 @@ input=PHOTOS output=OUT [masks=TRUE_MASKS] [tta=true] [threshold=auto]`
 Writes, for each photo with key `k` (its path relative to the input folder, without extension):
 `OUT/masks/k.png` (0/255, the photo's size) and `OUT/overlays/k.png` (prediction in red over the
 photo); with `masks=`, `OUT/scores.csv` (per image Dice/IoU); and `OUT/summary.json` (counts,
-timing, threshold, every skipped file, score totals). Every file is written under a temporary
-name and renamed.
+timing, threshold, every skipped file, score totals, the config). Every file is written under a
+temporary name and renamed.
 
-Files are read and written by a thread pool while the net runs, a bounded number ahead, so memory
-stays flat for any number of photos. An unreadable photo is reported and skipped; the run fails
-only when no photo could be read.
+The output folder may not overlap the photos or the true masks (in either direction, ignoring
+case, through links), and every true mask is read before the first write: a prediction can never
+replace a file it is scored against. Photos are read and written by a thread pool while the net
+runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
+bit-packed). An unreadable photo is reported and skipped; the run fails only when no photo could
+be read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +49,7 @@ from rich.text import Text
 from torch import nn
 
 from nailseg.atomic import write_text
-from nailseg.data.imageio import UnreadableImage, binarise, read_mask_values, read_rgb
+from nailseg.data.imageio import UnreadableImage, read_rgb
 from nailseg.inference import (
     InferenceConfig,
     InferenceSpec,
@@ -55,7 +58,8 @@ from nailseg.inference import (
     resolve_spec,
 )
 from nailseg.model.checkpoint import CheckpointError, load_net
-from nailseg.photos import MaskIndex, Photo, Skipped, list_inputs
+from nailseg.paths import overlap
+from nailseg.photos import MaskIndex, Photo, Skipped, TrueMask, list_inputs, read_true_masks
 from nailseg.scoring import ImageScore, score_image, score_table, totals
 from nailseg.threshold import ThresholdError, auto_threshold
 from nailseg.viz import overlay, save_png_atomic
@@ -139,36 +143,32 @@ class _RateColumn(ProgressColumn):
 @dataclass(frozen=True)
 class PhotoWriter:
     """Writes one photo's mask and overlay and scores the mask: run on the thread pool, off the
-    net's thread."""
+    net's thread. `truths` holds every photo's true mask (read before anything was written) or
+    why it has none; None when not scoring."""
 
     output: Path
-    masks: MaskIndex | None
-    mask_threshold: int
+    truths: Mapping[str, TrueMask | str] | None
 
     def __call__(
         self, photo: Photo, image: np.ndarray, pred: np.ndarray
     ) -> ImageScore | Skipped | None:
         save_png_atomic(self.output / "masks" / f"{photo.key}.png", pred.astype(np.uint8) * 255)
         save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
-        if self.masks is None:
+        if self.truths is None:
             return None
-        mask_path, why = self.masks.find(photo.key)
-        if mask_path is None:
-            return Skipped(photo.path, why)
-        try:
-            truth, _ = binarise(read_mask_values(mask_path), self.mask_threshold)
-        except UnreadableImage as err:
-            return Skipped(photo.path, f"mask {err}")
+        truth = self.truths[photo.key]
+        if isinstance(truth, str):
+            return Skipped(photo.path, truth)
         if truth.shape != pred.shape:
             return Skipped(
-                photo.path, f"mask {mask_path} is {truth.shape}, the photo is {pred.shape}"
+                photo.path, f"mask {truth.path} is {truth.shape}, the photo is {pred.shape}"
             )
         return score_image(
             pred,
-            truth.astype(bool),
+            truth.array(),
             key=photo.key,
             image=str(photo.path),
-            mask=str(mask_path),
+            mask=str(truth.path),
             group=photo.group,
         )
 
@@ -273,22 +273,39 @@ def _threshold(
     return value, "override"
 
 
+def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
+    """The output folder shares no file or folder with the photos or the true masks: a mask
+    written over a true mask would be scored against itself (Dice 1.0), a photo overwritten
+    lost."""
+    named = [("input", path) for path in inputs] + ([("masks", masks)] if masks else [])
+    for name, path in named:
+        if overlap(output, path):
+            raise PredictError(
+                f"output={output} and {name}={path} overlap (one is, or is inside, the other): "
+                "nothing was written; choose an output folder apart from the photos and masks"
+            )
+
+
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     """Predict `cfg.input` into `cfg.output` (see the module docstring)."""
     console = console or Console()
     output = Path(cfg.output)
     if cfg.batch_size < 1:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
+    inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
+    _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
+    num_workers = cfg.num_workers or os.cpu_count() or 1
     try:
-        photos, skipped = list_inputs(
-            OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else cfg.input,
-            exclude=output,
-        )
+        photos, skipped = list_inputs(inputs)
         mask_index = MaskIndex(cfg.masks) if cfg.masks else None
     except FileNotFoundError as err:
         raise PredictError(str(err)) from err
     if not photos and not skipped:
         raise PredictError(f"no image files in input={cfg.input}")
+    truths = None
+    if mask_index is not None:
+        with ThreadPoolExecutor(num_workers) as pool:
+            truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
     spec = resolve_spec(cfg)
     device = resolve_device(cfg.device)
     net = load_net(spec.ckpt, spec.model).to(device)
@@ -299,12 +316,12 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         net,
         spec,
         photos,
-        PhotoWriter(output, mask_index, cfg.mask_threshold),
+        PhotoWriter(output, truths),
         threshold=threshold,
         tta=cfg.tta,
         device=device,
         batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers or os.cpu_count() or 1,
+        num_workers=num_workers,
         console=console,
     )
     summary = PredictSummary(
@@ -322,6 +339,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     else:  # a scores.csv left by an earlier run would describe other predictions
         (output / "scores.csv").unlink(missing_ok=True)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
+    report["config"] = OmegaConf.to_container(cfg, resolve=True)
     write_text(output / "summary.json", json.dumps(report, indent=2))
     print_summary(summary, output, console)
     if not written:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
-from PIL import Image
 from train_helpers import CONF, compose_train, small_overrides
 
 import nailseg.export  # registers export_schema
@@ -44,10 +42,3 @@ def compose_cli(config: str, overrides: list[str]) -> DictConfig:
     """The config `python -m nailseg.<config> <overrides>` would run."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config, overrides=overrides)
-
-
-def save_image(path: Path, array: np.ndarray) -> Path:
-    """An image file of `array` (HxW grey, HxWx3 RGB, HxWx4 RGBA; uint16 → 16-bit PNG)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array).save(path)
-    return path

@@ -14,7 +14,8 @@ import pytest
 import torch
 import yaml
 from conftest import write_prepared
-from inference_helpers import compose_cli, constant_checkpoint, make_run, save_image
+from image_files import save_image
+from inference_helpers import compose_cli, constant_checkpoint, make_run
 from PIL import Image
 from rich.console import Console
 from train_helpers import TINY_UNET
@@ -107,13 +108,6 @@ def test_a_list_of_files_and_folders(trained, photos, tmp_path):
         assert (out / "masks" / f"{key}.png").is_file()
 
 
-def test_an_output_inside_the_input_is_not_read_back(trained, tmp_path):
-    save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
-    predict(trained, tmp_path / "in", tmp_path / "in" / "pred")
-    again = predict(trained, tmp_path / "in", tmp_path / "in" / "pred")
-    assert again.images == 1 and not again.skipped
-
-
 def test_two_files_with_one_stem_are_both_skipped(trained, tmp_path):
     save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
     save_image(tmp_path / "in" / "x.jpg", np.zeros((8, 8, 3), np.uint8))
@@ -135,7 +129,7 @@ def test_nothing_readable_fails(trained, tmp_path):
 
 def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
     """`python -m nailseg.predict` (its Hydra main, in-process): success with one unreadable file
-    among good ones, the run's record in the output's .hydra/; exit non-zero, naming the problem,
+    among good ones, the config in summary.json; exit non-zero, naming the problem,
     when nothing could be read."""
     save_image(tmp_path / "in" / "ok.png", np.full((20, 30, 3), 128, np.uint8))
     (tmp_path / "in" / "bad.jpg").write_bytes(b"junk")
@@ -147,7 +141,8 @@ def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "bad.jpg" in printed and "predicted 1 images" in printed
     assert (tmp_path / "out" / "masks" / "ok.png").is_file()
-    assert (tmp_path / "out" / ".hydra" / "config.yaml").is_file()
+    recorded = json.loads((tmp_path / "out" / "summary.json").read_text())["config"]
+    assert recorded["ckpt"] == str(trained) and not (tmp_path / "out" / ".hydra").exists()
     bad = tmp_path / "in" / "bad.jpg"
     monkeypatch.setattr(sys, "argv", [*args, f"input={bad}", f"output={tmp_path / 'out2'}"])
     with pytest.raises(SystemExit) as exit_:

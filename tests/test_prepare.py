@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from image_files import box_mask, photo, save_image
 from PIL import Image
 
 from nailseg.data.format import JOURNAL_FILE, LOCK_FILE, MARKER_FILE, read_table
@@ -34,27 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 REAL_SUBJECT = r"^(\d+_\d+)_|^(None_\d+)-"
 
 
-def _image(h: int = 24, w: int = 32, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-
-
-def _mask(h: int = 24, w: int = 32, box: int = 6) -> np.ndarray:
-    mask = np.zeros((h, w), np.uint8)
-    mask[box : 2 * box, box : 2 * box] = 255
-    return mask
-
-
-def _save(path: Path, array: np.ndarray, **kwargs) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array).save(path, **kwargs)
-    return path
-
-
 def _pair(
     root: Path, group: str, stem: str, image_ext: str = "png", mask_ext: str = "png", seed: int = 0
 ):
-    _save(root / "Images" / group / f"{stem}.{image_ext}", _image(seed=seed))
-    _save(root / "Masks" / group / f"{stem}.{mask_ext}", _mask())
+    save_image(root / "Images" / group / f"{stem}.{image_ext}", photo(seed=seed))
+    save_image(root / "Masks" / group / f"{stem}.{mask_ext}", box_mask())
 
 
 def _load(root: Path, rel: str) -> np.ndarray:
@@ -95,8 +80,8 @@ def test_pairs_across_extensions_and_case(tmp_path):
 def test_flat_images_folder_is_one_group(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     for stem in ("x", "y", "z"):
-        _save(raw / "Images" / f"{stem}.png", _image())
-        _save(raw / "Masks" / f"{stem}.png", _mask())
+        save_image(raw / "Images" / f"{stem}.png", photo())
+        save_image(raw / "Masks" / f"{stem}.png", box_mask())
     prepare(raw, out, num_workers=1, valid_fraction=0.3)
     rows = _all_rows(out)
     assert set(rows["group"]) == {"all"} and len(rows) == 3
@@ -106,8 +91,8 @@ def test_noisy_jpeg_masks_are_binarised(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     yy, xx = np.mgrid[:64, :64]
     truth = (((yy - 30) ** 2 + (xx - 35) ** 2) < 15**2).astype(np.uint8) * 255
-    _save(raw / "Images" / "g" / "n.png", _image(64, 64))
-    _save(raw / "Masks" / "g" / "n.jpg", truth, quality=60)
+    save_image(raw / "Images" / "g" / "n.png", photo(64, 64))
+    save_image(raw / "Masks" / "g" / "n.jpg", truth, quality=60)
     _pair(raw, "g", "clean")
     assert len(np.unique(np.asarray(Image.open(raw / "Masks" / "g" / "n.jpg")))) > 2  # really noisy
     summary = prepare(raw, out, num_workers=1)
@@ -122,10 +107,10 @@ def test_mask_threshold_and_01_masks(tmp_path):
     grey = np.zeros((24, 32), np.uint8)
     grey[:, :16] = 100  # below the default threshold, above 50
     grey[0, 0] = 255
-    _save(raw / "Images" / "g" / "t.png", _image())
-    _save(raw / "Masks" / "g" / "t.png", grey)
-    _save(raw / "Images" / "g" / "u.png", _image())
-    _save(raw / "Masks" / "g" / "u.png", (_mask() > 0).astype(np.uint8))  # stored as {0, 1}
+    save_image(raw / "Images" / "g" / "t.png", photo())
+    save_image(raw / "Masks" / "g" / "t.png", grey)
+    save_image(raw / "Images" / "g" / "u.png", photo())
+    save_image(raw / "Masks" / "g" / "u.png", (box_mask() > 0).astype(np.uint8))  # stored as {0, 1}
     prepare(raw, out, num_workers=1)
     assert _load(out, "masks/g/t.npy").sum() == 1
     assert _load(out, "masks/g/u.npy").sum() == 36  # {0,1} masks are not emptied by the threshold
@@ -136,21 +121,25 @@ def test_mask_threshold_and_01_masks(tmp_path):
 
 def test_image_modes_and_exif_orientation(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
-    rgb = _image(20, 30)
-    _save(raw / "Images" / "g" / "grey.png", rgb[..., 0])
-    _save(raw / "Images" / "g" / "rgba.png", np.dstack([rgb, np.full((20, 30), 128, np.uint8)]))
+    rgb = photo(20, 30)
+    save_image(raw / "Images" / "g" / "grey.png", rgb[..., 0])
+    save_image(
+        raw / "Images" / "g" / "rgba.png", np.dstack([rgb, np.full((20, 30), 128, np.uint8)])
+    )
     Image.fromarray(rgb).convert("P").save(raw / "Images" / "g" / "pal.png")
-    _save(raw / "Images" / "g" / "deep.png", (rgb[..., 0].astype(np.uint16) * 257))
+    save_image(raw / "Images" / "g" / "deep.png", (rgb[..., 0].astype(np.uint16) * 257))
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90° clockwise to display
     Image.fromarray(rgb).save(raw / "Images" / "g" / "rot.jpg", exif=exif.tobytes(), quality=95)
     for stem in ("grey", "rgba", "pal", "deep"):
-        _save(raw / "Masks" / "g" / f"{stem}.png", _mask(20, 30, box=5))
-    _save(raw / "Masks" / "g" / "rot.png", _mask(30, 20, box=5))  # drawn on the displayed photo
+        save_image(raw / "Masks" / "g" / f"{stem}.png", box_mask(20, 30, box=5))
+    save_image(
+        raw / "Masks" / "g" / "rot.png", box_mask(30, 20, box=5)
+    )  # drawn on the displayed photo
     red = np.zeros((20, 30, 3), np.uint8)
     red[5:10, 5:10, 0] = 255  # a coloured annotation: red nail on black
-    _save(raw / "Images" / "g" / "red.png", rgb)
-    _save(raw / "Masks" / "g" / "red.png", red)
+    save_image(raw / "Images" / "g" / "red.png", rgb)
+    save_image(raw / "Masks" / "g" / "red.png", red)
     summary = prepare(raw, out, num_workers=1)
     assert summary.written == 6, summary.excluded
     assert summary.rescaled == {16: 1}
@@ -166,21 +155,21 @@ def test_every_exclusion_names_file_and_fault(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pair(raw, "g", "good")
     _pair(raw, "g", "fine")
-    _save(raw / "Images" / "g" / "lonely.png", _image())
-    _save(raw / "Masks" / "g" / "orphan.png", _mask())
-    _save(raw / "Masks" / "g" / "corrupt.png", _mask())
+    save_image(raw / "Images" / "g" / "lonely.png", photo())
+    save_image(raw / "Masks" / "g" / "orphan.png", box_mask())
+    save_image(raw / "Masks" / "g" / "corrupt.png", box_mask())
     (raw / "Images" / "g" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really a png")
     buf = io.BytesIO()
-    Image.fromarray(_image()).save(buf, format="PNG")
-    _save(raw / "Masks" / "g" / "truncated.png", _mask())
+    Image.fromarray(photo()).save(buf, format="PNG")
+    save_image(raw / "Masks" / "g" / "truncated.png", box_mask())
     (raw / "Images" / "g" / "truncated.png").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
-    _save(raw / "Images" / "g" / "big.png", _image(40, 40))
-    _save(raw / "Masks" / "g" / "big.png", _mask())
-    _save(raw / "Images" / "g" / "blank.png", _image())
-    _save(raw / "Masks" / "g" / "blank.png", np.zeros((24, 32), np.uint8))
-    _save(raw / "Images" / "g" / "twice.png", _image())
-    _save(raw / "Images" / "g" / "twice.jpg", _image())
-    _save(raw / "Masks" / "g" / "twice.png", _mask())
+    save_image(raw / "Images" / "g" / "big.png", photo(40, 40))
+    save_image(raw / "Masks" / "g" / "big.png", box_mask())
+    save_image(raw / "Images" / "g" / "blank.png", photo())
+    save_image(raw / "Masks" / "g" / "blank.png", np.zeros((24, 32), np.uint8))
+    save_image(raw / "Images" / "g" / "twice.png", photo())
+    save_image(raw / "Images" / "g" / "twice.jpg", photo())
+    save_image(raw / "Masks" / "g" / "twice.png", box_mask())
     (raw / "Images" / "g" / "notes.txt").write_text("not an image")
     (raw / "Images" / "g" / ".DS_Store").write_bytes(b"ignored")
 
@@ -226,8 +215,8 @@ def test_nothing_usable_fails_naming_the_reason(tmp_path):
     (raw / "Masks").mkdir()
     with pytest.raises(PrepareError, match="no image files found"):
         prepare(raw, tmp_path / "out")
-    _save(raw / "Images" / "g" / "a.png", _image())
-    _save(raw / "Masks" / "g" / "a.png", np.zeros((24, 32), np.uint8))
+    save_image(raw / "Images" / "g" / "a.png", photo())
+    save_image(raw / "Masks" / "g" / "a.png", np.zeros((24, 32), np.uint8))
     with pytest.raises(PrepareError, match="1 empty mask"):
         prepare(raw, tmp_path / "out", num_workers=1)
 
@@ -248,7 +237,7 @@ def test_cli_exit_codes(tmp_path):
     raw = tmp_path / "raw"
     _pair(raw, "g", "a")
     _pair(raw, "g", "c")
-    _save(raw / "Images" / "g" / "b.png", _image())
+    save_image(raw / "Images" / "g" / "b.png", photo())
     out = tmp_path / "out"
     ok = _run_cli(
         f"input_dir={raw}", f"output_dir={out}", "num_workers=1", f"hydra.run.dir={tmp_path}/h1"
@@ -340,15 +329,15 @@ def test_rerun_is_idempotent_and_resyncs_changes(tmp_path):
 
     (raw / "Images" / "g0" / "s0.png").unlink()
     (raw / "Masks" / "g0" / "s0.png").unlink()
-    _save(raw / "Images" / "g1" / "s1.png", _image(seed=99))  # changed photo: reconverted
-    _save(raw / "Masks" / "g1" / "s3.png", _mask(box=8))  # changed mask: new fg_fraction
+    save_image(raw / "Images" / "g1" / "s1.png", photo(seed=99))  # changed photo: reconverted
+    save_image(raw / "Masks" / "g1" / "s3.png", box_mask(box=8))  # changed mask: new fg_fraction
     changed = prepare(raw, out, num_workers=1)
     assert (changed.written, changed.up_to_date, changed.kept_gone) == (2, 7, 1)
     rows = _all_rows(out).set_index("masks")
     assert rows.loc["masks/g1/s3.npy", "fg_fraction"] == pytest.approx(64 / (24 * 32), abs=1e-6)
     assert "masks/g0/s0.npy" not in rows.index  # gone from the CSVs ...
     assert (out / "images/g0/s0.npy").exists() and (out / "masks/g0/s0.npy").exists()  # not disk
-    assert np.array_equal(_load(out, "images/g1/s1.npy"), _image(seed=99))
+    assert np.array_equal(_load(out, "images/g1/s1.npy"), photo(seed=99))
 
     pruned = prepare(raw, out, num_workers=1, prune=True)
     assert (pruned.written, pruned.up_to_date, pruned.pruned, pruned.kept_gone) == (0, 9, 1, 0)
@@ -384,8 +373,10 @@ def test_split_depends_on_names_and_seed_only():
 def test_kill_and_rerun_gives_the_uninterrupted_outputs(tmp_path):
     raw = tmp_path / "raw"
     for i in range(240):
-        _save(raw / "Images" / f"g{i % 3}" / f"s{i:03d}.png", _image(120, 160, seed=i))
-        _save(raw / "Masks" / f"g{i % 3}" / f"s{i:03d}.png", _mask(120, 160, box=10 + i % 20))
+        save_image(raw / "Images" / f"g{i % 3}" / f"s{i:03d}.png", photo(120, 160, seed=i))
+        save_image(
+            raw / "Masks" / f"g{i % 3}" / f"s{i:03d}.png", box_mask(120, 160, box=10 + i % 20)
+        )
     reference = tmp_path / "reference"
     _run_cli(
         f"input_dir={raw}",

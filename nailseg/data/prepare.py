@@ -74,6 +74,7 @@ from nailseg.data.layout import (
     find_pairs,
 )
 from nailseg.data.splits import assign_splits, check_split_settings
+from nailseg.paths import overlap
 
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
@@ -195,17 +196,6 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
     return Outcome(record=record, nonbinary_values=nonbinary, image_bits=bits)
 
 
-def _within(inner: Path, outer: Path) -> bool:
-    """Whether resolved `inner` is `outer` or inside it: by name ignoring case (one folder on a
-    case-insensitive filesystem), or by identity (bind mounts, hard-linked names)."""
-    folded = [part.casefold() for part in outer.parts]
-    if [part.casefold() for part in inner.parts[: len(folded)]] == folded:
-        return True
-    return outer.exists() and any(
-        p.exists() and os.path.samefile(p, outer) for p in (inner, *inner.parents)
-    )
-
-
 def _check_request(
     input_dir: Path,
     out_root: Path,
@@ -226,8 +216,7 @@ def _check_request(
         )
     if not input_dir.is_dir():
         raise PrepareError(f"input_dir={input_dir} does not exist")
-    inside, outside = input_dir.resolve(), out_root.resolve()
-    if _within(inside, outside) or _within(outside, inside):
+    if overlap(input_dir, out_root):
         raise PrepareError(
             f"input_dir={input_dir} and output_dir={out_root} overlap (one is, or is inside, the "
             "other, comparing names without case): choose an output_dir outside the input"

@@ -20,6 +20,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from image_files import box_mask, photo, save_image
 from PIL import Image, PngImagePlugin
 
 from nailseg.data.prepare import PrepareError, prepare
@@ -33,26 +34,12 @@ PREPARE = (
 )
 
 
-def _image(h: int = 24, w: int = 32, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-
-
-def _mask(h: int = 24, w: int = 32, box: int = 6) -> np.ndarray:
-    mask = np.zeros((h, w), np.uint8)
-    mask[box : 2 * box, box : 2 * box] = 255
-    return mask
-
-
-def _save(path: Path, array: np.ndarray, **kwargs) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array).save(path, **kwargs)
-    return path
-
-
 def _pairs(raw: Path, n: int, groups: int = 2, size: tuple[int, int] = (24, 32)) -> None:
     for i in range(n):
-        _save(raw / "Images" / f"g{i % groups}" / f"s{i:03d}.png", _image(*size, seed=i))
-        _save(raw / "Masks" / f"g{i % groups}" / f"s{i:03d}.png", _mask(*size, box=4 + i % 5))
+        save_image(raw / "Images" / f"g{i % groups}" / f"s{i:03d}.png", photo(*size, seed=i))
+        save_image(
+            raw / "Masks" / f"g{i % groups}" / f"s{i:03d}.png", box_mask(*size, box=4 + i % 5)
+        )
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -139,8 +126,8 @@ def test_temp_files_of_a_killed_run_go_but_look_alikes_of_users_stay(prepared):
 def test_output_path_holding_a_users_file_is_not_overwritten(prepared):
     raw, out = prepared
     (out / "images/g0/s010.npy").write_bytes(b"the user's")
-    _save(raw / "Images" / "g0" / "s010.png", _image(seed=10))
-    _save(raw / "Masks" / "g0" / "s010.png", _mask())
+    save_image(raw / "Images" / "g0" / "s010.png", photo(seed=10))
+    save_image(raw / "Masks" / "g0" / "s010.png", box_mask())
     prepare(raw, out, num_workers=1)
     assert (out / "images/g0/s010.npy").read_bytes() == b"the user's"
     assert "did not write" in _reasons(out)["s010.npy"]
@@ -230,7 +217,7 @@ def test_rerun_with_no_usable_pair_changes_nothing(prepared, fault):
         if fault == "input-emptied":
             path.unlink()
         elif path.parent.parent.name == "Masks":
-            _save(path, np.zeros((24, 32), np.uint8))
+            save_image(path, np.zeros((24, 32), np.uint8))
     before = _snapshot(out)
     with pytest.raises(PrepareError, match=r"no image files found|no usable image/mask pair"):
         prepare(raw, out, num_workers=1)
@@ -314,7 +301,7 @@ def test_second_prepare_on_one_root_fails_at_once(tmp_path):
     _pairs(raw, 4, groups=1)
     stuck = raw / "Images" / "g0" / "zzz.png"
     os.mkfifo(stuck)  # reading it blocks: the first prepare holds the root until killed
-    _save(raw / "Masks" / "g0" / "zzz.png", _mask())
+    save_image(raw / "Masks" / "g0" / "zzz.png", box_mask())
     first = subprocess.Popen(
         [sys.executable, "-c", PREPARE, str(raw), str(out)], cwd=ROOT, start_new_session=True
     )
@@ -336,7 +323,7 @@ def test_second_prepare_on_one_root_fails_at_once(tmp_path):
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     stuck.unlink()
-    _save(stuck, _image())
+    save_image(stuck, photo())
     assert prepare(raw, out, num_workers=1).up_to_date == 4  # kill -9 left no stale lock
 
 
@@ -350,8 +337,8 @@ def test_names_that_look_missing_or_need_quoting_survive_reruns_and_the_datamodu
     groups, stems = ("NA", "null", "None", "nan"), ("NA", 'a,b "c"', "nan")
     for group in groups:
         for i, stem in enumerate(stems):
-            _save(raw / "Images" / group / f"{stem}.png", _image(seed=i))
-            _save(raw / "Masks" / group / f"{stem}.png", _mask())
+            save_image(raw / "Images" / group / f"{stem}.png", photo(seed=i))
+            save_image(raw / "Masks" / group / f"{stem}.png", box_mask())
     prepare(raw, out, num_workers=1)
     again = prepare(raw, out, num_workers=1)
     assert (again.written, again.up_to_date) == (0, 12)
@@ -369,7 +356,7 @@ def test_name_not_valid_utf8_is_excluded_with_its_reason(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 4)
     buf = io.BytesIO()
-    Image.fromarray(_image()).save(buf, format="PNG")
+    Image.fromarray(photo()).save(buf, format="PNG")
     for kind in ("Images", "Masks"):
         try:
             with open(os.fsencode(raw / kind / "g0") + b"/caf\xe9.png", "wb") as f:
@@ -386,8 +373,8 @@ def test_names_differing_only_in_case_are_both_excluded(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 4)
     for stem in ("Nail", "nail"):
-        _save(raw / "Images" / "g0" / f"{stem}.png", _image())
-        _save(raw / "Masks" / "g0" / f"{stem}.png", _mask())
+        save_image(raw / "Images" / "g0" / f"{stem}.png", photo())
+        save_image(raw / "Masks" / "g0" / f"{stem}.png", box_mask())
     summary = prepare(raw, out, num_workers=1)
     assert summary.written == 4
     clashes = [e for e in summary.excluded if "case" in e.kind]
@@ -426,9 +413,9 @@ def test_symlink_loop_is_reported_and_does_not_hang(tmp_path):
 def test_deep_masks_keep_their_label_values(tmp_path, dtype, high, ext):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 2)
-    deep = (_mask() > 0).astype(dtype) * high
-    _save(raw / "Images" / "g0" / "deep.png", _image())
-    _save(raw / "Masks" / "g0" / f"deep.{ext}", deep)
+    deep = (box_mask() > 0).astype(dtype) * high
+    save_image(raw / "Images" / "g0" / "deep.png", photo())
+    save_image(raw / "Masks" / "g0" / f"deep.{ext}", deep)
     summary = prepare(raw, out, num_workers=1)
     assert summary.written == 3, summary.excluded
     assert np.load(out / "masks/g0/deep.npy").sum() == 36
@@ -438,7 +425,7 @@ def _grey12(path: Path, values: np.ndarray, significant: int | None = None) -> N
     info = PngImagePlugin.PngInfo()
     if significant:
         info.add(b"sBIT", bytes([significant]))
-    _save(path, values.astype(np.uint16), pnginfo=info)
+    save_image(path, values.astype(np.uint16), pnginfo=info)
 
 
 @pytest.mark.parametrize("kind", ["grey-max", "grey-sbit", "colour-max"])
@@ -457,7 +444,7 @@ def test_deep_images_are_scaled_by_their_bit_depth(tmp_path, kind):
         grey[0, 0] = top - 1
         _grey12(path, grey, 12 if kind == "grey-sbit" else None)
         values = np.repeat(grey[..., None], 3, axis=2)
-    _save(raw / "Masks" / "g0" / "deep.png", _mask())
+    save_image(raw / "Masks" / "g0" / "deep.png", box_mask())
     summary = prepare(raw, out, num_workers=1)
     assert summary.written == 3 and summary.rescaled == {12: 1}
     expected = np.round(values.astype(np.float64) * 255 / 4095).astype(np.uint8)
@@ -478,8 +465,8 @@ def test_validation_split_is_allocated_over_all_groups(per_group):
 def test_single_subject_gives_an_empty_validation_split_and_fails(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     for i in range(4):
-        _save(raw / "Images" / "g" / f"hand1_{i}.png", _image(seed=i))
-        _save(raw / "Masks" / "g" / f"hand1_{i}.png", _mask())
+        save_image(raw / "Images" / "g" / f"hand1_{i}.png", photo(seed=i))
+        save_image(raw / "Masks" / "g" / f"hand1_{i}.png", box_mask())
     with pytest.raises(PrepareError, match=r"valid split .* is empty"):
         prepare(raw, out, num_workers=1, group_regex=r"^(hand\d+)_")
     assert not (out / "train.csv").exists()

@@ -1,0 +1,73 @@
+"""Checkpoints under faults: a broken last.ckpt is skipped (and said so), and a `kill -9` in the
+middle of a checkpoint save leaves the previous checkpoint whole, so the run resumes.
+docs/FAULTS.md lists the cases."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from ddp_helpers import TIMEOUT_S, run_train
+from train_helpers import small_overrides, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# train.py with `open` hooked: the second time a file named like last.ckpt is opened for writing
+# (the second epoch's save), the process kills itself with SIGKILL, mid-save
+KILL_IN_SECOND_SAVE = """
+import builtins, os, runpy, signal, sys
+real_open, saves = builtins.open, []
+def open_and_maybe_die(file, mode="r", *args, **kwargs):
+    handle = real_open(file, mode, *args, **kwargs)
+    if isinstance(file, (str, os.PathLike)) and "w" in mode and "last.ckpt" in os.fspath(file):
+        saves.append(file)
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return handle
+builtins.open = open_and_maybe_die
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_last_skips_a_broken_checkpoint_and_says_so(prepared, tmp_path, caplog):
+    runs = tmp_path / "runs"
+    train(prepared, runs / "a", "trainer.max_epochs=1", "logger=none", "test=false")
+    train(prepared, runs / "b", "trainer.max_epochs=1", "logger=none", "test=false")
+    broken = runs / "b" / "checkpoints" / "last.ckpt"
+    broken.write_bytes(broken.read_bytes()[:1000])  # the newest, truncated as by a crash
+    with caplog.at_level(logging.WARNING, logger="nailseg.training.resume"):
+        train(prepared, runs / "c", "trainer.max_epochs=2", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
+    assert any(str(broken) in r.getMessage() for r in caplog.records)
+    metrics = json.loads((runs / "a" / "metrics.json").read_text())  # continued run a
+    assert metrics["resumed_from"] == str(runs / "a" / "checkpoints" / "last.ckpt")
+    assert metrics["epochs"] == 2
+
+
+def test_kill_during_a_checkpoint_save_then_resume(prepared, tmp_path):
+    runs = tmp_path / "runs"
+    args = small_overrides(prepared, "trainer.max_epochs=3", "logger=none", "test=false")
+    env = {**os.environ, "TMPDIR": "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_IN_SECOND_SAVE, *args, f"hydra.run.dir={runs / 'first'}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    checkpoints = runs / "first" / "checkpoints"
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True)  # whole: epoch 0's
+    assert (last["epoch"], last["global_step"]) == (0, 3)
+    assert list(checkpoints.glob(".last.ckpt.*.tmp"))  # the save died in its own folder
+
+    run_train(*args, "ckpt_path=last", f"hydra.run.dir={runs / 'second'}")
+    metrics = json.loads((runs / "first" / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["global_step"] == 9
+    assert metrics["resumed_from"] == str(checkpoints / "last.ckpt")
