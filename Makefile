@@ -54,7 +54,7 @@ compare: install  ## train once per loader x aug (a W&B group), then a table and
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
 		hydra.sweep.dir=$(COMPARE_DIR) logger.wandb.group=$(notdir $(COMPARE_DIR)) $(ARGS)
-	$(PY) -m nailseg.compare $(COMPARE_DIR)
+	$(PY) -m nailseg.compare sweep_dir=$(COMPARE_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
-	$(PY) -m pytest -m gpu tests/test_gpu.py tests/test_dali_loader.py $(ARGS)
+	$(PY) -m pytest -m gpu tests/test_gpu.py tests/data/test_dali_loader.py $(ARGS)

@@ -5,11 +5,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import nailseg.config  # noqa: F401  (registers the schemas)
-from nailseg.data.prepare import PrepareError, run
+from nailseg.config import CONF_DIR
+from nailseg.prep.prepare import PrepareError, run
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="prepare")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="prepare")
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)

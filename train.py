@@ -3,11 +3,11 @@
 import hydra
 from omegaconf import DictConfig
 
-import nailseg.config  # noqa: F401  (registers the typed schemas)
+from nailseg.config import CONF_DIR
 from nailseg.training.run import run_job
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 

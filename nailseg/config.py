@@ -11,10 +11,14 @@ schema to this rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# every entry point's config folder: one resolution, whichever way a command is started
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @dataclass
@@ -260,6 +264,7 @@ SCHEMAS: dict[str | None, dict[str, type]] = {
     None: {"prepare_schema": PrepareConfig, "train_schema": TrainConfig},
     "dataset": {"dataset_schema": DatasetConfig},
     "aug": {"aug_schema": AugConfig},
+    "normalize": {"normalize_schema": NormalizeConfig},
     "loader": {"loader_schema": LoaderConfig, "torch_loader_schema": TorchLoaderConfig},
     "model": {"model_schema": ModelConfig},
     "optimizer": {"adamw_schema": AdamWConfig, "sgd_schema": SGDConfig},

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from train_helpers import TINY_UNET, compose_train, small_overrides, train
+from support.train import TINY_UNET, compose_train, small_overrides, train
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
-from nailseg.data.format import CSV_COLUMNS
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
+from nailseg.prep.format import CSV_COLUMNS
 from nailseg.training.run import run
 
 pytestmark = [
@@ -123,7 +123,7 @@ def test_fit_with_cuda_graphs(prepared, tmp_path):
 def test_bench_on_gpu(prepared, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from nailseg.bench import run
+    from nailseg.tools.bench import run
 
     with initialize_config_dir(
         config_dir=str(Path(__file__).parents[1] / "conf"), version_base="1.3"

@@ -24,7 +24,7 @@ import lightning as L
 import pandas as pd
 
 from nailseg.data.augment import AugSpec
-from nailseg.data.format import CSV_COLUMNS
+from nailseg.prep.format import CSV_COLUMNS
 
 
 def read_split(root: Path, split: str) -> pd.DataFrame:
@@ -35,7 +35,7 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
             f"{path} not found: prepare the data first (`python prepare.py output_dir={root}` "
             f"or `make prepare`)"
         )
-    from nailseg.data.format import read_table  # names like `NA` stay text
+    from nailseg.prep.format import read_table  # names like `NA` stay text
 
     return read_table(path, required=CSV_COLUMNS)
 

@@ -18,6 +18,12 @@ Why this exists:
 
 Under SLURM (`hydra/launcher=slurm`) no child is started: SLURM runs one task per device and
 Lightning reads the ranks from SLURM's variables; only the clean-up applies.
+
+The child command replaces a private function of Lightning (`_hydra_subprocess_cmd`) and reads
+Hydra's private argument parser, so both are contained here: the swap happens only for a strategy
+that starts its ranks as subprocesses (`ddp` and its variants), the names are looked up when
+needed and a missing one fails naming the versions this was written for, and
+tests/test_jobs.py pins the replaced function's signature.
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
-from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.pytorch.strategies.launchers import subprocess_script
+
+# what the child command replaces, and the versions it was written against
+PATCHED = "_hydra_subprocess_cmd"
+WRITTEN_FOR = "lightning 2.6 and hydra-core 1.3"
+# strategies that start their other ranks by running the entry point again
+_SPAWNING = ("spawn", "fork", "notebook")
 
 # what Lightning's DDP launch writes into os.environ: the rendezvous and the per-process threads
 _RENDEZVOUS_ENV = (
@@ -72,11 +83,11 @@ def hydra_child_command(local_rank: int) -> tuple[Sequence[str], str]:
     import __main__
 
     hydra_cfg = HydraConfig.get()
+    args = _hydra_args_parser().parse_args(sys.argv[1:])
     if __main__.__spec__ is None:
         command = [sys.executable, to_absolute_path(sys.argv[0])]
     else:
         command = [sys.executable, "-m", __main__.__spec__.name]
-    args = get_args_parser().parse_args(sys.argv[1:])
     for flag, value in (
         ("--config-path", args.config_path),
         ("--config-name", args.config_name),
@@ -95,6 +106,41 @@ def hydra_child_command(local_rank: int) -> tuple[Sequence[str], str]:
     return command, get_original_cwd()
 
 
+def _hydra_args_parser():
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError as err:
+        raise RuntimeError(
+            f"hydra no longer has hydra._internal.utils.get_args_parser; nailseg's DDP launch "
+            f"was written for {WRITTEN_FOR}: install the pinned versions"
+        ) from err
+    return get_args_parser()
+
+
+def launches_subprocesses(strategy: str | None) -> bool:
+    """Whether Lightning starts this strategy's other ranks by re-running the entry point."""
+    return (
+        bool(strategy)
+        and strategy.startswith("ddp")
+        and not any(kind in strategy for kind in _SPAWNING)
+    )
+
+
+@contextmanager
+def _child_command_swapped() -> Iterator[None]:
+    original = getattr(subprocess_script, PATCHED, None)
+    if original is None:
+        raise RuntimeError(
+            f"lightning no longer has {subprocess_script.__name__}.{PATCHED}; nailseg's DDP "
+            f"launch under Hydra was written for {WRITTEN_FOR}: install the pinned versions"
+        )
+    setattr(subprocess_script, PATCHED, hydra_child_command)
+    try:
+        yield
+    finally:
+        setattr(subprocess_script, PATCHED, original)
+
+
 def _finish_open_wandb_run() -> None:
     if "wandb" not in sys.modules:  # never imported: no run can be open
         return
@@ -105,20 +151,20 @@ def _finish_open_wandb_run() -> None:
 
 
 @contextmanager
-def isolated_job() -> Iterator[None]:
-    """Run one job: DDP children re-run this job only; on exit, the process group, the
-    rendezvous variables and torch's thread count are as before, and no W&B run is left open."""
-    original_command = subprocess_script._hydra_subprocess_cmd
+def isolated_job(strategy: str | None = None) -> Iterator[None]:
+    """Run one job: with a subprocess-launching DDP `strategy`, its children re-run this job
+    only; on exit, the process group, the rendezvous variables and torch's thread count are as
+    before, and no W&B run is left open."""
     env = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
     threads = torch.get_num_threads()
-    subprocess_script._hydra_subprocess_cmd = hydra_child_command
+    swap = _child_command_swapped() if launches_subprocesses(strategy) else nullcontext()
     try:
-        yield
+        with swap:
+            yield
     except BaseException:
         _finish_open_wandb_run()
         raise
     finally:
-        subprocess_script._hydra_subprocess_cmd = original_command
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         for key, value in env.items():

@@ -134,7 +134,8 @@ def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
     the sweep goes on (`python -m nailseg.compare` reports it); a single run raises as usual."""
     try:
-        with isolated_job():  # DDP ranks re-run this job only; nothing leaks into the next job
+        # DDP ranks re-run this job only; nothing leaks into the next job
+        with isolated_job(cfg.trainer.strategy):
             return run(cfg)
     except Exception as err:
         if not sweep_job():

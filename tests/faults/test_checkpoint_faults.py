@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
-from ddp_helpers import TIMEOUT_S, run_train
-from train_helpers import small_overrides, train
+from support.ddp import TIMEOUT_S, run_train
+from support.train import small_overrides, train
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_prepared
-from image_files import save_image
-from inference_helpers import compose_cli, make_run
 from rich.console import Console
+from support.image_files import save_image
+from support.inference import compose_cli, make_run
+from support.prepared import write_prepared
 
-import nailseg.photos
-import nailseg.predict
-from nailseg.predict import PredictError, run
+import nailseg.inference.photos
+import nailseg.inference.predict
+from nailseg.inference.predict import PredictError, run
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +87,14 @@ def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, mo
             data / "DATA" / "masks" / f"p{i}.png", np.full((20, 24), 255 * (i % 2), np.uint8)
         )
     events = []
-    read, write = nailseg.photos.TrueMask.read, nailseg.predict.save_png_atomic
+    read, write = nailseg.inference.photos.TrueMask.read, nailseg.inference.predict.save_png_atomic
     monkeypatch.setattr(
-        nailseg.photos.TrueMask,
+        nailseg.inference.photos.TrueMask,
         "read",
         classmethod(lambda cls, *a: events.append("read") or read(*a)),
     )
     monkeypatch.setattr(
-        nailseg.predict, "save_png_atomic", lambda *a: events.append("write") or write(*a)
+        nailseg.inference.predict, "save_png_atomic", lambda *a: events.append("write") or write(*a)
     )
     summary = _predict(ckpt, data / "photos", tmp_path / "out", data / "DATA" / "masks")
     assert summary.scores["overall"]["images"] == 6

@@ -20,17 +20,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from image_files import box_mask, photo, save_image
 from PIL import Image, PngImagePlugin
+from support.image_files import box_mask, photo, save_image
 
-from nailseg.data.prepare import PrepareError, prepare
-from nailseg.data.splits import assign_splits
-from nailseg.data.synthetic import generate
+from nailseg.prep.prepare import PrepareError, prepare
+from nailseg.prep.splits import assign_splits
+from nailseg.prep.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 # a prepare in its own process, on the code of this checkout
 PREPARE = (
-    "import sys; from nailseg.data.prepare import prepare; prepare(*sys.argv[1:], num_workers=1)"
+    "import sys; from nailseg.prep.prepare import prepare; prepare(*sys.argv[1:], num_workers=1)"
 )
 
 

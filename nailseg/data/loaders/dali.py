@@ -28,8 +28,7 @@ import pandas as pd
 import torch
 
 from nailseg.data.augment import AugOp, AugSpec
-from nailseg.data.loaders.base import Batch, npy_shape, resolve_device
-from nailseg.data.loaders.sampling import epoch_batches, num_batches
+from nailseg.data.loaders.base import Batch, PlannedLoader
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -289,14 +288,10 @@ def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
         return torch.from_dlpack(outputs.as_tensor())
 
 
-class DaliLoader:
-    """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard.
-
-    Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
-    "group": int64 B, "index": int64 B (row position in `records`, i.e. the CSV row)} on the
-    pipeline's device. A pass shuffles as the epoch given to `set_epoch`, else as one more than
-    the previous pass; starting a pass ends any unfinished one.
-    """
+class DaliLoader(PlannedLoader):
+    """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard
+    (the batch contract and passes as in base.py). On the GPU the pipeline runs DALI's GPU
+    operators and batches stay on the device."""
 
     def __init__(
         self,
@@ -317,34 +312,30 @@ class DaliLoader:
         drop_last: bool = True,
     ) -> None:
         self._pipe: Pipeline | None = None
-        self._pass = 0  # id of the current pass; a generator of an older one stops
         self._in_flight = False
-        self._epoch = 0
-        self.train, self.batch_size, self.seed = train, batch_size, seed
-        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.device = resolve_device(device)
-        self._n = len(records)
-        self._len = num_batches(
-            self._n, batch_size, train=train, rank=rank, world_size=world_size, drop_last=drop_last
+        super().__init__(
+            records,
+            root,
+            group_ids,
+            train=train,
+            batch_size=batch_size,
+            device=device,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
         )
-        unknown = sorted(set(records["group"]) - set(group_ids))
-        if unknown:
-            raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
-        root = Path(root)
-        images, masks = [], []
-        for image_rel, mask_rel in zip(records["images"], records["masks"], strict=True):
-            image_path, mask_path = root / image_rel, root / mask_rel
-            if npy_shape(image_path, 3) != npy_shape(mask_path, 1):
-                raise ValueError(f"{image_path} and {mask_path} differ in height or width")
-            images.append(np.frombuffer(str(image_path).encode(), dtype=np.uint8))
-            masks.append(np.frombuffer(str(mask_path).encode(), dtype=np.uint8))
-        groups = np.array([group_ids[g] for g in records["group"]], dtype=np.int64)
-        device_id = torch.cuda.current_device() if self.device == "gpu" else None
+        paths = [
+            [np.frombuffer(path.encode(), dtype=np.uint8) for path in column]
+            for column in (self.records.images, self.records.masks)
+        ]
+        device_id = self.device.index if self.device.type == "cuda" else None
+        if device_id is not None:
+            _release_unused_memory()  # checked now: a DALI without it fails here, not at close
         noise_ops = tuple(op for op in spec.ops if op.name == "gaussian_noise") if train else ()
         self._feeder = _Feeder(
-            images, masks, groups, noise_ops if device_id is None else (), image_size
+            *paths, self.records.groups, noise_ops if device_id is None else (), image_size
         )
-        self._torch_device = torch.device("cpu" if device_id is None else f"cuda:{device_id}")
         # Differently seeded per rank, so ranks do not draw identical augmentations.
         pipe_seed = int(np.random.SeedSequence((seed, rank)).generate_state(1)[0] >> 1)
         self._pipe = _build_pipeline(
@@ -360,46 +351,28 @@ class DaliLoader:
         )
         self._pipe.build()
 
-    def __len__(self) -> int:
-        return self._len
-
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle the next pass as epoch `epoch` (Lightning-style callers set it each epoch)."""
-        self._epoch = epoch
-
     def __iter__(self) -> Iterator[Batch]:
         """One full pass. It starts at the first `next()`: Lightning calls `iter()` once just to
         probe, and such an unused iterator must cost nothing and must not use up an epoch."""
         self._require_pipe()
         self._end_pass()
-        batches = epoch_batches(
-            self._n,
-            self.batch_size,
-            train=self.train,
-            seed=self.seed,
-            epoch=self._epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
+        pass_id, epoch = self._begin_pass()
+        self._feeder.start(
+            self.plan(epoch=epoch), np.random.default_rng((self.seed, self.rank, epoch))
         )
-        self._epoch += 1
-        self._pass += 1
-        pass_id = self._pass
-        self._feeder.start(batches, np.random.default_rng((self.seed, self.rank, self._epoch - 1)))
         self._in_flight = True
-        while pass_id == self._pass:  # a pass started later (or close) supersedes this one
+        while self._is_current(pass_id):  # a pass started later (or close) supersedes this one
             try:  # no local reference to the pipeline survives a yield, so close() frees it
                 image, mask, group, row = self._require_pipe().run()
             except StopIteration:
                 self._require_pipe().reset()
                 self._in_flight = False
                 return
-            dev = self._torch_device
             yield {
-                "image": _to_torch(image, dev),
-                "mask": _to_torch(mask, dev),
-                "group": _to_torch(group, dev),
-                "index": _to_torch(row, dev),
+                "image": _to_torch(image, self.device),
+                "mask": _to_torch(mask, self.device),
+                "group": _to_torch(group, self.device),
+                "index": _to_torch(row, self.device),
             }
 
     def _end_pass(self) -> None:
@@ -421,18 +394,27 @@ class DaliLoader:
             raise RuntimeError("this DaliLoader was closed")
         return self._pipe
 
-    def close(self) -> None:
-        """Release the pipeline (its threads and buffers) now rather than at garbage collection.
-
-        On the GPU, DALI's buffers go back to DALI's memory pool, which would keep them from torch
-        (and from the next job of a sweep run in this process): the pool's free blocks are
-        returned to the device too."""
-        self._pass += 1
+    def _free(self) -> None:
+        """Release the pipeline (its threads and buffers). On the GPU, DALI's buffers go back to
+        DALI's memory pool, which would keep them from torch (and from the next job of a sweep
+        run in this process): the pool's free blocks are returned to the device too."""
         self._in_flight = False
         pipe, self._pipe = self._pipe, None
-        if pipe is not None and self.device == "gpu":
+        if pipe is not None and self.device.type == "cuda":
             del pipe
-            _dali().backend.ReleaseUnusedMemory()
+            _release_unused_memory()()
 
     def __del__(self) -> None:
         self._pipe = None  # at garbage collection (maybe interpreter exit): no DALI calls
+
+
+def _release_unused_memory() -> Any:
+    """DALI's call that returns its pool's free GPU memory, looked up where it is used: it is
+    not part of DALI's documented Python API."""
+    release = getattr(_dali().backend, "ReleaseUnusedMemory", None)
+    if release is None:
+        raise RuntimeError(
+            "this NVIDIA DALI has no backend.ReleaseUnusedMemory; nailseg's GPU loader was "
+            "written for nvidia-dali-cuda120==2.4.0: install the pinned version"
+        )
+    return release

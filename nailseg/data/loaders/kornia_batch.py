@@ -1,0 +1,219 @@
+"""`loader=kornia`: workers only read and resize; the spec runs per batch on the device.
+
+The workers use the torch backend's dataset with an empty spec (read, resize, uint8 out: a quarter
+of the bytes to copy). On the device, in spec order:
+
+* flips: `kornia.augmentation` flips in an `AugmentationSequential` with `data_keys=["input",
+  "mask"]` (a flip commutes with the resize, so flipping after it is exact);
+* rotate and random_resized_crop: per-sample affine warps (`kornia.geometry.warp_affine`, image
+  bilinear, mask nearest) whose parameters follow the spec, not Kornia's `RandomRotation` /
+  `RandomResizedCrop`: the spec rotates and crops the canvas *before* the resize, so for a canvas
+  whose aspect ratio differs from the input size the rotation is conjugated with that resize, and
+  the crop's area and ratio are in canvas pixels (Kornia's crop also samples the ratio
+  log-uniformly, retries, and falls back to a centre crop). The canvas size of every sample is
+  tracked through the ops (a crop changes it);
+* normalise, then photometric ops on the image only: `kornia.augmentation.RandomGaussianBlur`
+  (sigma ~ U per sample, reflect border); noise, brightness and contrast are small tensor ops
+  because Kornia's mean something else (fixed noise std; additive brightness and contrast clamped
+  to [0, 1]).
+
+Rotation fills 0 in raw pixel values because the geometric ops run before normalising. Kornia's own
+ops draw from the global CPU generator, so each batch runs under a forked generator seeded from
+(seed, rank, epoch, step): reproducible, and the caller's random state is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import kornia.augmentation as K
+import numpy as np
+import torch
+from kornia.geometry.transform import warp_affine
+
+from nailseg.data.augment import AugOp, AugSpec
+from nailseg.data.loaders.base import Batch
+from nailseg.data.loaders.spec_math import blur_window, crop_windows, rotation_matrices
+from nailseg.data.loaders.torch_workers import OpenCVTransform
+from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
+
+Tensor = torch.Tensor
+# The work of one op on the rows that got it: (images, masks, canvas sizes (k, 2): height, width
+# before the final resize) -> the same. Photometric ops take and give the images only.
+Geometric = Callable[[Tensor, Tensor, np.ndarray], tuple[Tensor, Tensor, np.ndarray]]
+Photometric = Callable[[Tensor], Tensor]
+
+
+def _fired(op: AugOp, n: int) -> np.ndarray:
+    """The batch rows that get `op`: one coin per sample."""
+    return np.flatnonzero((torch.rand(n, dtype=torch.float64) < op.p).numpy())
+
+
+def _uniform(op: AugOp, key: str, k: int) -> np.ndarray:
+    lo, hi = op.ranges[key]
+    return lo + (hi - lo) * torch.rand(k, dtype=torch.float64).numpy()
+
+
+def _to(values: np.ndarray, device: torch.device) -> Tensor:
+    """Host values onto the device without waiting for the work queued there."""
+    tensor = torch.from_numpy(values)
+    if tensor.is_floating_point():
+        tensor = tensor.float()
+    return tensor.to(device, non_blocking=True)
+
+
+def _warp(image: Tensor, mask: Tensor, matrices: np.ndarray, padding: str) -> tuple[Tensor, Tensor]:
+    """Warp by source -> destination pixel maps: image bilinear, mask nearest."""
+    m, size = _to(matrices, image.device), (image.shape[-2], image.shape[-1])
+    return (
+        warp_affine(image, m, size, mode="bilinear", padding_mode=padding),
+        warp_affine(mask, m, size, mode="nearest", padding_mode=padding),
+    )
+
+
+def _crop_matrices(windows: np.ndarray, canvas: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """Maps from the resized canvas to its crop window resized to `out_hw` (half-pixel centres)."""
+
+    def axis(
+        start: np.ndarray, end: np.ndarray, side: np.ndarray, out: int
+    ) -> tuple[np.ndarray, ...]:
+        zoom = (end - start) / side  # source pixels per destination pixel
+        first = start * out / side + 0.5 * zoom - 0.5  # source position of destination pixel 0
+        return 1 / zoom, -first / zoom
+
+    sx, tx = axis(windows[:, 0], windows[:, 2], canvas[:, 1], out_hw[1])
+    sy, ty = axis(windows[:, 1], windows[:, 3], canvas[:, 0], out_hw[0])
+    zero = np.zeros_like(sx)
+    return np.stack([np.stack([sx, zero, tx], -1), np.stack([zero, sy, ty], -1)], 1)
+
+
+def _flip(op: AugOp) -> Geometric:
+    flip = K.RandomHorizontalFlip(p=1.0) if op.name == "hflip" else K.RandomVerticalFlip(p=1.0)
+    both = K.AugmentationSequential(flip, data_keys=["input", "mask"])
+
+    def transform(
+        image: Tensor, mask: Tensor, canvas: np.ndarray
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
+        image, mask = both(image, mask)
+        return image, mask, canvas
+
+    return transform
+
+
+def _rotate(op: AugOp) -> Geometric:
+    def transform(
+        image: Tensor, mask: Tensor, canvas: np.ndarray
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
+        degrees = _uniform(op, "degrees", len(canvas))
+        matrices = rotation_matrices(degrees, canvas, (image.shape[-2], image.shape[-1]))
+        return (*_warp(image, mask, matrices, padding="zeros"), canvas)
+
+    return transform
+
+
+def _random_resized_crop(op: AugOp) -> Geometric:
+    def transform(
+        image: Tensor, mask: Tensor, canvas: np.ndarray
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
+        k = len(canvas)
+        places = torch.rand(2, k, dtype=torch.float64).numpy()
+        windows = crop_windows(canvas, _uniform(op, "scale", k), _uniform(op, "ratio", k), *places)
+        matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
+        # "border": samples just past the window's edge clamp, as a resize of the crop does
+        image, mask = _warp(image, mask, matrices, padding="border")
+        return image, mask, (windows[:, [3, 2]] - windows[:, [1, 0]]).astype(np.float64)
+
+    return transform
+
+
+def _gaussian_blur(op: AugOp) -> Photometric:
+    """Kornia's blur; its one window (DALI's for the largest sigma) cuts smaller sigmas later."""
+    lo, hi = op.ranges["sigma"]
+    return K.RandomGaussianBlur(blur_window(hi), (lo, hi), border_type="reflect", p=1.0)
+
+
+def _per_sample(op: AugOp, key: str, apply: Callable[[Tensor, Tensor], Tensor]) -> Photometric:
+    """`apply(images, values)` with one draw of `key` per image, shaped k x 1 x 1 x 1."""
+
+    def transform(image: Tensor) -> Tensor:
+        values = _to(_uniform(op, key, len(image)), image.device)
+        return apply(image, values.view(-1, 1, 1, 1))
+
+    return transform
+
+
+def _contrast(x: Tensor, factor: Tensor) -> Tensor:
+    dims = (1, 2, 3)
+    mean = x.mean(dims, keepdim=True)
+    lo, hi = x.amin(dims, keepdim=True), x.amax(dims, keepdim=True)
+    return torch.clamp(mean + (x - mean) * factor, lo, hi)
+
+
+_GEOMETRIC: dict[str, Callable[[AugOp], Geometric]] = {
+    "hflip": _flip,
+    "vflip": _flip,
+    "rotate": _rotate,
+    "random_resized_crop": _random_resized_crop,
+}
+
+
+class KorniaAugment:
+    """The spec on a batch of resized uint8 images on their device (see the module docstring).
+
+    Every op tosses one coin per sample here, and only the rows that got it are computed (Kornia's
+    own ops then run with p=1 on those rows), as DALI's conditionals do.
+    """
+
+    def __init__(self, spec: AugSpec, canvas_sizes: np.ndarray, device: torch.device) -> None:
+        self._canvas = canvas_sizes.astype(np.float64)  # per CSV row: height, width
+        self._noise = torch.Generator(device)
+        photometric: dict[str, Callable[[AugOp], Photometric]] = {
+            "gaussian_noise": partial(_per_sample, key="sigma", apply=self._add_noise),
+            "gaussian_blur": _gaussian_blur,
+            "brightness": partial(_per_sample, key="factor", apply=torch.mul),
+            "contrast": partial(_per_sample, key="factor", apply=_contrast),
+        }
+        self._geometric = [(op, _GEOMETRIC[op.name](op)) for op in spec.geometric_ops]
+        self._photometric = [(op, photometric[op.name](op)) for op in spec.photometric_ops]
+        std = 255 * torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+        self._scale = 1 / std  # normalising as x * scale + shift: one pass over the batch
+        self._shift = -255 * torch.tensor(spec.mean, device=device).view(1, 3, 1, 1) / std
+
+    def _add_noise(self, x: Tensor, sigma: Tensor) -> Tensor:
+        noise = torch.randn(x.shape, generator=self._noise, device=x.device, dtype=x.dtype)
+        return x + sigma * noise
+
+    def __call__(self, batch: Batch, rows: np.ndarray, seed: int) -> Batch:
+        """Augment in place: the batch's tensors were made for this call (uint8 -> float)."""
+        image, mask, canvas = batch["image"].float(), batch["mask"], self._canvas[rows]
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            self._noise.manual_seed(seed)
+            for op, geometric in self._geometric:
+                fired = _fired(op, len(image))
+                if fired.size:
+                    index = _to(fired, image.device)
+                    part_image, part_mask, canvas[fired] = geometric(
+                        image[index], mask[index], canvas[fired]
+                    )
+                    image.index_copy_(0, index, part_image)
+                    mask.index_copy_(0, index, part_mask)
+            image = torch.addcmul(self._shift, image, self._scale)
+            for op, photometric in self._photometric:
+                fired = _fired(op, len(image))
+                if fired.size:
+                    index = _to(fired, image.device)
+                    image.index_copy_(0, index, photometric(image[index]))
+        return {**batch, "image": image, "mask": mask}
+
+
+class KorniaLoader(WorkerLoader):
+    """`loader=kornia`: DataLoader workers read and resize; Kornia augments on the device."""
+
+    def _transforms(
+        self, spec: AugSpec, image_size: tuple[int, int]
+    ) -> tuple[OpenCVTransform, BatchTransform | None]:
+        plain = AugSpec(ops=(), mean=spec.mean, std=spec.std)
+        read = OpenCVTransform(plain, image_size, normalise=False)
+        return read, KorniaAugment(spec, self.records.sizes, self.device)

@@ -1,0 +1,156 @@
+"""`loader=torch`: a torch DataLoader whose worker processes apply the AugSpec with numpy and OpenCV.
+
+Each op reproduces DALI's (dali.py), checked pixel for pixel: the rotation is `cv2.warpAffine`
+about the canvas centre with a zero border (image bilinear, mask nearest), crops round like DALI's
+slice, the blur has DALI's window and reflect-101 border. The image is resized with torch's
+antialiased bilinear filter on uint8, which is what DALI's linear resize computes (OpenCV's
+INTER_LINEAR aliases when shrinking, INTER_AREA is a box filter); masks are resized with DALI's
+half-pixel nearest rule. Photometric ops act on the normalised 3xHxW float32 image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nailseg.data.augment import AugOp, AugSpec
+from nailseg.data.loaders.spec_math import blur_window, crop_windows, rotation_matrices
+from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
+
+Rng = np.random.Generator
+
+
+def _flip(op: AugOp, image: np.ndarray, mask: np.ndarray, _: Rng) -> tuple[np.ndarray, ...]:
+    code = 1 if op.name == "hflip" else 0  # OpenCV: 1 mirrors columns, 0 mirrors rows
+    return cv2.flip(image, code), cv2.flip(mask, code)
+
+
+def _rotate(op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng) -> tuple[np.ndarray, ...]:
+    h, w = mask.shape
+    degrees = np.array([rng.uniform(*op.ranges["degrees"])])
+    matrix = rotation_matrices(degrees, np.array([[h, w]], dtype=np.float64), (h, w))[0]
+    border = {"borderMode": cv2.BORDER_CONSTANT, "borderValue": 0}
+    return (
+        cv2.warpAffine(image, matrix, (w, h), flags=cv2.INTER_LINEAR, **border),
+        cv2.warpAffine(mask, matrix, (w, h), flags=cv2.INTER_NEAREST, **border),
+    )
+
+
+def _random_resized_crop(
+    op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng
+) -> tuple[np.ndarray, ...]:
+    draws = (
+        rng.uniform(*op.ranges["scale"]),
+        rng.uniform(*op.ranges["ratio"]),
+        rng.random(),
+        rng.random(),
+    )
+    canvas = np.array([mask.shape], dtype=np.float64)
+    x0, y0, x1, y1 = crop_windows(canvas, *(np.array([d]) for d in draws))[0]
+    return image[y0:y1, x0:x1], mask[y0:y1, x0:x1]
+
+
+def _gaussian_noise(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
+    sigma = rng.uniform(*op.ranges["sigma"])
+    return x + sigma * rng.standard_normal(x.shape, dtype=np.float32)
+
+
+def _gaussian_blur(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
+    sigma = rng.uniform(*op.ranges["sigma"])
+    k = blur_window(sigma)
+    return np.stack(
+        [cv2.GaussianBlur(c, (k, k), sigma, borderType=cv2.BORDER_REFLECT_101) for c in x]
+    )
+
+
+def _brightness(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
+    return x * rng.uniform(*op.ranges["factor"])
+
+
+def _contrast(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
+    mean = x.mean()
+    return np.clip(mean + (x - mean) * rng.uniform(*op.ranges["factor"]), x.min(), x.max())
+
+
+_GEOMETRIC: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
+    "hflip": _flip,
+    "vflip": _flip,
+    "rotate": _rotate,
+    "random_resized_crop": _random_resized_crop,
+}
+_PHOTOMETRIC: dict[str, Callable[[AugOp, np.ndarray, Rng], np.ndarray]] = {
+    "gaussian_noise": _gaussian_noise,
+    "gaussian_blur": _gaussian_blur,
+    "brightness": _brightness,
+    "contrast": _contrast,
+}
+
+
+def resize_image(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 HxWx3 -> uint8 3 x size: bilinear, antialiased when shrinking (DALI's filter)."""
+    chw = torch.from_numpy(image).permute(2, 0, 1)[None]
+    out = F.interpolate(chw, size=size, mode="bilinear", align_corners=False, antialias=True)
+    return out[0].numpy()
+
+
+def resize_mask(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """HxW -> size, nearest: output pixel i takes input floor((i + 0.5) * in / out), as DALI."""
+
+    def source(n_in: int, n_out: int) -> np.ndarray:
+        return (2 * np.arange(n_out) + 1) * n_in // (2 * n_out)
+
+    return mask[np.ix_(source(mask.shape[0], size[0]), source(mask.shape[1], size[1]))]
+
+
+class OpenCVTransform:
+    """One sample through the spec: geometric ops, resize, normalise, photometric ops.
+
+    With `normalise=False` it stops after the resize and returns the uint8 image, for a backend
+    that normalises (and augments) on the device.
+    """
+
+    def __init__(
+        self, spec: AugSpec, image_size: tuple[int, int], *, normalise: bool = True
+    ) -> None:
+        if not normalise and spec.photometric_ops:
+            raise ValueError("photometric ops act on the normalised image: normalise=True needed")
+        # Before this process uses OpenCV: a thread pool started here and inherited by forked
+        # DataLoader workers can hang them.
+        cv2.setNumThreads(0)
+        self.spec, self.image_size, self.normalise = spec, image_size, normalise
+        self._mean = 255 * np.array(spec.mean, dtype=np.float32)[:, None, None]
+        self._std = 255 * np.array(spec.std, dtype=np.float32)[:, None, None]
+
+    @staticmethod
+    def worker_init(_worker_id: int) -> None:
+        """One OpenCV thread per worker: the workers are the parallelism."""
+        cv2.setNumThreads(1)
+
+    def __call__(
+        self, image: np.ndarray, mask: np.ndarray, rng: Rng
+    ) -> tuple[np.ndarray, np.ndarray]:
+        for op in self.spec.geometric_ops:
+            if rng.random() < op.p:
+                image, mask = _GEOMETRIC[op.name](op, image, mask, rng)
+        image = resize_image(image, self.image_size)
+        mask = resize_mask(mask, self.image_size)[None]
+        if not self.normalise:
+            return image, mask
+        x = (image - self._mean) / self._std
+        for op in self.spec.photometric_ops:
+            if rng.random() < op.p:
+                x = _PHOTOMETRIC[op.name](op, x, rng)
+        return x, mask
+
+
+class TorchLoader(WorkerLoader):
+    """`loader=torch`: the whole spec runs in the DataLoader workers; batches are only moved."""
+
+    def _transforms(
+        self, spec: AugSpec, image_size: tuple[int, int]
+    ) -> tuple[OpenCVTransform, BatchTransform | None]:
+        return OpenCVTransform(spec, image_size), None

@@ -1,0 +1,171 @@
+"""A checkpoint as an ONNX model. `python -m nailseg.export ckpt=RUN/checkpoints/last.ckpt
+[format=onnx] [output=model.onnx]`
+
+The model takes `image`, float32 B×3×H×W normalised as in training (H×W: the run's input size,
+`(x/255 - mean) / std`), and returns `logits` B×1×H×W; the batch axis is dynamic. Size, mean, std,
+threshold and the model config are stored in the file's metadata (`nailseg.*` keys) so a consumer
+can prepare inputs without the training config.
+
+Exported with PyTorch's TorchScript-based exporter (`dynamo=False`): it needs only `onnx`, where the
+torch.export-based one also needs `onnxscript`. That exporter is deprecated, so its deprecation
+warnings are silenced here; what guards the result is the parity check run before the file is
+published: ONNX Runtime (CPU) and PyTorch must agree on the logits of random batches of 1 and 3
+(the dynamic axis) within `TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+import onnx
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+from rich.console import Console
+from torch import nn
+
+from nailseg.atomic import temp_path
+from nailseg.config import CONF_DIR
+from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
+from nailseg.model.checkpoint import CheckpointError, load_net
+
+FORMATS = ("onnx",)
+INPUT_NAME, OUTPUT_NAME = "image", "logits"
+TOLERANCE = 1e-3  # max |onnx - torch| on logits
+VERIFY_BATCH_SIZES = (1, 3)
+
+
+@dataclass
+class ExportConfig(InferenceConfig):
+    """Types only: the values are in conf/export.yaml."""
+
+    format: str = MISSING
+    output: str | None = None  # None: next to the checkpoint, <checkpoint name>.onnx
+    opset: int = MISSING
+    verify: bool = MISSING  # check ONNX Runtime against PyTorch before writing
+
+
+ConfigStore.instance().store(name="export_schema", node=ExportConfig)
+
+
+class ExportError(RuntimeError):
+    """An unknown format, or an export whose outputs disagree with PyTorch's."""
+
+
+def export_onnx(
+    net: nn.Module, spec: InferenceSpec, path: Path, *, opset: int = 17, verify: bool = True
+) -> float | None:
+    """Write `net` to `path` as ONNX (via a temporary file and a rename); returns the max abs
+    difference of the logits from PyTorch's when `verify`, and then writes only if it is within
+    `TOLERANCE`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)  # checked before it is renamed into place
+    example = torch.zeros(2, 3, *spec.image_size)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(
+                net.eval(),
+                (example,),
+                str(tmp),
+                dynamo=False,
+                opset_version=opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+        model = onnx.load(str(tmp))
+        onnx.helper.set_model_props(model, _metadata(spec))
+        onnx.checker.check_model(model)
+        onnx.save(model, str(tmp))
+        diff = max_abs_diff(tmp, net, spec.image_size) if verify else None
+        if diff is not None and diff > TOLERANCE:
+            raise ExportError(
+                f"ONNX Runtime and PyTorch disagree: max |logits difference| {diff:.3g} > "
+                f"{TOLERANCE}; {path} was not written"
+            )
+        os.replace(tmp, path)
+        return diff
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _metadata(spec: InferenceSpec) -> dict[str, str]:
+    return {
+        "nailseg.input": f"{INPUT_NAME}: float32 Bx3x{spec.image_size[0]}x{spec.image_size[1]}, "
+        "RGB (x/255 - mean) / std",
+        "nailseg.output": f"{OUTPUT_NAME}: float32 Bx1xHxW, foreground logits",
+        "nailseg.image_size": json.dumps(list(spec.image_size)),
+        "nailseg.mean": json.dumps(list(spec.mean)),
+        "nailseg.std": json.dumps(list(spec.std)),
+        "nailseg.inference.threshold": json.dumps(spec.threshold),
+        "nailseg.model": json.dumps(dict(spec.model)),
+        "nailseg.checkpoint": spec.ckpt.name,
+    }
+
+
+def max_abs_diff(
+    path: Path, net: nn.Module, image_size: tuple[int, int], batch_sizes=VERIFY_BATCH_SIZES
+) -> float:
+    """Max |ONNX Runtime - PyTorch| over the logits of random batches of each size."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(0)
+    diffs = []
+    for n in batch_sizes:
+        batch = torch.randn(n, 3, *image_size, generator=generator)
+        with torch.inference_mode():
+            expected = net(batch).numpy()
+        (got,) = session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})
+        if got.shape != expected.shape:
+            raise ExportError(
+                f"ONNX output {got.shape} for a batch of {n}, expected {expected.shape}"
+            )
+        diffs.append(float(np.abs(got - expected).max()))
+    return max(diffs)
+
+
+def run(cfg: DictConfig, console: Console | None = None) -> Path:
+    """Export `cfg.ckpt`; returns the written file."""
+    console = console or Console()
+    if cfg.format not in FORMATS:
+        raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
+    spec = resolve_spec(cfg)
+    net = load_net(spec.ckpt, spec.model)
+    path = Path(cfg.output) if cfg.output else spec.ckpt.with_suffix(".onnx")
+    diff = export_onnx(net, spec, path, opset=cfg.opset, verify=cfg.verify)
+    h, w = spec.image_size
+    checked = (
+        f"; ONNX Runtime matches PyTorch (max |logits diff| {diff:.2g} on batches "
+        f"{', '.join(map(str, VERIFY_BATCH_SIZES))})"
+        if diff is not None
+        else ""
+    )
+    console.print(
+        f"exported {spec.ckpt} → {path} (opset {cfg.opset}; {INPUT_NAME} float32 Bx3x{h}x{w} "
+        f"normalised → {OUTPUT_NAME} Bx1x{h}x{w}){checked}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return path
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (ExportError, CheckpointError) as err:
+        sys.exit(f"export failed: {err}")
+
+
+if __name__ == "__main__":
+    main()

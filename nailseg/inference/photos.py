@@ -1,0 +1,152 @@
+"""Finding photos to predict and the true masks to score them against.
+
+A photo is known by its key: its path relative to the folder it was found in, without the
+extension (`g1/x.JPG` → `g1/x`). Outputs are named by the key (`masks/g1/x.png`), and a true mask
+pairs with a photo when it has the same key, whatever either's extension or its case — the rule
+`prepare` pairs images and masks by. Two files with one key cannot both be written or matched, so
+both are left out with that reason rather than one silently overwriting the other.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from nailseg.prep.imageio import UnreadableImage, binarise, read_mask_values
+from nailseg.prep.layout import DUPLICATE_STEM, FLAT_GROUP, IMAGE_EXTENSIONS
+
+
+@dataclass(frozen=True)
+class Photo:
+    """A file to predict and its key (relative path without extension, POSIX)."""
+
+    path: Path
+    key: str
+
+    @property
+    def group(self) -> str:
+        """The first folder of the key (`FLAT_GROUP` for a file at the top): scores per group."""
+        parts = PurePosixPath(self.key).parts
+        return parts[0] if len(parts) > 1 else FLAT_GROUP
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file left out and why."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def _key(path: Path, folder: Path) -> str:
+    return PurePosixPath(path.relative_to(folder).as_posix()).with_suffix("").as_posix()
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Image files under `folder` (recursive, any case of a known extension), dotfiles ignored."""
+    return [
+        path
+        for path in sorted(folder.rglob("*"))
+        if path.suffix.lower() in IMAGE_EXTENSIONS
+        and path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    ]
+
+
+def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
+    found: dict[str, list[Path]] = defaultdict(list)
+    for key, path in entries:
+        found[key].append(path)
+    return found
+
+
+def list_inputs(
+    inputs: str | Path | Iterable[str | Path],
+) -> tuple[list[Photo], list[Skipped]]:
+    """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either.
+
+    Raises FileNotFoundError naming an input that does not exist.
+    """
+    if isinstance(inputs, str | Path):
+        inputs = [inputs]
+    entries = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            entries += [(_key(path, item), path) for path in image_files(item)]
+        elif item.is_file():
+            entries.append((item.stem, item))
+        else:
+            raise FileNotFoundError(f"input {item} does not exist")
+    photos, skipped = [], []
+    for key, paths in sorted(_by_key(entries).items()):
+        if len(paths) == 1:
+            photos.append(Photo(paths[0], key))
+        else:
+            names = ", ".join(map(str, paths))
+            skipped += [Skipped(p, f"{DUPLICATE_STEM}: {names}") for p in paths]
+    return photos, skipped
+
+
+class MaskIndex:
+    """True masks under a folder, looked up by photo key."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FileNotFoundError(f"masks={self.folder} is not a folder")
+        self._masks = _by_key((_key(p, self.folder), p) for p in image_files(self.folder))
+
+    def find(self, key: str) -> tuple[Path | None, str | None]:
+        """(mask, None) for the one mask with this key, else (None, why there is none)."""
+        paths = self._masks.get(key, [])
+        if len(paths) == 1:
+            return paths[0], None
+        if not paths:
+            return None, f"no mask {key}.* under {self.folder}"
+        return None, f"{DUPLICATE_STEM}: {', '.join(map(str, paths))}"
+
+
+@dataclass(frozen=True)
+class TrueMask:
+    """A true mask, binarised and bit-packed (one bit a pixel, so a folder of them fits in
+    memory: they are all read before predict writes anything)."""
+
+    path: Path
+    shape: tuple[int, int]
+    bits: np.ndarray
+
+    @classmethod
+    def read(cls, path: Path, threshold: int) -> TrueMask:
+        mask, _ = binarise(read_mask_values(path), threshold)
+        return cls(path, (mask.shape[0], mask.shape[1]), np.packbits(mask.astype(bool)))
+
+    def array(self) -> np.ndarray:
+        """HxW bool."""
+        count = self.shape[0] * self.shape[1]
+        return np.unpackbits(self.bits, count=count).reshape(self.shape).astype(bool)
+
+
+def read_true_masks(
+    photos: Iterable[Photo], index: MaskIndex, threshold: int, pool: Executor
+) -> dict[str, TrueMask | str]:
+    """Each photo's true mask, or why it has none (not found, two candidates, unreadable)."""
+
+    def one(photo: Photo) -> TrueMask | str:
+        path, why = index.find(photo.key)
+        if path is None:
+            return why or "no mask"
+        try:
+            return TrueMask.read(path, threshold)
+        except UnreadableImage as err:
+            return f"mask {err}"
+
+    photos = list(photos)
+    return dict(zip((p.key for p in photos), pool.map(one, photos), strict=True))

@@ -1,0 +1,414 @@
+"""Masks for photos of any size. `python -m nailseg.predict ckpt=RUN/checkpoints/last.ckpt
+input=PHOTOS output=OUT [masks=TRUE_MASKS] [tta=true] [threshold=auto]`
+
+Writes, for each photo with key `k` (its path relative to the input folder, without extension):
+`OUT/masks/k.png` (0/255, the photo's size) and `OUT/overlays/k.png` (prediction in red over the
+photo); with `masks=`, `OUT/scores.csv` (per image Dice/IoU); and `OUT/summary.json` (counts,
+timing, threshold, every skipped file, score totals, the config). Every file is written under a
+temporary name and renamed.
+
+The output folder may not overlap the photos or the true masks (in either direction, ignoring
+case, through links), and every true mask is read before the first write: a prediction can never
+replace a file it is scored against. Photos are read and written by a thread pool while the net
+runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
+bit-packed). An unreadable photo is reported and skipped; the run fails only when no photo could
+be read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+from torch import nn
+
+from nailseg.atomic import write_text
+from nailseg.config import CONF_DIR
+from nailseg.device import resolve_device
+from nailseg.inference.photos import (
+    MaskIndex,
+    Photo,
+    Skipped,
+    TrueMask,
+    list_inputs,
+    read_true_masks,
+)
+from nailseg.inference.scoring import ImageScore, score_image, score_table, totals
+from nailseg.inference.spec import (
+    InferenceConfig,
+    InferenceSpec,
+    full_size_probabilities,
+    resolve_spec,
+)
+from nailseg.inference.threshold import ThresholdError, auto_threshold
+from nailseg.model.checkpoint import CheckpointError, load_net
+from nailseg.paths import overlap
+from nailseg.prep.imageio import UnreadableImage, read_rgb
+from nailseg.viz import overlay, save_png_atomic
+
+
+@dataclass
+class PredictConfig(InferenceConfig):
+    """Types only: the values are in conf/predict.yaml."""
+
+    input: Any = MISSING  # a folder (searched recursively), a file, or a list of either
+    output: str = MISSING
+    masks: str | None = None  # true masks, matched by key: writes scores.csv
+    tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
+    threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
+    data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
+    batch_size: int = MISSING
+    device: str = MISSING  # auto | cpu | cuda | cuda:N
+    num_workers: int | None = None  # threads reading and writing files (None: one per core)
+    mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
+
+
+ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+class PredictError(RuntimeError):
+    """Nothing to predict, or nothing readable: the message says which."""
+
+
+@dataclass
+class PredictSummary:
+    images: int = 0  # photos predicted and written
+    seconds: float = 0.0  # reading, predicting and writing them
+    threshold: float = 0.5
+    threshold_source: str = "checkpoint"  # checkpoint | override | auto
+    skipped: list[Skipped] = field(default_factory=list)
+    unscored: list[Skipped] = field(default_factory=list)  # predicted, but with no usable mask
+    scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+def _read(photo: Photo) -> np.ndarray | UnreadableImage:
+    try:
+        return read_rgb(photo.path)
+    except UnreadableImage as err:
+        return err
+
+
+def _read_ahead(
+    photos: Sequence[Photo], pool: ThreadPoolExecutor, depth: int
+) -> Iterator[tuple[Photo, np.ndarray | UnreadableImage]]:
+    """Decoded photos in order, with at most `depth` reads in flight (not all at once, as
+    `pool.map` would: that holds every decoded photo of a large folder in memory)."""
+    queue: deque[tuple[Photo, Future]] = deque()
+    pending = iter(photos)
+    for photo in pending:
+        queue.append((photo, pool.submit(_read, photo)))
+        if len(queue) >= depth:
+            break
+    while queue:
+        photo, future = queue.popleft()
+        following = next(pending, None)
+        if following is not None:
+            queue.append((following, pool.submit(_read, following)))
+        yield photo, future.result()
+
+
+class _RateColumn(ProgressColumn):
+    """Photos per second so far."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:.1f} img/s" if speed else "… img/s", style="progress.data.speed")
+
+
+@dataclass(frozen=True)
+class PhotoWriter:
+    """Writes one photo's mask and overlay and scores the mask: run on the thread pool, off the
+    net's thread. `truths` holds every photo's true mask (read before anything was written) or
+    why it has none; None when not scoring."""
+
+    output: Path
+    truths: Mapping[str, TrueMask | str] | None
+
+    def __call__(
+        self, photo: Photo, image: np.ndarray, pred: np.ndarray
+    ) -> ImageScore | Skipped | None:
+        save_png_atomic(self.output / "masks" / f"{photo.key}.png", pred.astype(np.uint8) * 255)
+        save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
+        if self.truths is None:
+            return None
+        truth = self.truths[photo.key]
+        if isinstance(truth, str):
+            return Skipped(photo.path, truth)
+        if truth.shape != pred.shape:
+            return Skipped(
+                photo.path, f"mask {truth.path} is {truth.shape}, the photo is {pred.shape}"
+            )
+        return score_image(
+            pred,
+            truth.array(),
+            key=photo.key,
+            image=str(photo.path),
+            mask=str(truth.path),
+            group=photo.group,
+        )
+
+
+def _predict_all(
+    net: nn.Module,
+    spec: InferenceSpec,
+    photos: Sequence[Photo],
+    writer: PhotoWriter,
+    *,
+    threshold: float,
+    tta: bool,
+    device: torch.device,
+    batch_size: int,
+    num_workers: int,
+    console: Console,
+) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped]]:
+    """Predict and write every photo; returns (written, unreadable, scores, unscored). Files
+    left out are listed by `print_summary` once the progress bar is done."""
+    unreadable: list[Skipped] = []
+    results: list[ImageScore | Skipped | None] = []
+    depth = max(2 * batch_size, num_workers)
+    columns = (
+        TextColumn("predicting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        _RateColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with ThreadPoolExecutor(num_workers) as pool, Progress(*columns, console=console) as progress:
+        task = progress.add_task("predicting", total=len(photos))
+        writes: deque[Future] = deque()
+        batch: list[tuple[Photo, np.ndarray]] = []
+
+        def flush() -> None:
+            probs = full_size_probabilities(net, [im for _, im in batch], spec, device, tta)
+            for (photo, image), prob in zip(batch, probs, strict=True):
+                pred = (prob > threshold).cpu().numpy()
+                future = pool.submit(writer, photo, image, pred)
+                future.add_done_callback(lambda _: progress.advance(task))
+                writes.append(future)
+            batch.clear()
+            while len(writes) > depth:
+                results.append(writes.popleft().result())
+
+        for photo, image in _read_ahead(photos, pool, depth):
+            if isinstance(image, UnreadableImage):
+                unreadable.append(Skipped(photo.path, f"unreadable: {image.reason}"))
+                progress.advance(task)
+                continue
+            batch.append((photo, image))
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+        results += [f.result() for f in writes]
+    scores = [r for r in results if isinstance(r, ImageScore)]
+    unscored = [r for r in results if isinstance(r, Skipped)]
+    return len(results), unreadable, scores, unscored
+
+
+def _threshold(
+    cfg: DictConfig,
+    spec: InferenceSpec,
+    net: nn.Module,
+    device: torch.device,
+    console: Console,
+) -> tuple[float, str]:
+    """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
+    validation."""
+    if cfg.threshold is None:
+        return spec.threshold, "checkpoint"
+    if str(cfg.threshold) == "auto":
+        choice = auto_threshold(
+            net,
+            spec,
+            tta=cfg.tta,
+            device=device,
+            batch_size=cfg.batch_size,
+            data_root=Path(cfg.data_root) if cfg.data_root else None,
+            console=console,
+        )
+        console.print(
+            f"threshold=auto: {choice.threshold:.2f} (validation Dice {choice.dice:.4f} over "
+            f"{choice.samples} samples"
+            + (
+                f"; {choice.dice_at_run_threshold:.4f} at the run's {spec.threshold:g})"
+                if choice.dice_at_run_threshold is not None
+                else ")"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
+        return choice.threshold, "auto"
+    try:
+        value = float(cfg.threshold)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise PredictError(f"threshold={cfg.threshold}: use a number in [0, 1), auto or null")
+    return value, "override"
+
+
+def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
+    """The output folder shares no file or folder with the photos or the true masks: a mask
+    written over a true mask would be scored against itself (Dice 1.0), a photo overwritten
+    lost."""
+    named = [("input", path) for path in inputs] + ([("masks", masks)] if masks else [])
+    for name, path in named:
+        if overlap(output, path):
+            raise PredictError(
+                f"output={output} and {name}={path} overlap (one is, or is inside, the other): "
+                "nothing was written; choose an output folder apart from the photos and masks"
+            )
+
+
+def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
+    """Predict `cfg.input` into `cfg.output` (see the module docstring)."""
+    console = console or Console()
+    output = Path(cfg.output)
+    if cfg.batch_size < 1:
+        raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
+    inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
+    _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
+    num_workers = cfg.num_workers or os.cpu_count() or 1
+    try:
+        photos, skipped = list_inputs(inputs)
+        mask_index = MaskIndex(cfg.masks) if cfg.masks else None
+    except FileNotFoundError as err:
+        raise PredictError(str(err)) from err
+    if not photos and not skipped:
+        raise PredictError(f"no image files in input={cfg.input}")
+    truths = None
+    if mask_index is not None:
+        with ThreadPoolExecutor(num_workers) as pool:
+            truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
+    spec = resolve_spec(cfg)
+    device = resolve_device(cfg.device)
+    net = load_net(spec.ckpt, spec.model).to(device)
+    threshold, source = _threshold(cfg, spec, net, device, console)
+
+    start = time.perf_counter()
+    written, unreadable, scores, unscored = _predict_all(
+        net,
+        spec,
+        photos,
+        PhotoWriter(output, truths),
+        threshold=threshold,
+        tta=cfg.tta,
+        device=device,
+        batch_size=cfg.batch_size,
+        num_workers=num_workers,
+        console=console,
+    )
+    summary = PredictSummary(
+        images=written,
+        seconds=time.perf_counter() - start,
+        threshold=threshold,
+        threshold_source=source,
+        skipped=skipped + unreadable,
+        unscored=unscored,
+    )
+    if scores:
+        table = score_table(scores)
+        write_text(output / "scores.csv", table.to_csv(index=False, lineterminator="\n"))
+        summary.scores = totals(table)
+    else:  # a scores.csv left by an earlier run would describe other predictions
+        (output / "scores.csv").unlink(missing_ok=True)
+    report = _summary_json(summary, spec, tta=cfg.tta, device=device)
+    report["config"] = OmegaConf.to_container(cfg, resolve=True)
+    write_text(output / "summary.json", json.dumps(report, indent=2))
+    print_summary(summary, output, console)
+    if not written:
+        raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
+    return summary
+
+
+def _summary_json(
+    summary: PredictSummary, spec: InferenceSpec, *, tta: bool, device: torch.device
+) -> dict[str, Any]:
+    return {
+        "images": summary.images,
+        "seconds": round(summary.seconds, 3),
+        "images_per_s": round(summary.images_per_s, 3),
+        "checkpoint": str(spec.ckpt),
+        "image_size": list(spec.image_size),
+        "tta": tta,
+        "threshold": summary.threshold,
+        "threshold_source": summary.threshold_source,
+        "device": str(device),
+        "skipped": [{"path": str(s.path), "reason": s.reason} for s in summary.skipped],
+        "unscored": [{"path": str(s.path), "reason": s.reason} for s in summary.unscored],
+        "scores": summary.scores,
+    }
+
+
+def print_summary(summary: PredictSummary, output: Path, console: Console) -> None:
+    """Skipped files, the score table (with masks) and the one-line summary."""
+    for skipped in summary.skipped:
+        console.print(f"  skipped {skipped}", markup=False, highlight=False, soft_wrap=True)
+    for unscored in summary.unscored:
+        console.print(f"  not scored {unscored}", markup=False, highlight=False, soft_wrap=True)
+    if summary.scores:
+        table = Table(title=f"scores (threshold {summary.threshold:g})")
+        for name in ("group", "images", "dice", "iou", "mean image dice", "mean image iou"):
+            table.add_column(name, justify="left" if name == "group" else "right")
+        groups = summary.scores["groups"]
+        rows = [
+            *(groups.items() if len(groups) > 1 else ()),
+            ("all images", summary.scores["overall"]),
+        ]
+        for name, s in rows:
+            table.add_row(
+                name,
+                str(s["images"]),
+                *(f"{s[k]:.4f}" for k in ("dice", "iou", "mean_image_dice", "mean_image_iou")),
+            )
+        console.print(table)
+    console.print(
+        f"predicted {summary.images} images in {summary.seconds:.2f} s "
+        f"({summary.images_per_s:.1f} images/s), {len(summary.skipped)} skipped, "
+        f"threshold {summary.threshold:g} ({summary.threshold_source}) → {output}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (PredictError, CheckpointError, ThresholdError) as err:
+        sys.exit(f"predict failed: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Running a trained net on photos: what predict, the threshold sweep and export share.
+
+The input size, normalisation and threshold come from the checkpoint's card (see
+model/checkpoint.py), so a model is run exactly as it was validated, even when the checkpoint was
+copied away from its run; each can be overridden. Photos are brought to the input size the way the
+evaluation loader does it (bilinear with antialiasing, like DALI's linear resize, then
+`(x/255 - mean) / std`), and probabilities are brought back to each photo's own size bilinearly
+before they are thresholded, so masks have smooth edges at full resolution rather than the blocks
+of an upsampled low-resolution mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import MISSING, DictConfig
+from torch import nn
+
+from nailseg.config import ModelConfig
+from nailseg.model.checkpoint import (
+    CheckpointError,
+    card_of,
+    legacy_card,
+    plain_model,
+    read_checkpoint,
+    run_dir_of,
+)
+
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass
+class InferenceConfig:
+    """Keys that predict and export share: the checkpoint and overrides of what its card says
+    (None: take the checkpoint's value)."""
+
+    ckpt: str = MISSING
+    model: ModelConfig | None = None  # model=unet model.encoder_name=...: a `model=` group
+    image_size: list[int] | None = None  # [height, width] the net runs at
+    mean: list[float] | None = None  # normalisation, per RGB channel
+    std: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """How to run one checkpoint: the net to build and how its inputs were made."""
+
+    ckpt: Path
+    model: Mapping[str, Any]  # plain: arch, encoder_name, options
+    image_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    threshold: float  # the run's module.threshold
+    data_root: Path | None  # the run's prepared data, for choosing a threshold on validation
+
+
+def resolve_spec(cfg: DictConfig) -> InferenceSpec:
+    """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
+    plain config values) with `cfg`'s non-null overrides applied."""
+    ckpt = Path(cfg.ckpt)
+    card = card_of(read_checkpoint(ckpt))
+    if card is None:
+        run_dir = run_dir_of(ckpt)
+        card = legacy_card(run_dir) if run_dir is not None else {}
+    if cfg.model is not None:
+        model = plain_model(cfg.model, "model")
+    elif card.get("model") is not None:
+        model = plain_model(card["model"], f"the model recorded in {ckpt}")
+    else:
+        model = None
+    image_size = cfg.image_size if cfg.image_size is not None else card.get("image_size")
+    mean = cfg.mean if cfg.mean is not None else card.get("mean")
+    std = cfg.std if cfg.std is not None else card.get("std")
+    if model is None or image_size is None or mean is None or std is None:
+        raise CheckpointError(
+            f"{ckpt} carries no description of its model and inputs (a checkpoint written "
+            "before nailseg recorded them, away from its run folder): pass model=<unet|"
+            "segformer|...>, image_size=[h,w], mean=[...] and std=[...] it was trained with"
+        )
+    if len(image_size) != 2:
+        raise CheckpointError(f"image_size must be [height, width], got {list(image_size)}")
+    data_root = card.get("data_root")
+    return InferenceSpec(
+        ckpt=ckpt,
+        model=model,
+        image_size=(int(image_size[0]), int(image_size[1])),
+        mean=_triple(mean, "mean"),
+        std=_triple(std, "std"),
+        threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
+        data_root=Path(data_root) if data_root else None,
+    )
+
+
+def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
+    if len(values) != 3:
+        raise CheckpointError(f"{name} needs one value per RGB channel, got {list(values)}")
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
+def to_batch(
+    images: Sequence[np.ndarray], spec: InferenceSpec, device: torch.device
+) -> torch.Tensor:
+    """RGB uint8 HxWx3 photos of any sizes → one normalised float B×3×h×w batch at the input size."""
+    resized = [
+        F.interpolate(
+            torch.tensor(image, device=device).permute(2, 0, 1)[None].float(),
+            size=spec.image_size,
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+        for image in images
+    ]
+    mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+    return (torch.cat(resized) / 255.0 - mean) / std
+
+
+def probabilities(net: nn.Module, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """Foreground probabilities B×1×h×w; with `tta`, the mean over the identity, a horizontal and a
+    vertical flip (each flipped back), run as one batch of 3B."""
+    if not tta:
+        return torch.sigmoid(net(batch))
+    n = len(batch)
+    probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])))
+    return (probs[:n] + probs[n : 2 * n].flip(3) + probs[2 * n :].flip(2)) / 3.0
+
+
+@torch.inference_mode()
+def full_size_probabilities(
+    net: nn.Module,
+    images: Sequence[np.ndarray],
+    spec: InferenceSpec,
+    device: torch.device,
+    tta: bool = False,
+) -> list[torch.Tensor]:
+    """One H×W probability map per photo, at the photo's own size (on `device`)."""
+    probs = probabilities(net, to_batch(images, spec, device), tta)
+    return [
+        F.interpolate(p[None], size=image.shape[:2], mode="bilinear", align_corners=False)[0, 0]
+        for p, image in zip(probs, images, strict=True)
+    ]

@@ -1,0 +1,141 @@
+"""`threshold=auto`: the Dice-best threshold on the run's validation split, computed once.
+
+The sweep scores what predict writes: probabilities brought back to each photo's full size, then
+thresholded (`p > t`, as training's metrics do), with Dice from pixel counts summed over the
+whole split. All 99 thresholds 0.01 … 0.99 are scored in one pass: each pixel's probability is
+binned between thresholds, and per-bin foreground/background counts give TP/FP/FN for every
+threshold by a cumulative sum. Ties (a plateau of equal Dice) go to the threshold nearest the
+run's own, so a well-separated model keeps its usual threshold.
+
+The choice is stored in `threshold.json` beside the checkpoint, one entry per checkpoint (by
+name, size and modification time, so a rewritten `last.ckpt` is swept again) and per inference
+setting (TTA, input size, normalisation, data root) that changes it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from torch import nn
+
+from nailseg.atomic import write_text
+from nailseg.inference.scoring import dice_iou
+from nailseg.inference.spec import InferenceSpec, full_size_probabilities
+
+THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
+CACHE_FILE = "threshold.json"
+SPLIT = "valid"
+
+
+class ThresholdError(ValueError):
+    """No threshold can be chosen as asked: the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    threshold: float
+    dice: float  # on the validation split at `threshold`
+    iou: float
+    dice_at_run_threshold: float | None  # the run's own threshold (None: not on the grid)
+    samples: int
+
+
+def auto_threshold(
+    net: nn.Module,
+    spec: InferenceSpec,
+    *,
+    tta: bool,
+    device: torch.device,
+    batch_size: int,
+    data_root: Path | None = None,
+    console: Console | None = None,
+) -> ThresholdChoice:
+    """The cached choice for this checkpoint and setting, else a fresh sweep (then cached)."""
+    root = data_root or spec.data_root
+    if root is None:
+        raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
+    key = _cache_key(spec, root, tta)
+    cache = spec.ckpt.parent / CACHE_FILE
+    entries = json.loads(cache.read_text())["entries"] if cache.is_file() else []
+    for entry in entries:
+        if entry["key"] == key:
+            return ThresholdChoice(**entry["choice"])
+    choice = sweep(net, spec, root, tta=tta, device=device, batch_size=batch_size, console=console)
+    entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
+    write_text(cache, json.dumps({"entries": entries}, indent=2))
+    return choice
+
+
+def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
+    stat = spec.ckpt.stat()
+    return {
+        "checkpoint": spec.ckpt.name,
+        "checkpoint_bytes": stat.st_size,
+        "checkpoint_mtime_ns": stat.st_mtime_ns,
+        "tta": tta,
+        "image_size": list(spec.image_size),
+        "mean": list(spec.mean),
+        "std": list(spec.std),
+        "data_root": str(Path(root).resolve()),
+        "split": SPLIT,
+    }
+
+
+def sweep(
+    net: nn.Module,
+    spec: InferenceSpec,
+    root: Path,
+    *,
+    tta: bool,
+    device: torch.device,
+    batch_size: int,
+    console: Console | None = None,
+) -> ThresholdChoice:
+    """Score every threshold in `THRESHOLDS` on the validation split of the prepared `root`."""
+    from nailseg.data.datamodule import read_split  # imports Lightning: only this path needs it
+
+    try:
+        rows = read_split(Path(root), SPLIT)
+    except FileNotFoundError as err:
+        raise ThresholdError(f"threshold=auto: {err}; or pass data_root=PREPARED") from err
+    if rows.empty:
+        raise ThresholdError(f"{root}/{SPLIT}.csv has no rows to choose a threshold on")
+    bounds = torch.tensor(THRESHOLDS, dtype=torch.float32, device=device)
+    fg = torch.zeros(len(THRESHOLDS) + 1, dtype=torch.long, device=device)
+    bg = torch.zeros_like(fg)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"threshold=auto: sweeping {SPLIT}", total=len(rows))
+        for start in range(0, len(rows), batch_size):
+            chunk = rows.iloc[start : start + batch_size]
+            images = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["images"]]
+            masks = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["masks"]]
+            probs = full_size_probabilities(net, images, spec, device, tta)
+            for prob, mask in zip(probs, masks, strict=True):
+                # bin i holds probabilities in (t[i-1], t[i]]: foreground at t[j] for every j < i
+                bins = torch.bucketize(prob.flatten(), bounds)
+                truth = torch.from_numpy(mask[..., 0] > 0).to(device).flatten()
+                fg += torch.bincount(bins[truth], minlength=len(fg))
+                bg += torch.bincount(bins[~truth], minlength=len(bg))
+            progress.advance(task, len(chunk))
+    # predicted foreground at t[j] = the bins above j: reverse cumulative sums from bin j + 1
+    tp = fg.flip(0).cumsum(0).flip(0)[1:].cpu().numpy()
+    fp = bg.flip(0).cumsum(0).flip(0)[1:].cpu().numpy()
+    fn = int(fg.sum()) - tp
+    dice, iou = dice_iou(tp, fp, fn)
+    best = np.flatnonzero(dice >= dice.max() - 1e-12)
+    j = int(best[np.argmin(np.abs(THRESHOLDS[best] - spec.threshold))])
+    on_grid = np.flatnonzero(np.isclose(THRESHOLDS, spec.threshold))
+    return ThresholdChoice(
+        threshold=float(THRESHOLDS[j]),
+        dice=float(dice[j]),
+        iou=float(iou[j]),
+        dice_at_run_threshold=float(dice[on_grid[0]]) if len(on_grid) else None,
+        samples=len(rows),
+    )

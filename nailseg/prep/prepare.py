@@ -1,0 +1,655 @@
+"""Turn a folder of photos and masks into training data: `.npy` arrays plus split CSVs.
+
+Outputs under the output root (names in `nailseg.prep.format`): `images/<group>/<stem>.npy` (RGB
+uint8 HxWx3), `masks/<group>/<stem>.npy` (uint8 HxWx1 in {0, 1}), `excluded.csv` (every file left
+out and why), `manifest.csv` (every pair whose outputs nailseg wrote, with the source modification
+times and settings they were made from) and, written last, `train.csv` / `valid.csv` / `test.csv`
+(columns `CSV_COLUMNS`, paths relative to the root).
+
+nailseg deletes or overwrites only what it provably created. The root carries a marker
+(`prepare.json`); a folder that is neither new, empty nor marked is refused before anything is
+written, and so is an output folder that overlaps the input. Files are deleted only when listed
+in the manifest or journal as outputs of nailseg (or named like nailseg's temporary files, next to
+such outputs); folders are never removed whole, so a user's file inside the root survives.
+
+Safe to interrupt, to rerun and to run twice: every file is written under a temporary name and
+renamed; each converted pair is journaled (flushed and fsync'd) as it completes, so a killed run,
+even the first, resumes where it stopped; a lock file makes a second prepare on one root fail at
+once. A pair is up to date when its outputs and its manifest row carry its sources' modification
+times and its row the current settings; a rerun converts only the rest. A rerun that finds no
+usable pair, or misses more than `MAX_VANISHED_SHARE` of the pairs it prepared before (an
+unmounted share?), fails and changes nothing; outputs of pairs that left the input are kept on
+disk (and dropped from the CSVs) unless `prune=true`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from nailseg.atomic import write_atomic, write_text
+from nailseg.paths import overlap
+from nailseg.prep.format import (
+    CSV_COLUMNS,
+    EXCLUDED_FILE,
+    JOURNAL_FILE,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    MARKER_FILE,
+    ROOT_FILES,
+    SPLITS,
+    TEMP_NAME,
+    ForeignFolderError,
+    has_marker,
+    read_table,
+    require_owned,
+    split_file,
+    write_table,
+)
+from nailseg.prep.imageio import UnreadableImage, binarise, decode_rgb, read_mask_values
+from nailseg.prep.layout import (
+    EMPTY_MASK,
+    EXCLUSION_KINDS,
+    OUTPUT_TAKEN,
+    SIZE_MISMATCH,
+    UNREADABLE,
+    Exclusion,
+    Pair,
+    display_path,
+    find_pairs,
+)
+from nailseg.prep.splits import assign_splits, check_split_settings
+
+FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
+MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
+_MARKER_KEYS = frozenset({"format"})
+_OURS_IN_NEW_ROOT = re.compile(rf"{re.escape(LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp")
+_LEGACY_COLUMNS = {"settings": "", "listed": 1}  # manifests of format 1 lack them
+
+
+class PrepareError(RuntimeError):
+    """A request refused or a run with nothing usable: the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One prepared pair: a CSV row, the names it is sorted and split by, and what it was made from."""
+
+    group: str
+    stem: str
+    images: str
+    masks: str
+    height: int
+    width: int
+    fg_fraction: float
+    image_mtime_ns: int  # of the source files: what the outputs were made from
+    mask_mtime_ns: int
+    settings: str  # the conversion settings the outputs were made under
+    listed: bool = True  # in the split CSVs; False: kept on disk for a pair gone from the input
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.stem}"
+
+    @property
+    def outputs(self) -> tuple[str, str]:
+        return self.images, self.masks
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What converting one pair gave: a record or an exclusion, how non-binary its mask was and
+    the bit depth its image was scaled from."""
+
+    record: Record | None = None
+    exclusion: Exclusion | None = None
+    nonbinary_values: int = 0
+    image_bits: int = 8
+
+
+@dataclass
+class Summary:
+    """Counts for the final table; `excluded` lists every file left out."""
+
+    written: int = 0
+    up_to_date: int = 0
+    excluded: list[Exclusion] = field(default_factory=list)
+    nonbinary_masks: int = 0
+    max_distinct_values: int = 0
+    rescaled: Counter[int] = field(default_factory=Counter)  # source bit depth -> images
+    kept_gone: int = 0  # pairs gone from the input whose outputs stay on disk
+    pruned: int = 0  # pairs gone from the input whose outputs were deleted (prune=true)
+    split_sizes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.nonbinary_values:
+            self.nonbinary_masks += 1
+            self.max_distinct_values = max(self.max_distinct_values, outcome.nonbinary_values)
+        if outcome.image_bits != 8:
+            self.rescaled[outcome.image_bits] += 1
+        if outcome.record is not None:
+            self.written += 1
+        else:
+            self.excluded.append(outcome.exclusion)
+
+
+@dataclass
+class Owned:
+    """What nailseg wrote into the root: the pairs it recorded and every output path it claimed."""
+
+    records: dict[str, Record]
+    paths: set[str]
+
+
+def _output_paths(pair: Pair) -> tuple[str, str]:
+    return f"images/{pair.key}.npy", f"masks/{pair.key}.npy"
+
+
+def save_npy_atomic(path: Path, array: np.ndarray, mtime_ns: int | None = None) -> None:
+    write_atomic(
+        path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False), mtime_ns
+    )
+
+
+def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> Outcome:
+    """Decode, check and write one pair (runs in a worker process)."""
+    try:
+        image, bits = decode_rgb(pair.image)
+        values = read_mask_values(pair.mask)
+    except UnreadableImage as err:
+        return Outcome(exclusion=Exclusion(err.path, UNREADABLE, err.reason))
+    if image.shape[:2] != values.shape:
+        detail = f"image {image.shape[1]}x{image.shape[0]}, mask {values.shape[1]}x{values.shape[0]} (WxH)"
+        return Outcome(exclusion=Exclusion(pair.mask, SIZE_MISMATCH, detail), image_bits=bits)
+    mask, nonbinary = binarise(values, threshold)
+    fg = int(mask.sum())
+    if fg == 0:
+        detail = f"no pixel above {threshold}" + (
+            f" ({nonbinary} distinct values)" if nonbinary else ""
+        )
+        exclusion = Exclusion(pair.mask, EMPTY_MASK, detail)
+        return Outcome(exclusion=exclusion, nonbinary_values=nonbinary, image_bits=bits)
+    rel_image, rel_mask = _output_paths(pair)
+    mtimes = pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns
+    save_npy_atomic(out_root / rel_image, image, mtimes[0])
+    save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
+    record = Record(
+        pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes, settings
+    )
+    return Outcome(record=record, nonbinary_values=nonbinary, image_bits=bits)
+
+
+def _check_request(
+    input_dir: Path,
+    out_root: Path,
+    valid_fraction: float,
+    test_fraction: float,
+    folds: int,
+    fold: int,
+) -> None:
+    """Refuse, before the first write, a request that cannot end well."""
+    try:
+        check_split_settings(valid_fraction, test_fraction, folds, fold)
+    except ValueError as err:
+        raise PrepareError(str(err)) from err
+    if folds == 1 and valid_fraction == 0:
+        raise PrepareError(
+            "split.valid_fraction=0 leaves no validation split, and training needs one (it "
+            "validates every epoch and keeps the best checkpoint by val/dice): set e.g. 0.2"
+        )
+    if not input_dir.is_dir():
+        raise PrepareError(f"input_dir={input_dir} does not exist")
+    if overlap(input_dir, out_root):
+        raise PrepareError(
+            f"input_dir={input_dir} and output_dir={out_root} overlap (one is, or is inside, the "
+            "other, comparing names without case): choose an output_dir outside the input"
+        )
+    try:
+        require_owned(out_root, MARKER_FILE, _MARKER_KEYS, _OURS_IN_NEW_ROOT)
+    except ForeignFolderError as err:
+        raise PrepareError(f"output_dir: {err}") from err
+
+
+@contextmanager
+def _locked(out_root: Path) -> Iterator[None]:
+    """Hold the root's lock file, or fail at once when another prepare holds it.
+
+    A POSIX record lock (`lockf`), not `flock`: it belongs to this process alone, so worker
+    processes forked while it is held never inherit it, and it dies with the process, so even
+    `kill -9` leaves no stale lock.
+    """
+    out_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            raise PrepareError(
+                f"another prepare is writing {out_root} (it holds {out_root / LOCK_FILE}): wait "
+                "for it to finish, or choose another output_dir"
+            ) from err
+        yield
+    finally:
+        os.close(fd)
+
+
+def _journal_entries(path: Path) -> Iterator[dict]:
+    """The journal's complete lines; a line cut short by a kill does not parse and is skipped."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    for line in data.split(b"\n"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry
+
+
+def _read_records(path: Path) -> dict[str, Record]:
+    if not path.is_file():
+        return {}
+    names = [f.name for f in fields(Record)]
+    rows = read_table(path, required=[n for n in names if n not in _LEGACY_COLUMNS])
+    records = {}
+    for row in rows.to_dict("records"):
+        values = {name: row.get(name, _LEGACY_COLUMNS.get(name)) for name in names}
+        values["listed"] = bool(values["listed"])
+        record = Record(**values)
+        records[record.key] = record
+    return records
+
+
+def _load_owned(out_root: Path) -> Owned:
+    """The manifest of the last complete run, updated by the journal of any run since."""
+    records = _read_records(out_root / MANIFEST_FILE)
+    claims: set[str] = set()
+    for entry in _journal_entries(out_root / JOURNAL_FILE):
+        if "claim" in entry:
+            claims.update(entry["claim"])
+        elif "record" in entry:
+            record = Record(**entry["record"])
+            records[record.key] = record
+    return Owned(records, claims | {p for r in records.values() for p in r.outputs})
+
+
+class _Journal:
+    """Append-only lines of JSON, each flushed and fsync'd before the next output is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        size = os.fstat(self.fd).st_size
+        if size and os.pread(self.fd, 1, size - 1) != b"\n":
+            os.write(self.fd, b"\n")  # end the line a kill cut short: the next one parses again
+
+    def append(self, entry: dict) -> None:
+        os.write(self.fd, (json.dumps(entry) + "\n").encode())
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _refuse_mass_vanishing(
+    owned: Owned, pairs: list[Pair], prune: bool, input_dir: Path, out_root: Path
+) -> None:
+    listed = [key for key, record in owned.records.items() if record.listed]
+    present = {pair.key for pair in pairs}
+    gone = sum(key not in present for key in listed)
+    if prune or gone <= MAX_VANISHED_SHARE * len(listed):
+        return
+    raise PrepareError(
+        f"{gone} of the {len(listed)} pairs prepared in {out_root} are no longer in {input_dir} "
+        f"(more than {MAX_VANISHED_SHARE:.0%}): is the input all there (a share not mounted, a "
+        "folder renamed)? Nothing was changed. If they were removed on purpose, rerun with "
+        "prune=true: they leave the CSVs and their outputs are deleted"
+    )
+
+
+def _up_to_date(pair: Pair, out_root: Path, record: Record | None, settings: str) -> Record | None:
+    """The record of a pair whose outputs are current, else None."""
+    if record is None or record.settings != settings:
+        return None
+    sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
+    try:
+        outputs = tuple((out_root / p).stat().st_mtime_ns for p in record.outputs)
+    except FileNotFoundError:
+        return None
+    current = sources == outputs == (record.image_mtime_ns, record.mask_mtime_ns)
+    return replace(record, listed=True) if current else None
+
+
+def _claimable(pairs: list[Pair], out_root: Path, owned: Owned, summary: Summary) -> list[Pair]:
+    """The pairs whose output paths are free or ours; the rest are excluded, never overwritten."""
+    free = []
+    for pair in pairs:
+        taken = [
+            p for p in _output_paths(pair) if p not in owned.paths and os.path.lexists(out_root / p)
+        ]
+        if taken:
+            path = out_root / taken[0]
+            summary.excluded.append(Exclusion(path, OUTPUT_TAKEN, "move it away to prepare this"))
+        else:
+            free.append(pair)
+    return free
+
+
+def _convert_all(
+    pairs: list[Pair], out_root: Path, threshold: int, settings: str, workers: int
+) -> Iterator[Outcome]:
+    """Outcomes as they complete, with a progress bar."""
+    with Progress(transient=True) as progress:
+        task = progress.add_task("preparing", total=len(pairs))
+        if workers <= 1:
+            for pair in pairs:
+                yield convert_pair(pair, out_root, threshold, settings)
+                progress.advance(task)
+            return
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(convert_pair, p, out_root, threshold, settings) for p in pairs]
+            for future in as_completed(futures):
+                yield future.result()
+                progress.advance(task)
+
+
+def _convert(
+    pairs: list[Pair],
+    out_root: Path,
+    owned: Owned,
+    threshold: int,
+    settings: str,
+    num_workers: int | None,
+    summary: Summary,
+) -> list[Record]:
+    """Claim the pairs' output paths in the journal, then convert and journal each pair."""
+    if not pairs:
+        return []
+    claim = [p for pair in pairs for p in _output_paths(pair)]
+    owned.paths.update(claim)
+    workers = min(num_workers if num_workers is not None else os.cpu_count() or 1, len(pairs))
+    records = []
+    journal = _Journal(out_root / JOURNAL_FILE)
+    try:
+        journal.append({"claim": claim})
+        for outcome in _convert_all(pairs, out_root, threshold, settings, workers):
+            summary.add(outcome)
+            if outcome.record is not None:
+                journal.append({"record": asdict(outcome.record)})
+                records.append(outcome.record)
+    finally:
+        journal.close()
+    return records
+
+
+def _truncate(path: Path, size: int | None) -> None:
+    """Back to `size` bytes; None: the file did not exist."""
+    if size is None:
+        path.unlink(missing_ok=True)
+    else:
+        os.truncate(path, size)
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _split(records: list[Record], split_settings: dict) -> list[str]:
+    """Each record's split; an empty validation or training split is an error."""
+    names = assign_splits([r.group for r in records], [r.stem for r in records], **split_settings)
+    subjects = "subject" if split_settings["group_regex"] else "photo"
+    for split, need in (("valid", "to validate"), ("train", "to train on")):
+        if split not in names:
+            raise PrepareError(
+                f"the {split} split of the {len(records)} usable pairs is empty, and training "
+                f"needs one {need}: prepare more than one {subjects}, or change split.*"
+            )
+    return names
+
+
+def _remove_empty_parents(path: Path, out_root: Path) -> None:
+    """Folders below images/ or masks/ that deleting `path` left empty (rmdir: only if empty)."""
+    folder = path.parent
+    while folder.parent != out_root:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def _delete(out_root: Path, rel_paths: list[str]) -> None:
+    for rel in rel_paths:
+        path = out_root / rel
+        path.unlink(missing_ok=True)
+        _remove_empty_parents(path, out_root)
+
+
+def _remove_temp_files(out_root: Path, targets: set[str]) -> None:
+    """Temporary files of interrupted runs: named like `nailseg.atomic`'s, for one of our files."""
+    targets = targets | ROOT_FILES
+    for folder in {PurePosixPath(t).parent for t in targets}:
+        try:
+            entries = list(os.scandir(out_root / folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            match = TEMP_NAME.fullmatch(entry.name)
+            if match and (folder / match["target"]).as_posix() in targets:
+                os.unlink(entry.path)
+
+
+def _finish(
+    out_root: Path,
+    owned: Owned,
+    records: list[Record],
+    splits: list[str],
+    prune: bool,
+    settings: str,
+    summary: Summary,
+) -> None:
+    """Delete what is no longer ours to keep, then write the manifest, excluded.csv and the CSVs."""
+    usable = {r.key for r in records}
+    gone = [r for key, r in owned.records.items() if key not in usable]
+    kept = [] if prune else [replace(r, listed=False) for r in gone]
+    summary.kept_gone, summary.pruned = len(kept), len(gone) - len(kept)
+    manifest = sorted(records + kept, key=lambda r: (r.group, r.stem))
+    keep_paths = {p for r in manifest for p in r.outputs}
+    _delete(out_root, sorted(owned.paths - keep_paths))
+    _remove_temp_files(out_root, owned.paths)
+    columns = [f.name for f in fields(Record)]
+    table = pd.DataFrame([asdict(r) for r in manifest], columns=columns).astype({"listed": int})
+    write_table(out_root / MANIFEST_FILE, table)
+    (out_root / JOURNAL_FILE).unlink(missing_ok=True)
+    if _text(out_root / MARKER_FILE) != settings + "\n":
+        write_text(out_root / MARKER_FILE, settings + "\n")
+
+    summary.excluded.sort(key=lambda e: (EXCLUSION_KINDS.index(e.kind), str(e.path)))
+    excluded = [(display_path(e.path), e.kind, e.detail) for e in summary.excluded]
+    write_table(
+        out_root / EXCLUDED_FILE, pd.DataFrame(excluded, columns=["path", "reason", "detail"])
+    )
+    rows = pd.DataFrame([asdict(r) for r in records], columns=columns)
+    rows["split"] = splits
+    for split in SPLITS:
+        chosen = rows[rows["split"] == split][CSV_COLUMNS]
+        summary.split_sizes[split] = len(chosen)
+        if split == "test" and chosen.empty:
+            (out_root / split_file(split)).unlink(missing_ok=True)
+        else:
+            write_table(out_root / split_file(split), chosen)
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def prepare(
+    input_dir: Path,
+    output_dir: Path,
+    *,
+    mask_threshold: int = 127,
+    strict: bool = False,
+    prune: bool = False,
+    num_workers: int | None = None,
+    valid_fraction: float = 0.2,
+    test_fraction: float = 0.0,
+    seed: int = 0,
+    group_regex: str | None = None,
+    folds: int = 1,
+    fold: int = 0,
+) -> Summary:
+    """Prepare `input_dir` (Images/, Masks/) into `output_dir`; see the module docstring."""
+    start = time.perf_counter()
+    input_dir, out_root = Path(input_dir), Path(output_dir)
+    _check_request(input_dir, out_root, valid_fraction, test_fraction, folds, fold)
+    try:
+        pairs, excluded = find_pairs(input_dir)
+    except FileNotFoundError as err:
+        raise PrepareError(str(err)) from err
+    if not pairs:
+        raise PrepareError(_nothing_usable(input_dir, pairs, excluded))
+    settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
+
+    with _locked(out_root):
+        if not has_marker(out_root, MARKER_FILE, _MARKER_KEYS):
+            write_text(out_root / MARKER_FILE, settings + "\n")  # the first write: the root is ours
+        owned = _load_owned(out_root)
+        _refuse_mass_vanishing(owned, pairs, prune, input_dir, out_root)
+        summary = Summary(excluded=excluded)
+        records, stale = [], []
+        for pair in pairs:
+            record = _up_to_date(pair, out_root, owned.records.get(pair.key), settings)
+            if record is None:
+                stale.append(pair)
+            else:
+                records.append(record)
+        summary.up_to_date = len(records)
+        stale = _claimable(stale, out_root, owned, summary)
+        journal_size = _size(out_root / JOURNAL_FILE)
+        records += _convert(stale, out_root, owned, mask_threshold, settings, num_workers, summary)
+        if not records:
+            _truncate(out_root / JOURNAL_FILE, journal_size)  # nothing was written: no trace
+            raise PrepareError(_nothing_usable(input_dir, pairs, summary.excluded))
+        records.sort(key=lambda r: (r.group, r.stem))
+        split_settings = dict(
+            valid_fraction=valid_fraction,
+            test_fraction=test_fraction,
+            seed=seed,
+            group_regex=group_regex,
+            folds=folds,
+            fold=fold,
+        )
+        splits = _split(records, split_settings)
+        _finish(out_root, owned, records, splits, prune, settings, summary)
+    summary.seconds = time.perf_counter() - start
+    if strict and summary.excluded:
+        raise PrepareError(
+            f"strict=true and {len(summary.excluded)} file(s) were excluded, first: {summary.excluded[0]}"
+        )
+    return summary
+
+
+def _nothing_usable(input_dir: Path, pairs: list[Pair], excluded: list[Exclusion]) -> str:
+    if not pairs and not excluded:
+        return f"no image files found under {input_dir}/Images and {input_dir}/Masks"
+    reasons = Counter(e.kind for e in excluded)
+    listed = ", ".join(f"{n} {kind}" for kind, n in reasons.most_common())
+    return (
+        f"no usable image/mask pair in {input_dir}: {listed}; first: {excluded[0]}. "
+        "Nothing was changed"
+    )
+
+
+def print_summary(summary: Summary, console: Console | None = None, max_listed: int = 50) -> None:
+    """The end-of-run table: what was written, what was left out and why."""
+    console = console or Console()
+    table = Table(title="prepare summary", show_header=False)
+    table.add_row("pairs written", str(summary.written))
+    table.add_row("pairs up to date (skipped)", str(summary.up_to_date))
+    for split, n in summary.split_sizes.items():
+        table.add_row(f"{split}.csv rows", str(n))
+    reasons = Counter(e.kind for e in summary.excluded)
+    for kind in EXCLUSION_KINDS:
+        if reasons[kind]:
+            table.add_row(f"excluded: {kind}", str(reasons[kind]))
+    if summary.nonbinary_masks:
+        table.add_row(
+            "masks not binary (binarised)",
+            f"{summary.nonbinary_masks} (up to {summary.max_distinct_values} distinct values)",
+        )
+    if summary.rescaled:
+        depths = ", ".join(f"{n} from {bits}-bit" for bits, n in sorted(summary.rescaled.items()))
+        table.add_row("images rescaled to 8 bits", depths)
+    if summary.kept_gone:
+        table.add_row(
+            "pairs gone from the input, outputs kept (prune=true deletes)", str(summary.kept_gone)
+        )
+    if summary.pruned:
+        table.add_row("pairs gone from the input, outputs deleted (prune)", str(summary.pruned))
+    table.add_row("seconds", f"{summary.seconds:.2f}")
+    console.print(table)
+    for exclusion in summary.excluded[:max_listed]:
+        console.print(f"  excluded {exclusion}", markup=False, highlight=False)
+    if len(summary.excluded) > max_listed:
+        console.print(f"  ... {len(summary.excluded) - max_listed} more in {EXCLUDED_FILE}")
+
+
+def run(cfg) -> Summary:
+    """`prepare.py` body: make the synthetic photos when the dataset asks for them, then prepare."""
+    dataset = cfg.dataset
+    input_dir = Path(cfg.input_dir)
+    if dataset.synthetic is not None and dataset.raw_dir and input_dir == Path(dataset.raw_dir):
+        from nailseg.prep.synthetic import generate
+
+        try:
+            generate(
+                input_dir,
+                n=dataset.synthetic.n,
+                seed=dataset.synthetic.seed,
+                num_workers=cfg.num_workers or 0,
+            )
+        except ForeignFolderError as err:
+            raise PrepareError(f"dataset.raw_dir: {err}") from err
+    summary = prepare(
+        input_dir,
+        Path(cfg.output_dir),
+        mask_threshold=cfg.mask_threshold,
+        strict=cfg.strict,
+        prune=cfg.prune,
+        num_workers=cfg.num_workers,
+        valid_fraction=cfg.split.valid_fraction,
+        test_fraction=cfg.split.test_fraction,
+        seed=cfg.split.seed,
+        group_regex=cfg.split.group_regex,
+        folds=cfg.split.folds,
+        fold=cfg.split.fold,
+    )
+    print_summary(summary)
+    return summary

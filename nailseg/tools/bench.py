@@ -1,0 +1,285 @@
+"""Loader benchmark: which data path keeps the device busiest, for one model and one aug spec.
+
+    python -m nailseg.bench output_dir=DIR [loaders=...] [model=...] [image_size=[384,384]]
+
+For every loader backend × aug spec, in one process and one run:
+
+* `loader_img_s`: images/s of the loader alone (batches pulled and on the device);
+* `train_img_s`: images/s of a training loop (forward, loss, backward, step) fed by the loader;
+* `ceiling_img_s`: the same loop on one batch already resident on the device, the most any
+  loader could deliver (measured once per run, shown on every row);
+* `data_wait_frac`: the share of the training loop's time spent waiting for the next batch;
+* with `compile=true` the model is `torch.compile`d (`compile_mode`; reduce-overhead adds CUDA
+  graphs) and `eager_ceiling_img_s` is the ceiling of the same model uncompiled, measured in the
+  same run.
+
+Warm-up batches are excluded; each figure is the median of `repeats` timed windows. Training is
+measured on CUDA by default only (`measure_train: auto`): on a 2-core CPU the model, not the
+loader, is the story and one window would take minutes. Writes `bench.csv`, `bench.png` and prints
+a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import matplotlib
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from nailseg.atomic import save_figure, write_text
+from nailseg.config import CONF_DIR
+from nailseg.data.datamodule import NailDataModule
+from nailseg.device import resolve_device
+from nailseg.model.losses import build_loss
+from nailseg.model.net import compile_net
+from nailseg.training.build import use_channels_last
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+COLUMNS = [
+    "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
+    "loader_img_s", "train_img_s", "ceiling_img_s", "train_vs_ceiling", "data_wait_frac",
+    "gpu_busy_pct", "ceiling_gpu_busy_pct", "eager_ceiling_img_s", "compile",
+]  # fmt: skip
+
+
+@dataclass
+class TrainStep:
+    """One optimisation step of the benchmark model, as `fit` would run it on this device."""
+
+    net: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: torch.nn.Module
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    channels_last: bool
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> None:
+        image = batch["image"].to(self.device, non_blocking=True)
+        mask = batch["mask"].to(self.device, non_blocking=True)
+        if self.channels_last:
+            image = image.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            loss = self.loss_fn(self.net(image), mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batches(loader) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches: a new full pass whenever one ends."""
+    while True:
+        yield from loader
+
+
+def _window(
+    batches: Iterator[dict[str, torch.Tensor]],
+    n: int,
+    device: torch.device,
+    step: Callable[[dict[str, torch.Tensor]], None] | None,
+) -> tuple[float, float]:
+    """(images/s, wait fraction) over `n` batches; wait = time blocked in `next()`.
+
+    The device is synchronised at the window's ends only, so the CPU queues the next step while
+    the device works, as in real training.
+    """
+    images, wait = 0, 0.0
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        before = time.perf_counter()
+        batch = next(batches)
+        wait += time.perf_counter() - before
+        images += len(batch["image"])
+        if step is not None:
+            step(batch)
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    return images / elapsed, wait / elapsed
+
+
+class GpuBusy:
+    """Mean GPU utilisation (NVML, as nvidia-smi reports it) sampled every 50 ms in a thread;
+    NaN on the CPU or where NVML is missing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.samples = device, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(torch.cuda.utilization(self.device))
+
+    def __enter__(self) -> GpuBusy:
+        if self.device.type == "cuda":
+            try:
+                torch.cuda.utilization(self.device)
+            except Exception:  # NVML missing: report NaN rather than fail the benchmark
+                return self
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def percent(self) -> float:
+        return statistics.mean(self.samples) if self.samples else float("nan")
+
+
+def _measure(
+    batches, cfg: DictConfig, device: torch.device, step=None
+) -> tuple[float, float, float]:
+    """Median images/s, wait fraction and mean GPU busy % over `repeats` windows after a warm-up."""
+    _window(batches, cfg.warmup_batches, device, step)
+    with GpuBusy(device) as busy:
+        results = [_window(batches, cfg.measure_batches, device, step) for _ in range(cfg.repeats)]
+    return (
+        statistics.median(r[0] for r in results),
+        statistics.median(r[1] for r in results),
+        busy.percent,
+    )
+
+
+def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainStep:
+    """The benchmark's training step; `compile` applies `cfg.compile_mode`."""
+    net = instantiate(cfg.model).to(device)
+    channels_last = use_channels_last(cfg.channels_last, device.type == "cuda")
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    dtype = torch.bfloat16 if device.type == "cuda" and cfg.precision in ("auto", "bf16") else None
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    model = compile_net(net.train(), cfg.compile_mode) if compile else net.train()
+    return TrainStep(model, optimizer, build_loss(cfg.loss), device, dtype, channels_last)
+
+
+def _plot(rows: pd.DataFrame, path: Path) -> None:
+    """Grouped bars per aug: loader-only and training images/s per loader, the ceiling as a line."""
+    augs = list(dict.fromkeys(rows["aug"]))
+    fig, axes = plt.subplots(1, len(augs), figsize=(5 * len(augs), 4), squeeze=False)
+    for ax, aug in zip(axes[0], augs, strict=True):
+        part = rows[rows["aug"] == aug]
+        x = range(len(part))
+        ax.bar([i - 0.2 for i in x], part["loader_img_s"], width=0.4, label="loader only")
+        if part["train_img_s"].notna().any():
+            ax.bar([i + 0.2 for i in x], part["train_img_s"], width=0.4, label="training")
+            ax.axhline(part["ceiling_img_s"].iloc[0], color="k", linestyle="--", label="ceiling")
+        ax.set_xticks(list(x), part["loader"])
+        ax.set_title(f"aug={aug}")
+        ax.set_ylabel("images/s")
+        ax.legend()
+    first = rows.iloc[0]
+    fig.suptitle(
+        f"{first['model']}, {first['image_size']}, batch {first['batch_size']}, {first['device']}"
+    )
+    fig.tight_layout()
+    save_figure(path, fig)
+    plt.close(fig)
+
+
+def _print(rows: pd.DataFrame) -> None:
+    table = Table(title="loader benchmark (images/s, median of repeats)")
+    shown = [
+        "loader",
+        "aug",
+        "loader_img_s",
+        "train_img_s",
+        "ceiling_img_s",
+        "gpu_busy_pct",
+        "train_vs_ceiling",
+        "data_wait_frac",
+    ]
+    for column in shown:
+        table.add_column(column, justify="right")
+    for row in rows[shown].itertuples(index=False):
+        loader, aug, *numbers = row
+        table.add_row(
+            loader, aug, *(f"{v:.1f}" for v in numbers[:4]), *(f"{v:.3f}" for v in numbers[4:])
+        )
+    Console().print(table)
+
+
+def run(cfg: DictConfig) -> pd.DataFrame:
+    device = resolve_device(cfg.device)
+    measure_train = (
+        device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
+    )
+    step = _train_step(cfg, device, cfg.compile) if measure_train else None
+    ceiling = ceiling_busy = eager_ceiling = float("nan")
+    rows = []
+    for aug_name, aug_cfg in cfg.augs.items():
+        spec = instantiate(aug_cfg, mean=cfg.normalize.mean, std=cfg.normalize.std, _convert_="all")
+        for loader_name, loader_cfg in cfg.loaders.items():
+            datamodule = NailDataModule(
+                cfg.dataset.root, tuple(cfg.image_size), instantiate(loader_cfg), spec
+            )
+            loader = datamodule.train_dataloader()
+            batches = _batches(loader)
+            loader_img_s, _, _ = _measure(batches, cfg, device)
+            train_img_s = wait = busy = float("nan")
+            if step is not None:
+                if ceiling != ceiling:  # first row: the resident-batch ceiling, once per run
+                    resident = {k: v.to(device) for k, v in next(batches).items()}
+                    ceiling, _, ceiling_busy = _measure(
+                        itertools.repeat(resident), cfg, device, step
+                    )
+                    eager_ceiling = ceiling
+                    if cfg.compile:  # what compiling bought, measured in the same run
+                        eager = _train_step(cfg, device, compile=False)
+                        eager_ceiling, _, _ = _measure(
+                            itertools.repeat(resident), cfg, device, eager
+                        )
+                        del eager
+                train_img_s, wait, busy = _measure(batches, cfg, device, step)
+            rows.append({
+                "loader": loader_name, "aug": aug_name, "device": device.type,
+                "model": f"{cfg.model.arch}-{cfg.model.encoder_name}", "batch_size": loader_cfg.batch_size,
+                "image_size": "x".join(map(str, cfg.image_size)),
+                "workers": loader_cfg.num_workers,
+                "loader_img_s": loader_img_s, "train_img_s": train_img_s, "ceiling_img_s": ceiling,
+                "train_vs_ceiling": train_img_s / ceiling, "data_wait_frac": wait,
+                "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling_busy,
+                "eager_ceiling_img_s": eager_ceiling, "compile": cfg.compile_mode if cfg.compile else "off",
+            })  # fmt: skip
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    out = Path(cfg.output_dir)
+    write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
+    _plot(frame, out / "bench.png")
+    _print(frame)
+    Console().print(f"written: {out / 'bench.csv'}, {out / 'bench.png'}")
+    return frame
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

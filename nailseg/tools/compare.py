@@ -1,0 +1,142 @@
+"""Summarise a training sweep: one row per job, what the sweep varied, throughput and quality.
+
+    python -m nailseg.compare sweep_dir=multirun/<timestamp>      (or just the folder)
+
+The columns come from the jobs' own overrides (`<job>/.hydra/overrides.yaml`): every key whose
+value differs between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study
+`optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
+job without one, or with `failed.json`, is reported as failed, with its error). Writes
+`compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput and best score per
+job) into the sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import matplotlib
+import pandas as pd
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from nailseg.atomic import save_figure, write_text
+from nailseg.config import CONF_DIR
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+RESULTS = [
+    "status",
+    "train_img_s",
+    "data_wait_frac",
+    "best",
+    "final_dice",
+    "evaluated_on",
+    "epochs",
+]
+
+
+@dataclass
+class CompareConfig:
+    sweep_dir: str = MISSING
+
+
+ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
+
+
+def _overrides(job: Path) -> dict[str, str]:
+    """The job's own command-line overrides, as key → value."""
+    entries = OmegaConf.load(job / ".hydra" / "overrides.yaml")
+    return dict(str(entry).split("=", 1) for entry in entries if "=" in str(entry))
+
+
+def _results(job: Path) -> dict:
+    failed, metrics_file = job / "failed.json", job / "metrics.json"
+    if failed.is_file() or not metrics_file.is_file():
+        reason = json.loads(failed.read_text())["error"] if failed.is_file() else "no metrics.json"
+        return {"status": "failed: " + " ".join(reason.split())[:300]}
+    metrics = json.loads(metrics_file.read_text())
+    fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
+    return {
+        "status": "ok",
+        "train_img_s": fit.get("train/images_per_s"),
+        "data_wait_frac": fit.get("train/data_wait_frac"),
+        "best": (metrics.get("best") or {}).get("value"),
+        "final_dice": next((v for k, v in final.items() if k.endswith("/dice")), None),
+        "evaluated_on": metrics.get("evaluated_on"),
+        "epochs": metrics.get("epochs"),
+    }
+
+
+def summarise(sweep_dir: Path) -> pd.DataFrame:
+    """The table of a sweep's jobs; also written as compare.md, compare.csv and compare.png."""
+    jobs = [p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()]
+    jobs.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    if not jobs:
+        raise FileNotFoundError(f"{sweep_dir}: no job folders (with .hydra/) found")
+    overrides = [_overrides(job) for job in jobs]
+    keys = list(dict.fromkeys(k for o in overrides for k in o))
+    varied = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
+    rows = pd.DataFrame(
+        [
+            {"job": job.name, **{k: o.get(k) for k in varied}, **_results(job)}
+            for job, o in zip(jobs, overrides, strict=True)
+        ],
+        columns=["job", *varied, *RESULTS],
+    ).astype({"epochs": "Int64"})
+    write_text(sweep_dir / "compare.md", _markdown(rows))
+    write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
+    ok = rows[rows["status"] == "ok"]
+    if not ok.empty:
+        _plot(ok, varied, sweep_dir / "compare.png")
+    return rows
+
+
+def _cell(value) -> str:
+    if value is None or pd.isna(value):
+        return ""
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|")
+
+
+def _markdown(rows: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
+    lines += [
+        "| " + " | ".join(_cell(v) for v in row) + " |" for row in rows.itertuples(index=False)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
+    labels = ["\n".join(f"{k}={row[k]}" for k in varied) for _, row in rows.iterrows()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4.5))
+    left.bar(labels, rows["train_img_s"].astype(float))
+    left.set_ylabel("training images/s (last epoch)")
+    right.bar(labels, rows["best"].astype(float))
+    right.set_ylabel("best value of the optimized metric")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    save_figure(path, fig)
+    plt.close(fig)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="compare")
+def _app(cfg: DictConfig) -> None:
+    sweep_dir = Path(cfg.sweep_dir)
+    rows = summarise(sweep_dir)
+    print(_markdown(rows))
+    print(f"written: {sweep_dir / 'compare.md'}, compare.csv, compare.png")
+
+
+def main() -> None:
+    """The Hydra app; a bare folder argument is taken as `sweep_dir=<folder>`."""
+    sys.argv[1:] = [
+        f"sweep_dir={arg}" if "=" not in arg and not arg.startswith("-") else arg
+        for arg in sys.argv[1:]
+    ]
+    _app()

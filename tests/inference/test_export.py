@@ -1,0 +1,76 @@
+"""`python -m nailseg.export`: ONNX with a dynamic batch axis that ONNX Runtime runs like PyTorch."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from rich.console import Console
+from support.inference import compose_cli, make_run
+from support.prepared import write_prepared
+
+from nailseg.inference.export import ExportError, main, run
+from nailseg.inference.spec import resolve_spec
+from nailseg.model.checkpoint import ArchitectureMismatch, load_net
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("export_run")
+    return make_run(write_prepared(base / "prepared"), base / "run")
+
+
+def export(ckpt, *extra: str):
+    return run(compose_cli("export", [f"ckpt={ckpt}", *extra]), console=Console(quiet=True))
+
+
+def test_onnx_matches_pytorch_for_batches_of_1_and_3(trained):
+    path = export(trained)
+    assert path == trained.with_suffix(".onnx")  # next to the checkpoint by default
+    assert not list(trained.parent.glob(".*.tmp"))
+
+    model = onnx.load(str(path))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert (inp.name, out.name) == ("image", "logits")
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
+    assert dims == ["batch", 3, 32, 32]
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["nailseg.image_size"]) == [32, 32]
+    assert json.loads(meta["nailseg.inference.threshold"]) == 0.5
+
+    spec = resolve_spec(compose_cli("export", [f"ckpt={trained}"]))
+    net = load_net(trained, spec.model)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(123)
+    for n in (1, 3):
+        batch = torch.randn(n, 3, 32, 32, generator=generator)
+        with torch.inference_mode():
+            expected = net(batch).numpy()
+        (got,) = session.run(["logits"], {"image": batch.numpy()})
+        assert got.shape == (n, 1, 32, 32)
+        assert np.abs(got - expected).max() <= 1e-3
+
+
+def test_output_path_and_entry_point(trained, tmp_path, monkeypatch, capsys):
+    target = tmp_path / "deploy" / "nails.onnx"
+    monkeypatch.setattr(
+        sys, "argv", ["nailseg.inference.export", f"ckpt={trained}", f"output={target}"]
+    )
+    main()
+    assert target.is_file() and not list(target.parent.glob(".*"))
+    assert "ONNX Runtime matches PyTorch" in capsys.readouterr().out
+
+
+def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
+    with pytest.raises(ExportError, match="format=tflite: supported formats are onnx"):
+        export(trained, "format=tflite")
+    with pytest.raises(ArchitectureMismatch, match=r"different architecture.*pass model="):
+        export(trained, "model=unet", f"output={tmp_path / 'x.onnx'}")  # resnet18, full decoder
+    assert not (tmp_path / "x.onnx").exists()

@@ -1,0 +1,442 @@
+"""`python -m nailseg.predict`: photos of any size and mode → full-size masks and overlays, TTA,
+unreadable files skipped, scoring against true masks, threshold=auto, checkpoint loading errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from PIL import Image
+from rich.console import Console
+from support.image_files import save_image
+from support.inference import compose_cli, constant_checkpoint, make_run
+from support.prepared import write_prepared
+from support.train import TINY_UNET
+
+from nailseg.data.datamodule import read_split
+from nailseg.inference.predict import PredictError, main, run
+from nailseg.inference.scoring import score_image
+from nailseg.inference.spec import full_size_probabilities, probabilities, resolve_spec
+from nailseg.inference.threshold import CACHE_FILE, ThresholdError
+from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The last checkpoint of a tiny UNet run (32x32) inside a run dir with .hydra/config.yaml."""
+    base = tmp_path_factory.mktemp("predict_run")
+    return make_run(write_prepared(base / "prepared"), base / "run")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """Photos of mixed sizes, formats and modes in nested folders, one broken, one not an image."""
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(1)
+    save_image(folder / "a" / "rgb.png", rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    save_image(folder / "a" / "grey.png", rng.integers(0, 256, (64, 20), dtype=np.uint8))
+    save_image(folder / "a" / "deep" / "alpha.png", rng.integers(0, 256, (30, 31, 4), np.uint8))
+    save_image(folder / "b" / "photo.JPG", rng.integers(0, 256, (90, 120, 3), dtype=np.uint8))
+    save_image(folder / "b" / "wide16.tif", rng.integers(0, 65536, (16, 70), dtype=np.uint16))
+    save_image(folder / "top.jpeg", rng.integers(0, 256, (45, 45, 3), dtype=np.uint8))
+    (folder / "b" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+PHOTO_SIZES = {
+    "a/rgb": (37, 53),
+    "a/grey": (64, 20),
+    "a/deep/alpha": (30, 31),
+    "b/photo": (90, 120),
+    "b/wide16": (16, 70),
+    "top": (45, 45),
+}
+
+
+def predict(ckpt: Path, inputs, output: Path, *extra: str, console: Console | None = None):
+    overrides = [f"ckpt={ckpt}", f"input={inputs}", f"output={output}", "num_workers=2", *extra]
+    return run(compose_cli("predict", overrides), console=console or Console(quiet=True))
+
+
+def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, photos, tmp_path):
+    console = Console(record=True, width=200)
+    out = tmp_path / "out"
+    summary = predict(trained, photos, out, "batch_size=4", console=console)
+
+    assert summary.images == len(PHOTO_SIZES)
+    assert [(s.path.name, s.reason.split(":")[0]) for s in summary.skipped] == [
+        ("broken.png", "unreadable")
+    ]
+    assert "broken.png" in console.export_text()  # reported by name
+    for key, (h, w) in PHOTO_SIZES.items():
+        mask = np.asarray(Image.open(out / "masks" / f"{key}.png"))
+        assert mask.shape == (h, w) and set(np.unique(mask)) <= {0, 255}
+        overlay = np.asarray(Image.open(out / "overlays" / f"{key}.png"))
+        assert overlay.shape == (h, w, 3)
+    report = json.loads((out / "summary.json").read_text())
+    assert report["images"] == len(PHOTO_SIZES) and report["images_per_s"] > 0
+    assert report["image_size"] == [32, 32] and report["threshold"] == 0.5
+    assert report["skipped"][0]["path"].endswith("broken.png")
+    assert not list(out.rglob("*.tmp"))  # every write was renamed into place
+
+
+def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
+    """The written mask is exactly `p > threshold` of the bilinearly upsampled probabilities."""
+    out = tmp_path / "out"
+    predict(trained, photos / "top.jpeg", out, "threshold=0.3")
+    spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
+    net = load_net(trained, spec.model)
+    image = np.asarray(Image.open(photos / "top.jpeg").convert("RGB"))
+    (prob,) = full_size_probabilities(net, [image], spec, torch.device("cpu"))
+    written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
+    np.testing.assert_array_equal(written, (prob > 0.3).numpy())
+
+
+def test_a_list_of_files_and_folders(trained, photos, tmp_path):
+    out = tmp_path / "out"
+    summary = predict(trained, f"[{photos / 'top.jpeg'},{photos / 'a'}]", out)
+    assert summary.images == 4
+    for key in ("top", "rgb", "grey", "deep/alpha"):
+        assert (out / "masks" / f"{key}.png").is_file()
+
+
+def test_two_files_with_one_stem_are_both_skipped(trained, tmp_path):
+    save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
+    save_image(tmp_path / "in" / "x.jpg", np.zeros((8, 8, 3), np.uint8))
+    save_image(tmp_path / "in" / "y.png", np.zeros((8, 8, 3), np.uint8))
+    summary = predict(trained, tmp_path / "in", tmp_path / "out")
+    assert summary.images == 1
+    assert sorted(s.path.name for s in summary.skipped) == ["x.jpg", "x.png"]
+
+
+def test_nothing_readable_fails(trained, tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bad.png").write_bytes(b"junk")
+    with pytest.raises(PredictError, match="could be read"):
+        predict(trained, tmp_path / "in", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PredictError, match="no image files"):
+        predict(trained, tmp_path / "empty", tmp_path / "out2")
+
+
+def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
+    """`python -m nailseg.predict` (its Hydra main, in-process): success with one unreadable file
+    among good ones, the config in summary.json; exit non-zero, naming the problem,
+    when nothing could be read."""
+    save_image(tmp_path / "in" / "ok.png", np.full((20, 30, 3), 128, np.uint8))
+    (tmp_path / "in" / "bad.jpg").write_bytes(b"junk")
+    args = ["nailseg.inference.predict", f"ckpt={trained}", "device=cpu"]
+    monkeypatch.setattr(
+        sys, "argv", [*args, f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}"]
+    )
+    main()
+    printed = capsys.readouterr().out
+    assert "bad.jpg" in printed and "predicted 1 images" in printed
+    assert (tmp_path / "out" / "masks" / "ok.png").is_file()
+    recorded = json.loads((tmp_path / "out" / "summary.json").read_text())["config"]
+    assert recorded["ckpt"] == str(trained) and not (tmp_path / "out" / ".hydra").exists()
+    bad = tmp_path / "in" / "bad.jpg"
+    monkeypatch.setattr(sys, "argv", [*args, f"input={bad}", f"output={tmp_path / 'out2'}"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert "predict failed" in str(exit_.value.code) and "could be read" in str(exit_.value.code)
+
+
+class _Pointwise(torch.nn.Module):
+    """A 1x1 convolution: flipping its input flips its output, so flip TTA changes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_tta_equals_plain_for_a_flip_equivariant_net_and_differs_for_a_unet(trained):
+    batch = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        net = _Pointwise().eval()
+        torch.testing.assert_close(probabilities(net, batch, tta=True), probabilities(net, batch))
+        spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
+        unet = load_net(trained, spec.model)
+        plain, tta = probabilities(unet, batch), probabilities(unet, batch, tta=True)
+        assert tta.shape == plain.shape and not torch.allclose(tta, plain)
+        # the mean of the three views, each flipped back
+        views = [
+            torch.sigmoid(unet(batch)),
+            torch.sigmoid(unet(batch.flip(3))).flip(3),
+            torch.sigmoid(unet(batch.flip(2))).flip(2),
+        ]
+        torch.testing.assert_close(tta, sum(views) / 3)
+
+
+def test_tta_run_writes_full_size_masks(trained, photos, tmp_path):
+    summary = predict(trained, photos / "a", tmp_path / "out", "tta=true")
+    assert summary.images == 3
+    report = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert report["tta"] is True
+    mask = Image.open(tmp_path / "out" / "masks" / "deep" / "alpha.png")
+    assert mask.size == (31, 30)
+
+
+def test_scores_match_hand_computed_dice(trained, tmp_path):
+    """A net that calls every pixel nail (logit +10): Dice and IoU follow from the true masks."""
+    ckpt = constant_checkpoint(trained, logit=10.0)
+    photos, masks = tmp_path / "photos", tmp_path / "masks"
+    grey = np.full((10, 20, 3), 100, np.uint8)
+    save_image(photos / "g1" / "half.jpg", grey)
+    truth = np.zeros((10, 20), np.uint8)
+    truth[:5, :10] = 255  # 50 of 200 pixels: TP 50, FP 150 → Dice 100/250, IoU 50/200
+    save_image(masks / "g1" / "half.png", truth)
+    save_image(photos / "g1" / "full.png", grey[:8, :8])
+    save_image(masks / "g1" / "full.bmp", np.ones((8, 8), np.uint8))  # a 0/1 mask, all nail
+    save_image(photos / "g2" / "none.png", grey[:4, :5])
+    save_image(masks / "g2" / "none.PNG", np.zeros((4, 5), np.uint8))  # nothing to find: FP 20
+    save_image(photos / "g2" / "unmatched.png", grey[:4, :4])
+
+    out = tmp_path / "out"
+    summary = predict(ckpt, photos, out, f"masks={masks}")
+
+    rows = pd.read_csv(out / "scores.csv", dtype={"group": str}).set_index("key")
+    assert list(rows.index) == ["g1/full", "g1/half", "g2/none"]
+    assert rows.loc["g1/half", "image"] == str(photos / "g1" / "half.jpg")
+    assert rows.loc["g1/full", "mask"] == str(masks / "g1" / "full.bmp")
+    expected = {  # key: (tp, fp, fn, dice, iou)
+        "g1/half": (50, 150, 0, 0.4, 0.25),
+        "g1/full": (64, 0, 0, 1.0, 1.0),
+        "g2/none": (0, 20, 0, 0.0, 0.0),
+    }
+    for image, (tp, fp, fn, dice, iou) in expected.items():
+        row = rows.loc[image]
+        assert (row.tp, row.fp, row.fn) == (tp, fp, fn)
+        assert row.dice == pytest.approx(dice) and row.iou == pytest.approx(iou)
+        assert row.group == image.split("/")[0]
+    overall = summary.scores["overall"]
+    assert (overall["tp"], overall["fp"], overall["fn"]) == (114, 170, 0)
+    assert overall["dice"] == pytest.approx(228 / 398) and overall["iou"] == pytest.approx(
+        114 / 284
+    )
+    assert overall["mean_image_dice"] == pytest.approx(1.4 / 3)
+    assert summary.scores["groups"]["g1"]["dice"] == pytest.approx(228 / 378)
+    assert summary.scores["groups"]["g2"]["images"] == 1
+    assert [s.path.name for s in summary.unscored] == ["unmatched.png"]
+    assert "no mask" in summary.unscored[0].reason
+    report = json.loads((out / "summary.json").read_text())
+    assert report["scores"]["overall"]["dice"] == pytest.approx(228 / 398)
+
+
+def test_score_image_empty_case_is_perfect():
+    empty = np.zeros((3, 3), bool)
+    score = score_image(empty, empty, key="x", image="x.png", mask="y.png", group="g")
+    assert (score.dice, score.iou) == (1.0, 1.0)
+
+
+def test_mask_of_another_size_is_not_scored(trained, tmp_path):
+    save_image(tmp_path / "photos" / "x.png", np.zeros((10, 10, 3), np.uint8))
+    save_image(tmp_path / "masks" / "x.png", np.zeros((12, 10), np.uint8))
+    summary = predict(trained, tmp_path / "photos", tmp_path / "out", f"masks={tmp_path / 'masks'}")
+    assert summary.images == 1 and summary.scores is None
+    assert "(12, 10)" in summary.unscored[0].reason
+    assert not (tmp_path / "out" / "scores.csv").exists()
+
+
+def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photos, tmp_path):
+    (trained.parent / CACHE_FILE).unlink(missing_ok=True)
+    summary = predict(trained, photos / "top.jpeg", tmp_path / "out", "threshold=auto")
+    cache = json.loads((trained.parent / CACHE_FILE).read_text())
+    (entry,) = cache["entries"]
+    choice = entry["choice"]
+    assert summary.threshold == choice["threshold"] and summary.threshold_source == "auto"
+    assert entry["key"]["checkpoint"] == "last.ckpt" and entry["key"]["tta"] is False
+
+    # the sweep's Dice at its choice is the Dice of predict's own masks over the valid split
+    spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
+    net = load_net(trained, spec.model)
+    root = spec.data_root
+    valid = read_split(root, "valid")
+    tp = fp = fn = 0
+    for image_file, mask_file in zip(valid["images"], valid["masks"], strict=True):
+        image = np.load(root / image_file)
+        (prob,) = full_size_probabilities(net, [image], spec, torch.device("cpu"))
+        s = score_image(
+            (prob > choice["threshold"]).numpy(),
+            np.load(root / mask_file)[..., 0] > 0,
+            key="",
+            image="",
+            mask="",
+            group="",
+        )
+        tp, fp, fn = tp + s.tp, fp + s.fp, fn + s.fn
+    assert choice["dice"] == pytest.approx(2 * tp / (2 * tp + fp + fn), abs=1e-9)
+    assert choice["samples"] == len(valid)
+    assert choice["dice"] >= choice["dice_at_run_threshold"]
+
+    # a second run reads the cache (a sweep would fail here)
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("threshold.json should have been used")
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("nailseg.inference.threshold.sweep", no_sweep)
+    try:
+        again = predict(trained, photos / "top.jpeg", tmp_path / "out2", "threshold=auto")
+    finally:
+        monkey.undo()
+    assert again.threshold == summary.threshold
+
+
+def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_path):
+    """Every threshold scores the same for a constant net: the tie goes to the run's 0.5."""
+    ckpt = constant_checkpoint(trained, logit=10.0, name="constant_auto.ckpt")
+    summary = predict(ckpt, photos / "top.jpeg", tmp_path / "out", "threshold=auto")
+    assert summary.threshold == 0.5
+    keys = [
+        e["key"]["checkpoint"]
+        for e in json.loads((ckpt.parent / CACHE_FILE).read_text())["entries"]
+    ]
+    assert "constant_auto.ckpt" in keys
+
+
+def test_bad_threshold_value(trained, photos, tmp_path):
+    with pytest.raises(PredictError, match="threshold=often"):
+        predict(trained, photos / "top.jpeg", tmp_path / "out", "threshold=often")
+    with pytest.raises(ThresholdError, match=r"valid.csv not found.*data_root="):
+        predict(
+            trained,
+            photos / "top.jpeg",
+            tmp_path / "out",
+            "threshold=auto",
+            f"data_root={tmp_path}",
+        )
+
+
+def test_wrong_architecture_is_named_not_a_key_dump(trained, photos, tmp_path):
+    with pytest.raises(ArchitectureMismatch) as err:
+        predict(trained, photos / "top.jpeg", tmp_path / "out", "model=segformer")
+    message = str(err.value)
+    assert "different architecture" in message and "Segformer/mit_b0" in message
+    assert "missing keys" in message and "unexpected keys" in message and "model=" in message
+    assert len(message) < 1000
+
+
+def test_not_a_checkpoint(trained, tmp_path):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    model = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"])).model
+    with pytest.raises(CheckpointError, match="cannot be loaded as a checkpoint"):
+        load_net(junk, model)
+
+
+def test_a_checkpoint_copied_alone_into_an_empty_folder_predicts(trained, photos, tmp_path):
+    alone = tmp_path / "alone" / "model.ckpt"
+    alone.parent.mkdir()
+    shutil.copy(trained, alone)  # no run folder, no .hydra: the checkpoint describes itself
+    summary = predict(alone, photos / "a", tmp_path / "out", "threshold=auto")
+    assert summary.images == 3 and summary.threshold_source == "auto"
+    with Image.open(tmp_path / "out" / "masks" / "rgb.png") as mask:
+        assert mask.size == (53, 37)
+    assert (alone.parent / CACHE_FILE).is_file()  # the threshold's cache sits beside it
+
+
+def _without_card(ckpt: Path, out: Path) -> Path:
+    """`ckpt` as checkpoints were written before they carried a card."""
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del checkpoint[CARD_KEY]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, out)
+    return out
+
+
+def _old_run(tmp_path: Path, trained: Path, model: dict) -> Path:
+    """A run folder as earlier versions wrote it (normalisation under `aug`), holding `model`."""
+    run_dir = tmp_path / "old_run"
+    config = {
+        "model": model,
+        "dataset": {"image_size": [32, 32], "root": "data/nowhere"},
+        "aug": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+        "module": {"threshold": 0.4},
+    }
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    return _without_card(trained, run_dir / "checkpoints" / "last.ckpt")
+
+
+def test_a_checkpoint_older_than_cards_is_read_from_its_run_folder(trained, photos, tmp_path):
+    model = {"_target_": "nailseg.model.net.build_net", "arch": "Unet", "encoder_name": "resnet18"}
+    model["options"] = {"encoder_depth": 3, "decoder_channels": [16, 8, 4]}
+    summary = predict(_old_run(tmp_path, trained, model), photos / "top.jpeg", tmp_path / "out")
+    assert summary.images == 1 and summary.threshold == 0.4
+
+    lone = _without_card(trained, tmp_path / "lone" / "lone.ckpt")
+    with pytest.raises(CheckpointError, match=r"model=.*image_size=.*mean="):
+        predict(lone, photos / "top.jpeg", tmp_path / "out2")
+    norm = ["mean=[0.485,0.456,0.406]", "std=[0.229,0.224,0.225]", "image_size=[32,32]"]
+    summary = predict(lone, photos / "top.jpeg", tmp_path / "out2", *TINY_UNET, *norm)
+    assert summary.images == 1 and summary.threshold == 0.5
+
+
+HOSTILE = {"_target_": "pathlib.Path.touch", "self": "PWNED"}
+
+
+@pytest.mark.parametrize(
+    ("where", "model"),
+    [
+        ("run folder", HOSTILE),
+        ("run folder", {"arch": "Unet", "encoder_name": "resnet18", "options": {"x": HOSTILE}}),
+        ("card", {"arch": "Unet", "encoder_name": "resnet18", "options": {"x": HOSTILE}}),
+        ("card", {"arch": "builtins.exec", "encoder_name": "resnet18", "options": {}}),
+    ],
+)
+def test_a_hostile_config_off_disk_is_refused_and_never_run(
+    where, model, trained, photos, tmp_path
+):
+    sentinel = tmp_path / "pwned"
+    model = json.loads(json.dumps(model).replace("PWNED", str(sentinel)))
+    if where == "run folder":
+        ckpt = _old_run(tmp_path, trained, model)
+    else:
+        checkpoint = torch.load(trained, map_location="cpu", weights_only=True)
+        checkpoint[CARD_KEY]["model"] = model
+        ckpt = tmp_path / "hostile.ckpt"
+        torch.save(checkpoint, ckpt)
+    for app, extra in (
+        ("predict", [f"input={photos / 'top.jpeg'}", f"output={tmp_path}/o"]),
+        ("export", []),
+    ):
+        with pytest.raises(CheckpointError, match=r"refused|not one of smp's architectures"):
+            resolve_spec(compose_cli(app, [f"ckpt={ckpt}", *extra]))
+    assert not sentinel.exists()
+
+
+@pytest.mark.real_data
+def test_real_photos_of_both_groups_scored(trained, real_data, tmp_path):
+    photos, masks = tmp_path / "photos", tmp_path / "masks"
+    for group in ("1", "2"):
+        for image in sorted((real_data / "Images" / group).iterdir())[:3]:
+            (photos / group).mkdir(parents=True, exist_ok=True)
+            shutil.copy(image, photos / group / image.name)
+            (mask,) = (real_data / "Masks" / group).glob(f"{image.stem}.*")
+            (masks / group).mkdir(parents=True, exist_ok=True)
+            shutil.copy(mask, masks / group / mask.name)
+    out = tmp_path / "out"
+    summary = predict(trained, photos, out, f"masks={masks}")
+    rows = pd.read_csv(out / "scores.csv", dtype={"group": str})
+    assert len(rows) == 6 and sorted(rows["group"].unique()) == ["1", "2"]
+    for row in rows.itertuples():
+        with Image.open(row.image) as photo:
+            assert (row.width, row.height) == photo.size
+        with Image.open(
+            out / "masks" / Path(row.image).relative_to(photos).with_suffix(".png")
+        ) as m:
+            assert m.size == photo.size
+    assert rows[["dice", "iou"]].apply(lambda c: c.between(0, 1)).all().all()
+    assert set(summary.scores["groups"]) == {"1", "2"}
+    assert summary.scores["overall"]["images"] == 6

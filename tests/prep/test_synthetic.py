@@ -1,0 +1,141 @@
+"""The built-in synthetic dataset: layout, mask contents, determinism, idempotence, variety."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from nailseg.prep.synthetic import GROUPS, MANIFEST, VERSION, generate, main
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate(tmp_path_factory.mktemp("synthetic") / "set", n=N, seed=0)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _pairs(root: Path) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(group, image, mask) of every sample, as PIL decodes them."""
+    out = []
+    for image_path in sorted((root / "Images").glob("*/*.png")):
+        mask_path = root / "Masks" / image_path.parent.name / image_path.name
+        image, mask = Image.open(image_path), Image.open(mask_path)
+        assert (image.mode, mask.mode) == ("RGB", "L"), image_path.name
+        out.append((image_path.parent.name, np.asarray(image), np.asarray(mask)))
+    return out
+
+
+def test_layout_pairs_every_image_with_a_same_sized_mask(dataset: Path) -> None:
+    for kind in ("Images", "Masks"):
+        assert sorted(p.name for p in (dataset / kind).iterdir()) == sorted(GROUPS)
+    images = sorted(p.relative_to(dataset / "Images") for p in (dataset / "Images").rglob("*.png"))
+    masks = sorted(p.relative_to(dataset / "Masks") for p in (dataset / "Masks").rglob("*.png"))
+    assert images == masks
+    assert sorted(p.name for p in images) == [f"s{i:04d}.png" for i in range(N)]
+    assert {p.parent.name for p in images} == set(GROUPS)
+    for _, image, mask in _pairs(dataset):
+        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+        assert mask.shape == image.shape[:2]
+    assert json.loads((dataset / MANIFEST).read_text()) == {"n": N, "seed": 0, "version": VERSION}
+
+
+def test_masks_are_binary_with_a_modest_foreground(dataset: Path) -> None:
+    for _, _, mask in _pairs(dataset):
+        assert set(np.unique(mask)) <= {0, 255}
+        assert 0.01 <= np.mean(mask == 255) <= 0.40
+
+
+def test_same_seed_gives_identical_bytes_and_another_seed_differs(
+    dataset: Path, tmp_path: Path
+) -> None:
+    first = _files(dataset)
+    assert _files(generate(tmp_path / "again", n=N, seed=0)) == first
+    other = _files(generate(tmp_path / "other", n=N, seed=1))
+    assert other.keys() == first.keys()
+    assert all(other[k] != first[k] for k in other if k.endswith(".png"))
+
+
+def test_worker_pool_writes_the_same_bytes_as_serial(dataset: Path, tmp_path: Path) -> None:
+    pooled = _files(generate(tmp_path / "pooled", n=6, seed=0, num_workers=2))
+    serial = _files(dataset)  # per-sample RNG: a sample does not depend on n either
+    pictures = [k for k in pooled if k.endswith(".png")]
+    assert len(pictures) == 2 * 6
+    assert all(pooled[k] == serial[k] for k in pictures)
+
+
+def test_rerun_with_the_same_request_writes_nothing(dataset: Path) -> None:
+    before = {p: p.stat().st_mtime_ns for p in dataset.rglob("*")}
+    assert generate(dataset, n=N, seed=0) == dataset
+    assert {p: p.stat().st_mtime_ns for p in dataset.rglob("*")} == before
+
+
+def test_new_request_regenerates_and_removes_only_stale_samples(tmp_path: Path) -> None:
+    root = generate(tmp_path / "set", n=8, seed=0)
+    user_file = root / "Images" / GROUPS[0] / "mine.png"
+    user_file.write_bytes(b"not ours")
+    generate(root, n=4, seed=3)
+    names = sorted(p.name for p in root.rglob("s*.png"))
+    assert names == sorted([f"s{i:04d}.png" for i in range(4)] * 2)
+    assert user_file.read_bytes() == b"not ours"
+    assert json.loads((root / MANIFEST).read_text())["seed"] == 3
+    assert not list(root.rglob(".*"))  # no temp files left
+
+
+def test_interrupted_set_is_redone_and_an_empty_folder_is_taken(tmp_path: Path) -> None:
+    root = tmp_path / "empty"
+    root.mkdir()
+    generate(root, n=4, seed=0)
+    first = _files(root)
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).write_text(json.dumps(manifest | {"complete": False}))  # as if killed
+    (root / "Images" / GROUPS[1] / "s0001.png").unlink()
+    generate(root, n=4, seed=0)
+    assert _files(root) == first
+
+
+def test_groups_differ_in_size_finger_count_and_texture(dataset: Path) -> None:
+    sizes: dict[str, set[tuple[int, ...]]] = {g: set() for g in GROUPS}
+    nails: dict[str, list[int]] = {g: [] for g in GROUPS}
+    texture: dict[str, list[float]] = {g: [] for g in GROUPS}
+    for group, image, mask in _pairs(dataset):
+        sizes[group].add(image.shape[:2])
+        nails[group].append(cv2.connectedComponents(mask)[0] - 1)
+        grey = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
+        texture[group].append(float(np.abs(cv2.Laplacian(grey, cv2.CV_32F))[mask == 0].mean()))
+    assert len({s for group in sizes.values() for s in group}) == len(GROUPS)
+    assert any(h != w for group in sizes.values() for h, w in group)
+    assert max(nails["studio"]) <= 2 < np.mean(nails["desk"])
+    assert np.mean(texture["studio"]) < np.mean(texture["fabric"])
+
+
+def test_nails_vary_in_colour(dataset: Path) -> None:
+    means = np.array([image[mask == 255].mean(0) for _, image, mask in _pairs(dataset)])
+    assert means.std(0).min() > 10  # each RGB channel varies from image to image
+
+
+def test_cli_prints_a_summary_then_skips_a_current_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["nailseg.prep.synthetic", f"out={tmp_path / 'cli'}", "n=4", "seed=2"]
+    monkeypatch.setattr(sys, "argv", args)
+    main()
+    assert "wrote 4 images" in capsys.readouterr().out
+    main()
+    assert "nothing written" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("n", "workers"), [(0, 0), (4, -1)])
+def test_rejects_bad_arguments(tmp_path: Path, n: int, workers: int) -> None:
+    with pytest.raises(ValueError, match="need n >= 1"):
+        generate(tmp_path, n=n, num_workers=workers)

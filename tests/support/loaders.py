@@ -1,0 +1,62 @@
+"""Building any loader backend by name on prepared test data, and reading what it yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nailseg.data.augment import AugSpec
+from nailseg.data.datamodule import read_split
+from nailseg.data.loaders.dali import DaliLoader
+from nailseg.data.loaders.kornia_batch import KorniaLoader
+from nailseg.data.loaders.torch_workers import TorchLoader
+
+SIZE = (32, 32)
+GROUPS = {"a": 0, "b": 1}
+
+
+def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kwargs):
+    records = read_split(root, split)
+    settings = {
+        "train": split == "train",
+        "batch_size": 20,
+        "image_size": SIZE,
+        "group_ids": GROUPS,
+    }
+    if kind != "dali":
+        settings["num_workers"] = 2 if kind == "torch-workers" else 0
+    backend = {"dali": DaliLoader, "kornia": KorniaLoader}.get(kind, TorchLoader)
+    return backend(records, root, spec, **{**settings, **kwargs})
+
+
+@dataclass
+class Outputs:
+    rows: np.ndarray
+    images: np.ndarray
+    masks: np.ndarray
+
+
+def run(loader, epochs: int = 1) -> Outputs:
+    rows, images, masks = [], [], []
+    for _ in range(epochs):
+        for batch in loader:
+            rows.append(batch["index"].cpu().numpy())
+            images.append(batch["image"].cpu().numpy())
+            masks.append(batch["mask"].cpu().numpy())
+    return Outputs(np.concatenate(rows), np.concatenate(images), np.concatenate(masks))
+
+
+EVERYTHING = AugSpec.from_config(
+    [
+        {"op": "random_resized_crop", "p": 0.5, "scale": [0.5, 1.0], "ratio": [0.75, 1.33]},
+        {"op": "rotate", "p": 0.5, "degrees": [-30, 30]},
+        {"op": "hflip", "p": 0.5},
+        {"op": "vflip", "p": 0.5},
+        {"op": "gaussian_noise", "p": 0.5, "sigma": [0.0, 0.33]},
+        {"op": "gaussian_blur", "p": 0.5, "sigma": [0.5, 1.5]},
+        {"op": "brightness", "p": 0.5, "factor": [0.7, 1.3]},
+        {"op": "contrast", "p": 0.5, "factor": [0.9, 1.1]},
+    ]
+)

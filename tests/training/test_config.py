@@ -1,0 +1,205 @@
+"""The configs users run: every option of every group, composed with Hydra's compose API and built
+through `build()`, the path `train.py` takes (no training step runs).
+
+One assertion per kind of truth: schemas carry no values (YAML holds every default); the built
+loader, model, trainer and optimizer are the classes the chosen options name; the LR schedule
+spans exactly the fit (`trainer.estimated_stepping_batches`) and reaches its minimum only at the
+last step. Option lists are read from `conf/`, so a new option is covered the day it is added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import MISSING
+from support.prepared import write_prepared
+from support.train import CONF, TINY_UNET, compose_train, small_overrides
+
+from nailseg import config
+from nailseg.inference.export import ExportConfig
+from nailseg.inference.predict import PredictConfig
+from nailseg.inference.spec import resolve_spec
+from nailseg.model.checkpoint import load_net
+from nailseg.model.schedules import schedule_length
+from nailseg.training.build import Built, build
+from nailseg.training.jobs import isolated_job
+from nailseg.training.run import run
+
+GROUPS = sorted(
+    p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml"))
+)
+OPTIONS = [(group, p.stem) for group in GROUPS for p in sorted((CONF / group).glob("*.yaml"))]
+LOADERS = {"dali": "DaliLoader", "torch": "TorchLoader", "kornia": "KorniaLoader"}
+MODELS = {"unet": "Unet", "segformer": "Segformer"}
+OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
+CUDA = torch.cuda.is_available()
+
+
+def _schemas() -> list[type]:
+    found, todo = (
+        [],
+        [node for group in config.SCHEMAS.values() for node in group.values()]
+        + [PredictConfig, ExportConfig],
+    )
+    while todo:
+        node = todo.pop()
+        if node in found:
+            continue
+        found.append(node)
+        todo += [f.type for f in dataclasses.fields(node) if dataclasses.is_dataclass(f.type)]
+    return found
+
+
+@pytest.mark.parametrize("schema", _schemas(), ids=lambda s: s.__name__)
+def test_schemas_carry_types_only(schema):
+    # a value in a schema and another in YAML is how every run got a cycling LR schedule
+    valued = {
+        f.name: f.default
+        for f in dataclasses.fields(schema)
+        if f.default_factory is not dataclasses.MISSING
+        or f.default not in (MISSING, None, dataclasses.MISSING)
+    }
+    assert not valued, f"{schema.__name__} holds values that belong in conf/: {valued}"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A prepared root with a full batch of 32 (experiment=gpu_384) and no test split."""
+    return write_prepared(tmp_path_factory.mktemp("config") / "prepared", n_train=40, n_valid=8)
+
+
+def _compose(data: Path, run_dir: Path, *overrides: str):
+    return compose_train([f"dataset.root={data}", *overrides], run_dir)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_with_its_values(group, option, data, tmp_path):
+    cfg = _compose(data, tmp_path, f"{group}={option}")
+    if group == "loader":
+        assert cfg.loader._target_.endswith(LOADERS[option])
+    if group == "model":
+        assert cfg.model.arch == MODELS[option] and cfg.model.encoder_weights is None
+    if group == "scheduler" and option != "none":
+        length = "T_max" if option == "cosine" else "total_steps"
+        assert cfg.scheduler[length] is None  # the whole fit, unless set explicitly
+
+
+class _DryRun(Exception):
+    """Raised once the fit is set up: nothing is trained."""
+
+
+class _Probe(L.Callback):
+    """What the trainer built for the fit (optimizers, schedules, the fit's length), read at
+    `on_fit_start`: after `configure_optimizers`, before the first step."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.steps = trainer.estimated_stepping_batches
+        self.optimizers = list(trainer.optimizers)
+        self.schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+        raise _DryRun
+
+
+def dry_fit(built: Built) -> _Probe:
+    probe = _Probe()
+    built.trainer.callbacks.append(probe)
+    with pytest.raises(_DryRun), isolated_job():  # closes the W&B run the fit's setup opened
+        built.trainer.fit(built.module, datamodule=built.datamodule)
+    return probe
+
+
+def lrs_per_step(scheduler, steps: int) -> list[float]:
+    """The learning rate each optimizer step of the fit runs with, stepping the schedule as
+    Lightning does (after every optimizer step)."""
+    used = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+        for step in range(steps):
+            used.append(scheduler.optimizer.param_groups[0]["lr"])
+            if step < steps - 1:
+                scheduler.step()
+    return used
+
+
+def _needs_cuda(cfg) -> bool:
+    return cfg.trainer.accelerator in ("gpu", "cuda")
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
+    group, option, data, tmp_path
+):
+    cfg = _compose(data, tmp_path / "run", f"{group}={option}")
+    if _needs_cuda(cfg) and not CUDA:
+        pytest.skip(f"{group}={option} trains on a GPU; this machine has no CUDA")
+    built = build(cfg)
+    chosen = {"loader": "dali", "model": "unet", "optimizer": "adamw"} | {group: option}
+    assert built.datamodule.loader.func.__name__ == LOADERS.get(chosen["loader"], "DaliLoader")
+    assert type(built.module.net).__name__ == MODELS.get(chosen["model"], cfg.model.arch)
+    assert isinstance(built.trainer, L.Trainer)
+    expected = "CUDAAccelerator" if _needs_cuda(cfg) else "CPUAccelerator"
+    assert type(built.trainer.accelerator).__name__ == expected
+
+    probe = dry_fit(built)
+    (optimizer,) = probe.optimizers
+    assert type(optimizer).__name__ == OPTIMIZERS[chosen["optimizer"]]
+    if cfg.scheduler is None:
+        assert probe.schedulers == []
+        return
+    (scheduler,) = probe.schedulers
+    assert schedule_length(scheduler) == probe.steps
+    lrs = lrs_per_step(scheduler, probe.steps)
+    assert all(lr > lrs[-1] for lr in lrs[:-1]), "the schedule's minimum must be its last step"
+
+
+def test_a_schedule_length_set_explicitly_is_kept(data, tmp_path):
+    probe = dry_fit(build(_compose(data, tmp_path, "scheduler.T_max=7")))
+    (scheduler,) = probe.schedulers
+    assert schedule_length(scheduler) == 7 != probe.steps
+
+
+def _compose_app(app: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(app, overrides=overrides)
+
+
+@pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONF / "dataset").glob("*.yaml")))
+def test_prepare_composes_from_the_dataset(dataset):
+    cfg = _compose_app("prepare", [f"dataset={dataset}"])
+    assert cfg.input_dir == cfg.dataset.raw_dir and cfg.output_dir == cfg.dataset.root
+    assert cfg.split.group_regex == cfg.dataset.group_regex
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    overrides = small_overrides(data, "trainer.max_epochs=1", "logger=none", "test=false")
+    run(compose_train(overrides, run_dir))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize("model", [None, "unet"])
+@pytest.mark.parametrize("app", ["predict", "export"])
+def test_predict_and_export_build_the_checkpoints_net(app, model, checkpoint):
+    overrides = [f"ckpt={checkpoint}"] + (["input=x", "output=y"] if app == "predict" else [])
+    if model is not None:
+        overrides += [f"model={model}", *TINY_UNET[1:]]
+    spec = resolve_spec(_compose_app(app, overrides))
+    assert type(load_net(checkpoint, spec.model)).__name__ == "Unet" and spec.image_size == (32, 32)
+
+
+def test_train_help_names_every_group_and_option():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        help_text = compose("train", return_hydra_config=True).hydra.help.template
+    listed = {
+        line.split()[0]: {o.strip() for o in line.split(None, 1)[1].split(",")}
+        for line in help_text.splitlines()
+        if line.startswith("  ") and line.split()[0] in GROUPS
+    }
+    for group in GROUPS:
+        assert listed.get(group, set()) == {o for g, o in OPTIONS if g == group}, group

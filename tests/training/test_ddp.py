@@ -1,0 +1,150 @@
+"""DDP on CPU (2 gloo processes through Lightning's launcher, re-running the real `train.py`).
+
+One run is shared by the tests: one run dir, rank-0-only outputs, every training row seen once
+per epoch across ranks (the sample ledger), every validation row counted once, and the DDP
+validation Dice equal to a single-process validation of the same weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from support.ddp import ddp_overrides, run_train
+from support.prepared import write_prepared
+from support.train import compose_train
+from support.wandb_records import history
+
+from nailseg.data.augment import AugSpec
+from nailseg.data.datamodule import NailDataModule
+from nailseg.training.build import build
+
+N_TRAIN, N_VALID, BATCH, EPOCHS = 13, 5, 2, 2
+
+
+def read_ledger(run_dir: Path, stage: str) -> dict[tuple[int, int], list[int]]:
+    """{(epoch, rank): rows} of one stage."""
+    entries = [json.loads(p.read_text()) for p in (run_dir / "ledger").glob(f"{stage}_*.json")]
+    return {(e["epoch"], e["rank"]): e["rows"] for e in entries}
+
+
+def logged(run_dir: Path, key: str) -> list[float]:
+    """Every value of `key` the run's W&B history holds, in order."""
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    return [row[key] for row in history(run_file) if key in row]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(prepared root, run dir) of a 2-process DDP fit under the default-style dated run dir."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    root = write_prepared(tmp / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    outputs = tmp / "outputs"
+    run_train(
+        *ddp_overrides(
+            root,
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            f"trainer.max_epochs={EPOCHS}",
+            "callbacks=audit",
+            "logger=wandb",
+            f"hydra.run.dir={outputs}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
+        )
+    )
+    (run_dir,) = outputs.iterdir()  # rank 1 re-ran the command: still one run dir
+    return root, run_dir
+
+
+def test_one_run_dir_written_by_rank_zero(ddp_run):
+    _, run_dir = ddp_run
+    for path in ("metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"):
+        assert (run_dir / path).is_file(), path
+    assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # rank 0's run only
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # rank 1's Python log, same dir
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == EPOCHS
+    assert metrics["global_step"] == EPOCHS * (N_TRAIN // 2 // BATCH)  # steps per rank
+
+
+def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_run):
+    _, run_dir = ddp_run
+    ledger = read_ledger(run_dir, "train")
+    assert sorted(ledger) == [(e, r) for e in range(EPOCHS) for r in (0, 1)]
+    share = N_TRAIN // 2  # equal shares; the one row left over is dropped (a new one each epoch)
+    for epoch in range(EPOCHS):
+        rank0, rank1 = ledger[epoch, 0], ledger[epoch, 1]
+        assert len(rank0) == len(rank1) == share
+        assert not set(rank0) & set(rank1)  # no row on two ranks
+        assert len(set(rank0) | set(rank1)) == 2 * share <= N_TRAIN  # no row twice on one rank
+        assert set(rank0) | set(rank1) <= set(range(N_TRAIN))
+    assert logged(run_dir, "train/samples") == [2 * share] * EPOCHS
+
+
+def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_run):
+    _, run_dir = ddp_run
+    ledger = read_ledger(run_dir, "val")
+    for epoch in range(EPOCHS):
+        # rows r::2: rank 0 runs two batches ([0, 2], [4]), rank 1 one ([1, 3]) -- no padding
+        assert ledger[epoch, 0] == [0, 2, 4] and ledger[epoch, 1] == [1, 3]
+    assert logged(run_dir, "val/samples") == [N_VALID] * EPOCHS
+    test = read_ledger(run_dir, "test")  # the final evaluation on valid: once more, each row once
+    rows = sorted(row for rank_rows in test.values() for row in rank_rows)
+    assert len(test) == 2 and rows == list(range(N_VALID))
+
+
+def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_run, tmp_path):
+    root, run_dir = ddp_run
+    ddp_dice = json.loads((run_dir / "metrics.json").read_text())["fit"]["val/dice"]
+    built = build(compose_train(ddp_overrides(root, "logger=none"), tmp_path / "single"))
+    last = run_dir / "checkpoints" / "last.ckpt"  # the weights the last validation ran on
+    (single,) = built.trainer.validate(
+        built.module, datamodule=built.datamodule, ckpt_path=last, weights_only=True
+    )
+    assert single["val/samples"] == N_VALID
+    assert single["val/dice"] == pytest.approx(ddp_dice, abs=1e-6)
+
+
+class _Loader:
+    """Stands in for a loader backend: records how it was built and whether it was closed."""
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs, self.closed = kwargs, False
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _datamodule(prepared: Path, rank: int, world_size: int) -> NailDataModule:
+    datamodule = NailDataModule(prepared, (32, 32), functools.partial(_Loader), AugSpec(ops=()))
+    datamodule.trainer = SimpleNamespace(
+        global_rank=rank, world_size=world_size, overfit_batches=0, current_epoch=0
+    )
+    return datamodule
+
+
+def test_eval_split_smaller_than_the_world_fails_on_every_rank(prepared):
+    # 5 valid rows: with 8 ranks, ranks 5..7 would have no batch, skip Lightning's evaluation loop
+    # and leave the others waiting in the epoch-end sync; every rank refuses alike instead
+    for rank in (0, 7):
+        with pytest.raises(ValueError, match=r"valid split has 5 rows for 8 ranks"):
+            _datamodule(prepared, rank, 8).val_dataloader()
+    assert _datamodule(prepared, 4, 5).val_dataloader().kwargs["world_size"] == 5  # one row each
+
+
+def test_loaders_are_closed_when_replaced_and_at_teardown(prepared):
+    datamodule = _datamodule(prepared, 0, 1)
+    train, val, test = (
+        datamodule.train_dataloader(),
+        datamodule.val_dataloader(),
+        datamodule.test_dataloader(),
+    )
+    reloaded = datamodule.val_dataloader()  # trainer.reload_dataloaders_every_n_epochs
+    assert val.closed and not (train.closed or test.closed or reloaded.closed)
+    datamodule.teardown("fit")
+    assert train.closed and test.closed and reloaded.closed

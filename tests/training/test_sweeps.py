@@ -1,0 +1,145 @@
+"""Sweeps stay clean: DDP inside a multirun, the submitit launcher, an Optuna study, one W&B run
+per job (even after a failed one), loaders released after a run, the SLURM launcher's resources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from support.ddp import ddp_overrides, job_dirs, run_train
+from support.train import CONF, small_overrides, train
+from support.wandb_records import complete_records, history, run_id
+
+from nailseg.data.datamodule import NailDataModule
+
+
+def multirun(*args: str) -> None:
+    run_train("-m", *args)
+
+
+def test_ddp_jobs_of_a_sweep_each_run_their_own_config_in_their_own_dir(prepared, tmp_path):
+    # Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir
+    sweeps, ledgers = tmp_path / "multirun", [tmp_path / "ledger_a", tmp_path / "ledger_b"]
+    multirun(
+        *ddp_overrides(prepared, "debug=fast", "logger=csv", "callbacks=audit"),
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        f"callbacks.ledger.dirpath={ledgers[0]},{ledgers[1]}",
+        f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
+    )
+    (sweep,) = sweeps.iterdir()
+    jobs = job_dirs(sweep)
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job, ledger in zip(jobs, ledgers, strict=True):
+        assert (job / "metrics.json").is_file() and (job / "train_ddp_process_1.log").is_file()
+        # rank 1 got this job's overrides: its ledger is where this job's config puts it
+        ranks = {json.loads(p.read_text())["rank"] for p in ledger.glob("train_*.json")}
+        assert ranks == {0, 1}
+
+
+def test_submitit_local_launcher_runs_every_job(prepared, tmp_path):
+    sweep = tmp_path / "sweep"
+    multirun(
+        *small_overrides(prepared, "debug=fast", "logger=csv"),
+        "hydra/launcher=submitit_local",
+        "aug=none,light",
+        f"hydra.sweep.dir={sweep}",
+    )
+    jobs = job_dirs(sweep)
+    assert [p.name for p in jobs] == ["0", "1"]
+    choices = [json.loads((job / "metrics.json").read_text())["choices"]["aug"] for job in jobs]
+    assert choices == ["none", "light"]
+
+
+def test_optuna_study_completes_and_reports_the_best_trial(prepared, tmp_path):
+    sweep = tmp_path / "study"
+    multirun(
+        *small_overrides(prepared, "debug=fast", "logger=none"),
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=1",
+        f"hydra.sweep.dir={sweep}",
+    )
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert set(results["best_params"]) == {
+        "optimizer.lr",
+        "model.encoder_name",
+        "aug",
+        "module.loss",
+    }
+    values = [
+        json.loads((job / "metrics.json").read_text())["best"]["value"] for job in job_dirs(sweep)
+    ]
+    assert len(values) == 2 and results["best_value"] == pytest.approx(max(values))
+
+
+def _exit_code(run_file: Path) -> int:
+    (code,) = [
+        r.exit.exit_code
+        for r in complete_records(run_file)
+        if r.WhichOneof("record_type") == "exit"
+    ]
+    return code
+
+
+def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(prepared, tmp_path):
+    sweep = tmp_path / "sweep"
+    multirun(
+        *small_overrides(
+            prepared,
+            "logger=wandb",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1",
+            "test=false",
+        ),
+        # job 1 fails inside fit, after its W&B run started: a one-step schedule cannot take a
+        # second optimizer step
+        "scheduler=onecycle",
+        "scheduler.total_steps=null,1,null",
+        f"hydra.sweep.dir={sweep}",
+    )
+    jobs = job_dirs(sweep)
+    assert (jobs[1] / "failed.json").is_file()
+    files = [next(job.glob("wandb/offline-run-*/run-*.wandb")) for job in jobs]
+    assert len({run_id(f) for f in files}) == 3
+    assert [_exit_code(f) for f in files] == [0, 1, 0]  # every run closed, the failed one as such
+    assert [r["val/samples"] for r in history(files[2]) if "val/samples" in r] == [4]
+
+
+def test_run_releases_its_loaders(prepared, tmp_path, monkeypatch):
+    built = []
+    original = NailDataModule._build
+
+    def spy(self, *args, **kwargs):
+        built.append(original(self, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(NailDataModule, "_build", spy)
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none")
+    assert len(built) == 3  # train, val, test
+    for loader in built:
+        with pytest.raises(RuntimeError, match="closed"):
+            next(iter(loader))
+
+
+def test_slurm_launcher_starts_one_task_per_device_the_trainer_expects():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=[
+                "hydra/launcher=slurm",
+                "trainer=ddp",
+                "trainer.devices=4",
+                "trainer.num_nodes=2",
+                "hydra.launcher.partition=gpu",
+            ],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == (2, 4, 4)
+    assert launcher.partition == "gpu" and launcher.timeout_min > 0 and launcher.mem_gb > 0

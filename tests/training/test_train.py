@@ -1,0 +1,360 @@
+"""train.py end to end on CPU: composition, typed config errors, DALI fits that never lose a batch,
+resume, W&B offline records, and overfitting one batch of real photos."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException, InstantiationException
+from hydra.utils import instantiate
+from omegaconf.errors import ValidationError
+from support.prepared import write_split
+from support.train import compose_train, small_overrides, train
+from support.wandb_records import history, run_id, summary
+
+from nailseg.model.checkpoint import CheckpointError
+from nailseg.model.net import build_net, compile_net
+from nailseg.prep.prepare import prepare
+from nailseg.training import resume
+from nailseg.training.run import run
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS, AUGS = ("unet", "segformer"), ("none", "light", "heavy", "geometric")
+
+
+def test_any_smp_architecture_through_the_model_group(tmp_path):
+    cfg = compose_train(["model.arch=FPN", "model.encoder_name=resnet18"], tmp_path)
+    assert type(instantiate(cfg.model)).__name__ == "FPN"
+    cfg = compose_train(["model.arch=NoSuchNet"], tmp_path)
+    with pytest.raises(InstantiationException, match="NoSuchNet"):
+        instantiate(cfg.model)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.max_epoch=3", "max_epoch"),
+        ("model.encoder_nam=resnet34", "encoder_nam"),
+        ("loader.batch_sise=8", "batch_sise"),
+        ("dataset.image_sise=[64,64]", "image_sise"),
+        ("seeed=1", "seeed"),
+    ],
+)
+def test_typo_fails_at_start_naming_the_key(override, key, tmp_path):
+    with pytest.raises(ConfigCompositionException, match=key):
+        compose_train([override], tmp_path)
+
+
+def test_wrong_type_fails_at_start_naming_the_key(tmp_path):
+    with pytest.raises((ConfigCompositionException, ValidationError), match="max_epochs"):
+        compose_train(["trainer.max_epochs=three"], tmp_path)
+    with pytest.raises((ConfigCompositionException, ValidationError), match="p"):
+        compose_train(["aug=heavy", "aug.ops.0.p=often"], tmp_path)
+
+
+def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
+    with pytest.raises(ValueError, match=r"reduce_overhead.*reduce-overhead"):
+        train(prepared, tmp_path / "run", "module.compile=true", "module.compile_mode=reduce_overhead", "logger=none")  # fmt: skip
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_compiling_keeps_the_state_dict_keys_of_the_eager_net():
+    net = build_net("unet", "resnet18", options={"encoder_depth": 3, "decoder_channels": [8, 4, 2]})
+    keys = list(net.state_dict())
+    assert compile_net(net, "reduce-overhead") is net and list(net.state_dict()) == keys
+
+
+def test_typo_fails_from_the_command_line_before_any_work():
+    proc = subprocess.run(
+        [sys.executable, "train.py", "trainer.max_epoch=3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "max_epoch" in proc.stderr
+
+
+def _metrics_csv(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "csv" / "metrics.csv")
+
+
+def _per_epoch(frame: pd.DataFrame, key: str) -> list[int]:
+    return [int(v) for v in frame[key].dropna()]
+
+
+@pytest.mark.parametrize(
+    ("model", "loader"),
+    [("unet", "dali"), ("segformer", "dali"), ("unet", "torch"), ("unet", "kornia")],
+)
+def test_fast_dev_run(model, loader, prepared, tmp_path):
+    extra = ["debug=fast", "logger=csv", f"loader={loader}", "aug=heavy"]
+    if model == "segformer":  # replace the tiny UNet of small_overrides
+        extra += [
+            "model=segformer",
+            "~model.options.encoder_depth",
+            "~model.options.decoder_channels",
+        ]
+    train(prepared, tmp_path / "run", *extra)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["fit"]["train/samples"] == 4 and metrics["fit"]["val/samples"] == 4
+    assert (
+        metrics["evaluated_on"] == "valid" and metrics["final"]["metrics"]["val_best/samples"] == 4
+    )
+    assert metrics["choices"]["loader"] == loader
+
+
+def test_lr_falls_once_over_the_whole_fit_and_ends_near_its_minimum(prepared, tmp_path):
+    # the schedule as composed (scheduler=cosine): 4 epochs of 3 steps, one decay, no restart
+    train(prepared, tmp_path / "run", "trainer.max_epochs=4", "logger=csv", "test=false")
+    lrs = _metrics_csv(tmp_path / "run")["lr-AdamW"].dropna().tolist()
+    assert len(lrs) == 12 and lrs[0] == pytest.approx(1e-3)
+    assert all(b < a for a, b in itertools.pairwise(lrs)), lrs
+    assert lrs[-1] < 0.02 * lrs[0]
+
+
+# a net that needs sides divisible by its output stride (smp's Unet takes any size)
+SEGFORMER = [
+    "model=segformer",
+    "~model.options.encoder_depth",
+    "~model.options.decoder_channels",
+    "dataset.image_size=[32,36]",
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("loader.batch_size=13", r"loader.batch_size=13: the train split has 12 rows for 1 rank"),
+        ("loader.batch_size=0", r"loader.batch_size=0: must be at least 1"),
+        (SEGFORMER, r"dataset.image_size=\[32, 36\]: Segformer/mit_b0 .* divisible by 32"),
+        ("module.threshold=1.5", r"module.threshold=1.5"),
+        ("eval_split=testing", r"eval_split=testing"),
+        ("eval_split=test", r"eval_split=test: .* has no test.csv"),
+        ("optimizer.weight_decy=0.1", r"optimizer.weight_decy"),
+        ("train=false", r"train=false evaluates a checkpoint"),
+    ],
+)
+def test_bad_values_fail_before_any_work_naming_key_and_value(
+    override, message, prepared, tmp_path
+):
+    overrides = override if isinstance(override, list) else [override]
+    with pytest.raises(Exception, match=message):
+        train(prepared, tmp_path / "run", *overrides, "logger=csv")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_test_split_is_reported_as_test_and_only_then(prepared, tmp_path):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for _ in range(4)]
+    masks = [(rng.random((40, 48, 1)) > 0.5).astype(np.uint8) for _ in range(4)]
+    write_split(prepared, "test", images, masks, prefix="test_")
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=1", "logger=csv")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["evaluated_on"] == "test" and metrics["final"]["metrics"]["test/samples"] == 4
+    assert _per_epoch(_metrics_csv(run_dir), "test/samples") == [4]
+
+
+def test_evaluation_only_run_scores_a_checkpoint_on_the_chosen_split(prepared, tmp_path):
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none", "test=false")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    for split, samples in (("valid", 5), ("train", 12)):
+        out = tmp_path / f"eval_{split}"
+        train(
+            prepared, out, "train=false", f"ckpt_path={ckpt}", f"eval_split={split}", "logger=none"
+        )
+        metrics = json.loads((out / "metrics.json").read_text())
+        prefix = "val" if split == "valid" else split
+        assert metrics["evaluated_on"] == split and metrics["resumed_from"] == str(ckpt)
+        assert metrics["final"]["metrics"][f"{prefix}_eval/samples"] == samples
+        assert not (out / "checkpoints").exists()
+
+
+# (overrides, train samples per epoch, val samples per epoch); 12 train and 5 valid rows, batch 4
+LOSSLESS_CASES = {
+    # sanity check takes both val batches: Lightning stops exactly at len()
+    "full epochs": ([], 12, 5),
+    "limit_train_batches": (["trainer.limit_train_batches=2"], 8, 5),
+    "sanity check abandons a pass": (["trainer.num_sanity_val_steps=1"], 12, 5),
+    "limit_val_batches": (["trainer.limit_val_batches=1"], 12, 4),
+    "all limits at once": (
+        [
+            "trainer.limit_train_batches=1",
+            "trainer.limit_val_batches=1",
+            "trainer.num_sanity_val_steps=1",
+        ],
+        4,
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOSSLESS_CASES))
+def test_no_batch_is_lost_between_epochs(case, prepared, tmp_path):
+    overrides, train_samples, val_samples = LOSSLESS_CASES[case]
+    run_dir = tmp_path / "run"
+    train(
+        prepared,
+        run_dir,
+        "trainer.max_epochs=3",
+        "logger=csv",
+        "test=false",
+        "aug=heavy",
+        *overrides,
+    )
+    frame = _metrics_csv(run_dir)
+    assert _per_epoch(frame, "train/samples") == [train_samples] * 3
+    assert _per_epoch(frame, "val/samples") == [val_samples] * 3
+
+
+def test_early_stopping_then_test_sees_every_sample(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        prepared,
+        run_dir,
+        "callbacks=early_stopping",
+        "callbacks.early_stopping.patience=0",
+        "callbacks.early_stopping.min_delta=1.0",  # no epoch can improve that much: stops after 2
+        "trainer.max_epochs=10",
+        "logger=csv",
+    )
+    frame = _metrics_csv(run_dir)
+    assert _per_epoch(frame, "train/samples") == [12, 12]
+    assert _per_epoch(frame, "val/samples") == [5, 5]
+    assert _per_epoch(frame, "val_best/samples") == [5]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["final"]["metrics"]["val_best/samples"] == 5 and metrics["best"]["checkpoint"]
+
+
+def _wandb_files(run_dir: Path) -> list[Path]:
+    """The run's offline W&B files, one per session (a resumed fit adds one), oldest first."""
+    return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=3", "logger=wandb")
+    (run_file,) = _wandb_files(run_dir)
+    rows = history(run_file)
+    logged = {k for row in rows for k in row}
+    for key in (
+        "train/loss_step",
+        "train/samples",
+        "train/images_per_s",
+        "train/data_wait_frac",
+        "val/dice",
+        "val/iou",
+        "val/samples",
+        "val/dice_group_a",
+        "val/dice_best",
+        "val_best/dice",
+        "lr-AdamW",
+    ):
+        assert key in logged, key
+    assert not any(k.startswith("test/") for k in logged)  # no test split, no test score
+    dice = [r["val/dice"] for r in rows if "val/dice" in r]
+    assert len(dice) == 3
+    assert [r["val/dice_best"] for r in rows if "val/dice_best" in r] == pytest.approx(
+        [max(dice[: i + 1]) for i in range(3)]
+    )
+    assert summary(run_file)["val/dice"]["max"] == pytest.approx(max(dice))
+    assert list(run_dir.glob("overlays/epoch_*.png"))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["best"]["value"] == pytest.approx(max(dice))
+
+
+def test_resume_continues_its_run_folder_keeping_the_best(prepared, tmp_path):
+    runs = tmp_path / "runs"
+    first_dir = runs / "first"
+    train(prepared, first_dir, "trainer.max_epochs=2", "logger=wandb", "test=false")
+    first = json.loads((first_dir / "metrics.json").read_text())
+    assert first["global_step"] == 6 and first["best"]["value"] is not None  # 3 batches x 2
+
+    # nothing left to train: the best is the one restored from the checkpoint
+    train(prepared, runs / "again", "trainer.max_epochs=2", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
+    again = json.loads((first_dir / "metrics.json").read_text())
+    assert again["best"] == first["best"]
+    assert again["resumed_from"] == str(first_dir / "checkpoints" / "last.ckpt")
+
+    train(prepared, runs / "second", "trainer.max_epochs=4", "logger=wandb", "ckpt_path=last")
+    second = json.loads((first_dir / "metrics.json").read_text())  # the run folder it continued
+    assert second["global_step"] == 12 and second["epochs"] == 4
+    assert not (runs / "second" / "checkpoints").exists()
+    files = _wandb_files(first_dir)
+    assert len(files) == 2 and run_id(files[0]) == run_id(files[1])
+    rows = history(files[1])
+    assert [r["train/samples"] for r in rows if "train/samples" in r] == [12, 12]
+    assert [r["epoch"] for r in rows if "train/samples" in r] == [2, 3]
+    lrs = [r["lr-AdamW"] for r in rows if "lr-AdamW" in r]
+    assert lrs and lrs[0] < 1e-3  # the schedule continued; a restart would log the initial lr
+    dice = [r["val/dice"] for f in files for r in history(f) if "val/dice" in r]
+    assert len(dice) == 4 and second["best"]["value"] == pytest.approx(max(dice))
+    with pytest.raises(CheckpointError, match=r"last\.ckpt"):
+        train(prepared, tmp_path / "lonely" / "run", "ckpt_path=last")
+
+
+def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp_path):
+    # val/samples never changes: only epoch 0 is a "best"; last.ckpt must still move on
+    train(prepared, tmp_path / "run", "trainer.max_epochs=3", "optimized_metric=val/samples", "logger=none", "test=false")  # fmt: skip
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (2, 9)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("epoch_*.ckpt")] == [
+        "epoch_000.ckpt"
+    ]
+
+
+def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none")
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 3 and "state_dict" in checkpoint
+
+
+@pytest.mark.real_data
+def test_overfit_one_batch_of_real_photos(real_data, tmp_path):
+    root = tmp_path / "nails"
+    prepare(real_data, root, group_regex=r"^(\d+_\d+)_|^(None_\d+)-")
+    cfg = compose_train(
+        small_overrides(
+            root,
+            "debug=overfit",
+            "dataset.image_size=[96,96]",
+            "loader.batch_size=8",
+            "logger=csv",
+            "test=false",
+            "optimizer.lr=0.003",
+            "scheduler=none",
+            "trainer.max_epochs=60",
+        ),
+        tmp_path / "run",
+    )
+    run_dir = tmp_path / "run"
+    run(cfg)
+    dice = _metrics_csv(run_dir)["val/dice"].dropna().tolist()
+    assert max(dice) > 0.9, dice
+
+
+def _checkpoint(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {}}, path)
+    return path
+
+
+def test_a_sweep_job_resumes_its_own_checkpoint_never_a_siblings(tmp_path):
+    sweep = tmp_path / "multirun" / "sweep"
+    own = _checkpoint(sweep / "0" / "checkpoints" / "last.ckpt")
+    sibling = _checkpoint(sweep / "1" / "checkpoints" / "last.ckpt")  # newer
+    os.utime(own, ns=(1, 1))
+    found = resume.resolve("last", sweep / "0", sweep_job=True)
+    assert found.checkpoint == own and found.run_dir == sweep / "0"
+    assert resume.resolve("last", sweep / "2", sweep_job=True) is None  # a job not yet run
+    # a single run takes the newest run beside it
+    assert resume.resolve("last", sweep / "new", sweep_job=False).checkpoint == sibling
