@@ -8,9 +8,12 @@ REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
 
-.PHONY: install prepare train test lint format bench-prepare bench compare gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench compare gpu-check clean
 
-install: $(STAMP)
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+
+install: $(STAMP)  ## create .venv with the pinned packages (a no-op when it is up to date)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,11 +31,14 @@ train: install  ## prepare DATASET, then train on it with the defaults (CPU on t
 test: install  ## the whole suite (real-data tests skip where ../shared is absent)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(ARGS)
 
-lint: install
+test-fast: install  ## the suite without the slow tests (subprocess trainings, DDP, sweeps)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -m "not slow" $(ARGS)
+
+lint: install  ## ruff check and format --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: install
+format: install  ## ruff fix and format
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
@@ -50,10 +56,10 @@ bench: install  ## loader comparison: torch / kornia / dali x light / heavy, wit
 ifndef COMPARE_DIR
 COMPARE_DIR := multirun/compare-$(shell date +%Y%m%d-%H%M%S)
 endif
-compare: install  ## train once per loader x aug (a W&B group), then a table and plot of the sweep
+compare: install  ## train once per loader x aug (one W&B group), then a table and plot of the sweep
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
-		hydra.sweep.dir=$(COMPARE_DIR) logger.wandb.group=$(notdir $(COMPARE_DIR)) $(ARGS)
+		hydra.sweep.dir=$(COMPARE_DIR) $(ARGS)
 	$(PY) -m nailseg.compare sweep_dir=$(COMPARE_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv

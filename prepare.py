@@ -6,11 +6,13 @@ import hydra
 from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
-from nailseg.prep.prepare import PrepareError, run
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="prepare")
 def main(cfg: DictConfig) -> None:
+    # imported here: --help, --cfg and a config error answer before the image libraries load
+    from nailseg.prep.prepare import PrepareError, run
+
     try:
         run(cfg)
     except PrepareError as err:

@@ -4,11 +4,13 @@ import hydra
 from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
-from nailseg.training.run import run_job
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # imported here: --help, --cfg and a config error answer before torch and Lightning load
+    from nailseg.training.run import run_job
+
     return run_job(cfg)
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: prepared data written the way `prepare.py` writes it, and paths to the real data."""
+"""Shared fixtures: prepared data written the way `prepare.py` writes it, the real data, and one
+sweep with a failing job that several test modules read."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from support.ddp import run_train
 from support.prepared import write_prepared
+from support.train import small_overrides
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -28,3 +31,22 @@ def real_data() -> Path:
 @pytest.fixture
 def prepared(tmp_path: Path) -> Path:
     return write_prepared(tmp_path / "prepared")
+
+
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`train.py -m` of three jobs with W&B; job 1 fails inside fit, after its W&B run started (a
+    one-step schedule cannot take a second optimizer step). Returns the sweep folder."""
+    base = tmp_path_factory.mktemp("failing_sweep")
+    overrides = small_overrides(
+        write_prepared(base / "prepared"),
+        "logger=wandb",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "test=false",
+        "scheduler=onecycle",
+        "scheduler.total_steps=null,1,null",
+    )
+    run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}")
+    return base / "sweep"

@@ -1,4 +1,4 @@
-"""Binary segmentation losses on logits, chosen by name from the config (`model.loss=...`).
+"""Binary segmentation losses on logits, chosen by name from the config (`module.loss=...`).
 
 Every loss takes `(logits, target)` with logits B×1×H×W (raw, before sigmoid) and target B×1×H×W
 in {0, 1}, and returns a scalar. The soft Dice term is computed over the whole batch (smp's binary

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -39,11 +40,13 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from nailseg.atomic import write_atomic, write_text
+from nailseg.config import CONF_DIR
 from nailseg.paths import overlap
 from nailseg.prep.format import (
     CSV_COLUMNS,
@@ -81,6 +84,8 @@ MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (u
 _MARKER_KEYS = frozenset({"format"})
 _OURS_IN_NEW_ROOT = re.compile(rf"{re.escape(LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp")
 _LEGACY_COLUMNS = {"settings": "", "listed": 1}  # manifests of format 1 lack them
+
+log = logging.getLogger(__name__)
 
 
 class PrepareError(RuntimeError):
@@ -653,3 +658,24 @@ def run(cfg) -> Summary:
     )
     print_summary(summary)
     return summary
+
+
+def prepare_builtin(dataset: DictConfig) -> bool:
+    """On first use of a built-in (synthetic) dataset, generate and prepare it with the settings
+    of conf/prepare.yaml; returns whether it did. Other datasets are the user's to prepare."""
+    if dataset.synthetic is None or (Path(dataset.root) / split_file("train")).is_file():
+        return False
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    log.info(
+        "first use of dataset=%s: generating and preparing it in %s", dataset.name, dataset.root
+    )
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (train.py)
+        cfg = compose("prepare")
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("prepare")
+    cfg.dataset = dataset
+    run(cfg)
+    return True

@@ -60,14 +60,29 @@ def final_prefix(split: str, after_fit: bool) -> str:
 
 
 def build_loggers(cfg: DictConfig, wandb_run_id: str | None) -> list[Logger]:
-    """The `logger=` group's loggers; W&B resumes the checkpoint's run when there is one."""
+    """The `logger=` group's loggers. W&B resumes the checkpoint's run when there is one; in a
+    sweep its runs share a group named after the sweep folder and each is named by its own
+    overrides, unless `logger.wandb.group` / `.name` say otherwise."""
     loggers = []
     for name, conf in (cfg.logger or {}).items():
         extra: dict[str, Any] = {}
-        if name == "wandb" and wandb_run_id is not None:
-            extra = {"id": wandb_run_id, "resume": "allow"}
+        if name == "wandb":
+            if wandb_run_id is not None:
+                extra |= {"id": wandb_run_id, "resume": "allow"}
+            if sweep_job():
+                hydra = HydraConfig.get()
+                if conf.get("group") is None:
+                    extra["group"] = Path(hydra.sweep.dir).name
+                if conf.get("name") is None:
+                    extra["name"] = run_name(hydra.overrides.task)
         loggers.append(instantiate(conf, **extra))
     return loggers
+
+
+def run_name(overrides: list[str]) -> str:
+    """A sweep job's name from its overrides (paths left out: they rarely tell jobs apart)."""
+    shown = [o for o in overrides if "/" not in o.split("=", 1)[-1]]
+    return ",".join(shown) or "defaults"
 
 
 def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:

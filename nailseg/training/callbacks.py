@@ -185,19 +185,40 @@ class PredictionOverlays(L.Callback):
         path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
         save_png_atomic(path, canvas)
         self._drawn_epoch = self._batch_epoch
-        self._log_to_wandb(trainer, canvas)
+        self._log_to_wandb(trainer, canvas, pictures, truths, preds)
 
-    def _log_to_wandb(self, trainer: L.Trainer, canvas: np.ndarray) -> None:
+    def _log_to_wandb(
+        self,
+        trainer: L.Trainer,
+        canvas: np.ndarray,
+        pictures: Sequence[np.ndarray],
+        truths: np.ndarray,
+        preds: np.ndarray,
+    ) -> None:
+        """The grid as one image (`val/overlays`), and each photo with its truth and prediction
+        as W&B masks (`val/examples`), which the W&B UI toggles and compares."""
         for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_image(
-                    key="val/overlays",
-                    images=[canvas],
-                    step=trainer.global_step,
-                    caption=[
-                        f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"
-                    ],
-                )
+            if not isinstance(logger, WandbLogger):
+                continue
+            logger.log_image(
+                key="val/overlays",
+                images=[canvas],
+                step=trainer.global_step,
+                caption=[f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"],
+            )
+            labels = {0: "background", 1: "nail"}
+            logger.log_image(
+                key="val/examples",
+                images=list(pictures),
+                step=trainer.global_step,
+                masks=[
+                    {
+                        "truth": {"mask_data": t.astype(np.uint8), "class_labels": labels},
+                        "prediction": {"mask_data": m.astype(np.uint8), "class_labels": labels},
+                    }
+                    for t, m in zip(truths, preds, strict=True)
+                ],
+            )
 
 
 class CheckpointCard(L.Callback):

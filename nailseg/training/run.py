@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.atomic import write_text
+from nailseg.prep.prepare import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
 from nailseg.training.jobs import isolated_job
@@ -80,10 +81,25 @@ def _best(built: Built) -> dict[str, Any]:
     }
 
 
+def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> None:
+    """The final evaluation per group, as a W&B table (`<prefix>/groups`)."""
+    rows = [
+        [name, *(metrics.get(f"{prefix}/{k}_group_{name}") for k in ("dice", "iou", "samples"))]
+        for name in built.datamodule.group_names
+        if f"{prefix}/samples_group_{name}" in metrics
+    ]
+    for logger in built.loggers:
+        if isinstance(logger, WandbLogger) and rows:
+            logger.log_table(
+                key=f"{prefix}/groups", columns=["group", "dice", "iou", "samples"], data=rows
+            )
+
+
 def run(cfg: DictConfig) -> float | None:
     """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
     route_library_logs()
+    prepare_builtin(cfg.dataset)  # the built-in synthetic data, on first use
     built = build(cfg)
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
@@ -124,6 +140,8 @@ def run(cfg: DictConfig) -> float | None:
             }
         if trainer.is_global_zero:
             _write_json(run_dir / "metrics.json", report)
+            if "final" in report:
+                _log_group_table(built, report["final"]["metrics"], module.test_prefix)
         for logger in built.loggers:
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()

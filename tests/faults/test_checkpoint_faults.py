@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.ddp import TIMEOUT_S, run_train
 from support.train import small_overrides, train
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # trains in subprocesses, one of them killed
 
 # train.py with `open` hooked: the second time a file named like last.ckpt is opened for writing
 # (the second epoch's save), the process kills itself with SIGKILL, mid-save

@@ -370,6 +370,7 @@ def test_split_depends_on_names_and_seed_only():
     assert (split.count("valid"), split.count("test")) == (12, 6)
 
 
+@pytest.mark.slow
 def test_kill_and_rerun_gives_the_uninterrupted_outputs(tmp_path):
     raw = tmp_path / "raw"
     for i in range(240):

@@ -70,11 +70,16 @@ def history(run_file: Path) -> list[dict]:
     return rows
 
 
-def run_id(run_file: Path) -> str:
+def run_record(run_file: Path):
+    """The run's own record: id, group, display name, config."""
     for record in complete_records(run_file):
         if record.WhichOneof("record_type") == "run":
-            return record.run.run_id
+            return record.run
     raise ValueError(f"{run_file}: no run record")
+
+
+def run_id(run_file: Path) -> str:
+    return run_record(run_file).run_id
 
 
 def summary(run_file: Path) -> dict:

@@ -1,4 +1,4 @@
-"""A real multirun sweep of train.py: one folder per job, a failing job recorded, the summary."""
+"""`python -m nailseg.compare` on a real sweep of train.py with a failing job."""
 
 from __future__ import annotations
 
@@ -6,33 +6,39 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.train import small_overrides
+import pandas as pd
 
 from nailseg.tools.compare import summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sweep_survives_a_failing_job_and_is_summarised(prepared, tmp_path):
-    sweep = tmp_path / "sweep"
-    overrides = small_overrides(prepared, "debug=fast", "logger=csv")
-    overrides = [o for o in overrides if not o.startswith("model")] + [
-        "model.arch=Unet,NoSuchNet",
-        "aug=none,light",
-        f"hydra.sweep.dir={sweep}",
-    ]
+def test_a_sweep_is_summarised_by_what_it_varied_failed_jobs_included(failing_sweep):
+    rows = summarise(failing_sweep)
+    assert list(rows["job"]) == ["0", "1", "2"]
+    assert list(rows.columns[:2]) == ["job", "scheduler.total_steps"]  # only what varied
+    assert list(rows["scheduler.total_steps"]) == ["null", "1", "null"]
+    assert list(rows["status"].str[:6]) == ["ok", "failed", "ok"]
+    assert "Tried to step" in rows["status"][1]
+    assert rows.loc[[0, 2], "best"].notna().all() and rows.loc[[0, 2], "epochs"].tolist() == [1, 1]
+    table = (failing_sweep / "compare.md").read_text()
+    assert table.count("\n") == 2 + 3 and table.count("| failed: ") == 1
+    assert pd.read_csv(failing_sweep / "compare.csv", keep_default_na=False).shape == rows.shape
+    assert (failing_sweep / "compare.png").is_file()
+
+
+def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", *overrides], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "nailseg.compare", str(failing_sweep)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert len(jobs) == 4 and len({p.name for p in jobs}) == 4  # one folder per job
-    rows = summarise(sweep)
-    assert (sweep / "compare.csv").is_file()
-    ok, failed = rows[rows["status"] == "ok"], rows[rows["status"] != "ok"]
-    assert len(ok) == 2 and len(failed) == 2
-    assert failed["status"].str.contains("NoSuchNet").all()
-    assert sorted(ok["aug"]) == ["light", "none"] and "loader" not in rows  # only what varied
-    assert (sweep / "compare.png").is_file()
-    table = (sweep / "compare.md").read_text()
-    assert table.count("\n") == 2 + 4 and table.count("| failed: ") == 2
+    assert proc.returncode == 0 and "scheduler.total_steps" in proc.stdout, proc.stderr[-2000:]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "nailseg.compare", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "sweep_dir=DIR" in help_text and "dataset" not in help_text

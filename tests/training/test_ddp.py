@@ -22,6 +22,8 @@ from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
 from nailseg.training.build import build
 
+pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
+
 N_TRAIN, N_VALID, BATCH, EPOCHS = 13, 5, 2, 2
 
 

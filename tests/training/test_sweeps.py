@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from support.ddp import ddp_overrides, job_dirs, run_train
 from support.train import CONF, small_overrides, train
-from support.wandb_records import complete_records, history, run_id
+from support.wandb_records import complete_records, history, run_id, run_record
 
 from nailseg.data.datamodule import NailDataModule
+from nailseg.tools.compare import summarise
+
+pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
 
 def multirun(*args: str) -> None:
@@ -54,16 +58,20 @@ def test_submitit_local_launcher_runs_every_job(prepared, tmp_path):
     assert choices == ["none", "light"]
 
 
-def test_optuna_study_completes_and_reports_the_best_trial(prepared, tmp_path):
-    sweep = tmp_path / "study"
-    multirun(
-        *small_overrides(prepared, "debug=fast", "logger=none"),
-        "hparams_search=optuna",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.n_jobs=1",
-        f"hydra.sweep.dir={sweep}",
-    )
-    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+
+    def study(sweep: Path, trials: int) -> None:  # no -m: the preset is a sweep by itself
+        run_train(
+            *small_overrides(prepared, "debug=fast", "logger=none"),
+            "hparams_search=optuna",
+            f"hydra.sweeper.n_trials={trials}",
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweep.dir={sweep}",
+        )
+
+    study(tmp_path / "study", 2)
+    results = yaml.safe_load((tmp_path / "study" / "optimization_results.yaml").read_text())
     assert set(results["best_params"]) == {
         "optimizer.lr",
         "model.encoder_name",
@@ -71,9 +79,16 @@ def test_optuna_study_completes_and_reports_the_best_trial(prepared, tmp_path):
         "module.loss",
     }
     values = [
-        json.loads((job / "metrics.json").read_text())["best"]["value"] for job in job_dirs(sweep)
+        json.loads((job / "metrics.json").read_text())["best"]["value"]
+        for job in job_dirs(tmp_path / "study")
     ]
     assert len(values) == 2 and results["best_value"] == pytest.approx(max(values))
+    rows = summarise(tmp_path / "study")
+    assert rows["optimizer.lr"].astype(float).between(1e-4, 1e-2).all()
+
+    study(tmp_path / "more", 1)  # the same storage: the study goes on
+    trials = optuna.load_study(study_name="nailseg", storage=storage).trials
+    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
 
 
 def _exit_code(run_file: Path) -> int:
@@ -85,27 +100,18 @@ def _exit_code(run_file: Path) -> int:
     return code
 
 
-def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(prepared, tmp_path):
-    sweep = tmp_path / "sweep"
-    multirun(
-        *small_overrides(
-            prepared,
-            "logger=wandb",
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=2",
-            "trainer.limit_val_batches=1",
-            "test=false",
-        ),
-        # job 1 fails inside fit, after its W&B run started: a one-step schedule cannot take a
-        # second optimizer step
-        "scheduler=onecycle",
-        "scheduler.total_steps=null,1,null",
-        f"hydra.sweep.dir={sweep}",
-    )
-    jobs = job_dirs(sweep)
+def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(failing_sweep):
+    jobs = job_dirs(failing_sweep)
     assert (jobs[1] / "failed.json").is_file()
     files = [next(job.glob("wandb/offline-run-*/run-*.wandb")) for job in jobs]
     assert len({run_id(f) for f in files}) == 3
+    runs = [run_record(f) for f in files]  # one W&B group per sweep, runs named by their overrides
+    assert {r.run_group for r in runs} == {failing_sweep.name}
+    assert [r.display_name.split(",")[-1] for r in runs] == [
+        "scheduler.total_steps=null",
+        "scheduler.total_steps=1",
+        "scheduler.total_steps=null",
+    ]
     assert [_exit_code(f) for f in files] == [0, 1, 0]  # every run closed, the failed one as such
     assert [r["val/samples"] for r in history(files[2]) if "val/samples" in r] == [4]
 

@@ -258,8 +258,12 @@ def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_pat
         "val/dice_best",
         "val_best/dice",
         "lr-AdamW",
+        "val/overlays/_type",
+        "val/examples/all_masks",  # each photo with truth and prediction as W&B masks
+        "val_best/groups/_type",  # the final evaluation per group, as a table
     ):
         assert key in logged, key
+    assert [r["val_best/groups/nrows"] for r in rows if "val_best/groups/nrows" in r] == [2]
     assert not any(k.startswith("test/") for k in logged)  # no test split, no test score
     dice = [r["val/dice"] for r in rows if "val/dice" in r]
     assert len(dice) == 3
@@ -319,6 +323,7 @@ def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
 
 
 @pytest.mark.real_data
+@pytest.mark.slow
 def test_overfit_one_batch_of_real_photos(real_data, tmp_path):
     root = tmp_path / "nails"
     prepare(real_data, root, group_regex=r"^(\d+_\d+)_|^(None_\d+)-")
@@ -358,3 +363,18 @@ def test_a_sweep_job_resumes_its_own_checkpoint_never_a_siblings(tmp_path):
     assert resume.resolve("last", sweep / "2", sweep_job=True) is None  # a job not yet run
     # a single run takes the newest run beside it
     assert resume.resolve("last", sweep / "new", sweep_job=False).checkpoint == sibling
+
+
+def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
+    # what `python train.py model=segformer aug=heavy debug=fast` does on a fresh clone
+    data = [f"dataset.raw_dir={tmp_path}/raw", f"dataset.root={tmp_path}/prepared"]
+    cfg = compose_train(
+        [*data, "dataset.synthetic.n=24", "model=segformer", "aug=heavy", "debug=fast"],
+        tmp_path / "run",
+    )
+    run(cfg)
+    assert (tmp_path / "prepared" / "train.csv").is_file()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["fit"]["train/samples"] == 16  # one batch of the default 16
+    with pytest.raises(FileNotFoundError, match="prepare the data first"):
+        run(compose_train(["dataset=nails", f"dataset.root={tmp_path}/none"], tmp_path / "r2"))
