@@ -7,8 +7,16 @@ DATASET ?= synthetic
 REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
+CROSS_DIR ?= outputs/cross-source
+HOLDOUT ?= 1 2
+CROSS_AUGS ?= light,heavy,geometric,robust
+CROSS_DATASETS ?= nails,nails_synthetic
+SYNTHETIC_N ?= 2000
+comma := ,
+empty :=
+space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench compare gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench compare cross-source gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -45,10 +53,12 @@ format: install  ## ruff fix and format
 bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
 	$(PY) -m nailseg.bench_prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
 
-clean:  ## remove outputs/, multirun/, the synthetic data set and the tool caches; never your photos
+clean:  ## remove outputs/, multirun/, the synthetic data sets and the tool caches; never your photos
 	rm -rf outputs multirun .pytest_cache .ruff_cache
-	test ! -f data/synthetic/raw/synthetic.json || rm -rf data/synthetic/raw
-	test ! -f data/synthetic/prepared/prepare.json || rm -rf data/synthetic/prepared
+	for d in data/synthetic data/synthetic-mix; do \
+		test ! -f $$d/raw/synthetic.json || rm -rf $$d/raw; \
+		test ! -f $$d/prepared/prepare.json || rm -rf $$d/prepared; \
+	done
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg.bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
@@ -61,6 +71,18 @@ compare: install  ## train once per loader x aug (one W&B group), then a table a
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
 		hydra.sweep.dir=$(COMPARE_DIR) $(ARGS)
 	$(PY) -m nailseg.compare sweep_dir=$(COMPARE_DIR)
+
+cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group x dataset x aug, a table + plot (GPU: ARGS=experiment=gpu_384)
+	for g in $(HOLDOUT); do \
+		$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=$(CROSS_DIR)/holdout-$$g \
+			"split.holdout_groups=[$$g]" || exit 1; \
+	done
+	$(PY) prepare.py dataset=synthetic dataset.synthetic.n=$(SYNTHETIC_N) \
+		dataset.raw_dir=data/synthetic-mix/raw dataset.root=data/synthetic-mix/prepared
+	$(PY) train.py -m dataset=$(CROSS_DATASETS) \
+		dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
+		aug=$(CROSS_AUGS) hydra.sweep.dir=$(CROSS_DIR)/sweep $(ARGS)
+	$(PY) -m nailseg.compare sweep_dir=$(CROSS_DIR)/sweep
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
 	$(PY) -m pytest -m gpu tests/test_gpu.py tests/data/test_dali_loader.py $(ARGS)

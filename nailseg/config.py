@@ -30,6 +30,15 @@ class SyntheticConfig:
 
 
 @dataclass
+class MixSourceConfig:
+    """Another prepared root whose train split is mixed into training (`dataset.mix`)."""
+
+    name: str = MISSING  # its groups are named <name>/<group> in the per-group metrics
+    root: str = MISSING  # prepared data: the output of prepare.py
+    weight: float = MISSING  # its share of each epoch: weight / (dataset.weight + all weights)
+
+
+@dataclass
 class DatasetConfig:
     """Where a dataset's raw photos and prepared arrays live, and the input size it trains at."""
 
@@ -39,6 +48,8 @@ class DatasetConfig:
     group_regex: str | None = None  # subject id from a file stem: one subject, one split
     image_size: list[int] = MISSING  # height, width
     synthetic: SyntheticConfig | None = None  # set: prepare.py generates raw_dir first
+    weight: float = MISSING  # the root's share of each epoch when other sources are mixed in
+    mix: list[MixSourceConfig] = MISSING  # other sources' train splits mixed into training
 
 
 @dataclass
@@ -51,6 +62,7 @@ class SplitConfig:
     group_regex: str | None = None
     folds: int = MISSING
     fold: int = MISSING
+    holdout_groups: list[str] = MISSING  # groups (Images/<group>) whose every photo is test
 
 
 @dataclass
@@ -78,6 +90,8 @@ class AugOpConfig:
     ratio: list[float] | None = None
     sigma: list[float] | None = None
     factor: list[float] | None = None
+    gamma: list[float] | None = None
+    quality: list[float] | None = None
 
 
 @dataclass

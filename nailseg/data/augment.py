@@ -5,6 +5,8 @@ fixed here so that `aug=heavy` means the same thing whichever backend runs it:
 
 * geometric ops (`GEOMETRIC`) run first, in spec order, on the image *and* its mask (mask:
   nearest-neighbour), then both are resized to the input size (mask: nearest-neighbour);
+* colour ops (`COLOUR`) then run in spec order on the resized image's RGB pixel values (0..255);
+  each op's result is rounded to the nearest level and clamped to 0..255, as a photo has them;
 * the image is then normalised (`(x/255 - mean) / std`);
 * photometric ops (`PHOTOMETRIC`) run last, in spec order, on the normalised image only.
 
@@ -14,6 +16,17 @@ Parameter meaning (all ranges are closed intervals sampled uniformly, once per s
 * `rotate`: `degrees` [lo, hi]; image bilinear, mask nearest, border filled with 0.
 * `random_resized_crop`: `scale` [lo, hi] (crop area / image area) and `ratio` [lo, hi]
   (crop width / height); the crop is then resized to the input size like the full image.
+* `zoom_out`: `scale` [lo, hi] within (0, 1]: the image becomes that fraction of each side of a
+  larger canvas (image and mask filled with 0 around it), placed uniformly at random; the canvas
+  is then resized like the full image, so the nails get smaller in the frame.
+* `hue`: `degrees` [lo, hi]; rotates each pixel's chroma in YIQ space (DALI's `fn.hue`: a 3x3
+  colour matrix, luma kept).
+* `saturation`: `factor` [lo, hi] >= 0; scales the chroma in YIQ space (DALI's `fn.saturation`);
+  0 is grey.
+* `grayscale`: no parameters; `saturation` with factor 0.
+* `gamma`: `gamma` [lo, hi] > 0; `255 * (x / 255) ** gamma`: below 1 brightens the shadows.
+* `jpeg`: `quality` [lo, hi], integers in 1..100 drawn uniformly; JPEG compression artefacts
+  (encode and decode at that quality, 4:2:0 chroma).
 * `gaussian_noise`: `sigma` [lo, hi]; adds N(0, sigma^2) to the normalised image.
 * `gaussian_blur`: `sigma` [lo, hi] in pixels of the resized image.
 * `brightness`: `factor` [lo, hi]; multiplies the normalised image.
@@ -26,7 +39,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-GEOMETRIC = ("hflip", "vflip", "rotate", "random_resized_crop")
+GEOMETRIC = ("hflip", "vflip", "rotate", "random_resized_crop", "zoom_out")
+COLOUR = ("hue", "saturation", "grayscale", "gamma", "jpeg")
 PHOTOMETRIC = ("gaussian_noise", "gaussian_blur", "brightness", "contrast")
 
 # op name -> the range parameters it takes (each a [lo, hi] pair)
@@ -35,10 +49,24 @@ OP_PARAMS: dict[str, tuple[str, ...]] = {
     "vflip": (),
     "rotate": ("degrees",),
     "random_resized_crop": ("scale", "ratio"),
+    "zoom_out": ("scale",),
+    "hue": ("degrees",),
+    "saturation": ("factor",),
+    "grayscale": (),
+    "gamma": ("gamma",),
+    "jpeg": ("quality",),
     "gaussian_noise": ("sigma",),
     "gaussian_blur": ("sigma",),
     "brightness": ("factor",),
     "contrast": ("factor",),
+}
+
+# op -> (key, lowest, highest) a range must stay within
+_BOUNDS: dict[str, tuple[str, float, float]] = {
+    "zoom_out": ("scale", 1e-3, 1.0),
+    "saturation": ("factor", 0.0, float("inf")),
+    "gamma": ("gamma", 1e-3, float("inf")),
+    "jpeg": ("quality", 1.0, 100.0),
 }
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -66,10 +94,21 @@ class AugOp:
         for key, (lo, hi) in self.ranges.items():
             if lo > hi:
                 raise ValueError(f"op {self.name!r}: {key}=[{lo}, {hi}] has lo > hi")
+        if self.name in _BOUNDS:
+            key, low, high = _BOUNDS[self.name]
+            lo, hi = self.ranges[key]
+            if lo < low or hi > high:
+                raise ValueError(
+                    f"op {self.name!r}: {key}=[{lo}, {hi}] must lie within [{low}, {high}]"
+                )
 
     @property
     def geometric(self) -> bool:
         return self.name in GEOMETRIC
+
+    @property
+    def colour(self) -> bool:
+        return self.name in COLOUR
 
 
 @dataclass(frozen=True)
@@ -85,8 +124,12 @@ class AugSpec:
         return tuple(op for op in self.ops if op.geometric)
 
     @property
+    def colour_ops(self) -> tuple[AugOp, ...]:
+        return tuple(op for op in self.ops if op.colour)
+
+    @property
     def photometric_ops(self) -> tuple[AugOp, ...]:
-        return tuple(op for op in self.ops if not op.geometric)
+        return tuple(op for op in self.ops if op.name in PHOTOMETRIC)
 
     @classmethod
     def from_config(

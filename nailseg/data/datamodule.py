@@ -12,11 +12,24 @@ the world size is refused up front, on every rank alike.
 
 Loaders hold threads and (DALI) device buffers: each is closed when it is replaced or at
 `teardown`, so the jobs of a sweep in one process do not pile them up.
+
+Mixed sources (`dataset.mix`, e.g. synthetic photos mixed into real ones): the root stays the
+primary source (its train split trains, its valid split validates, its test split is the final
+evaluation); each extra source adds only its train split. The train records are the primary's
+rows (unchanged, first: their `index` is their CSV row as before) followed by each source's, with
+absolute paths, groups named `<name>/<group>`, and the `source` / `source_weight` columns the
+loaders' plan draws each source's share of an epoch by (loaders/base.py, sampling.py). With no
+mix the records are exactly the CSV's.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +37,11 @@ import lightning as L
 import pandas as pd
 
 from nailseg.data.augment import AugSpec
+from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
+from nailseg.data.sampling import source_shares
 from nailseg.prep.format import CSV_COLUMNS
+
+log = logging.getLogger(__name__)
 
 
 def read_split(root: Path, split: str) -> pd.DataFrame:
@@ -40,12 +57,97 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
     return read_table(path, required=CSV_COLUMNS)
 
 
+@dataclass(frozen=True)
+class Source:
+    """One source of the train split: `name` ('' for the primary), its prepared root, weight,
+    and its train rows (the rows of `NailDataModule.splits["train"]` it holds)."""
+
+    name: str
+    root: Path
+    weight: float
+    rows: int
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    return a.exists() and b.exists() and os.path.samefile(a, b)
+
+
+def _check_weight(key: str, weight: Any) -> float:
+    try:
+        value = float(weight)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(weight, bool) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{key}={weight}: a source's weight must be a finite number > 0")
+    return value
+
+
+def read_mix(
+    root: Path, weight: float, mix: Sequence[Mapping[str, Any]]
+) -> tuple[list[Source], list[pd.DataFrame]]:
+    """The sources of the train split, primary first, checked before any work, and the train
+    rows each adds (paths absolute, groups `<name>/<group>`). Each error names its key."""
+    primary = Source("", root, _check_weight("dataset.weight", weight), 0)
+    sources, frames = [primary], []
+    for i, entry in enumerate(mix):
+        key = f"dataset.mix[{i}]"
+        unknown = sorted(set(entry) - {"name", "root", "weight"})
+        missing = sorted({"name", "root", "weight"} - set(entry))
+        if unknown or missing:
+            raise ValueError(
+                f"{key}: a source is {{name, root, weight}}; missing {missing}, unknown {unknown}"
+            )
+        name = entry["name"]
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(
+                f"{key}.name={name!r}: a non-empty name without '/' (its groups are <name>/<group>)"
+            )
+        if any(s.name == name for s in sources[1:]):
+            raise ValueError(f"{key}.name={name}: two sources are named {name}; names must differ")
+        mix_weight = _check_weight(f"{key}.weight", entry["weight"])
+        mix_root = Path(str(entry["root"]))
+        for j, other in enumerate(sources):
+            if _same_folder(mix_root, other.root):
+                other_key = "dataset.root" if j == 0 else f"dataset.mix[{j - 1}].root"
+                why = "it trains already" if j == 0 else "each root is mixed in once"
+                raise ValueError(
+                    f"{key}.root={mix_root} is {other_key} ({other.root}): {why}; mix in "
+                    "another prepared root"
+                )
+        if not (mix_root / "train.csv").is_file():
+            raw = mix_root.parent / "raw"
+            raise FileNotFoundError(
+                f"{key}.root={mix_root} is not a prepared root (no train.csv): prepare it first; "
+                f"the synthetic photos: `python prepare.py dataset=synthetic "
+                f"dataset.synthetic.n=2000 dataset.raw_dir={raw} dataset.root={mix_root}`, your "
+                f"own: `python prepare.py input_dir=RAW output_dir={mix_root}`"
+            )
+        rows = read_split(mix_root, "train")
+        if rows.empty:
+            raise ValueError(f"{key}.root={mix_root}: its train split has no rows to mix in")
+        absolute = mix_root.absolute()
+        rows = rows.assign(
+            images=[str(absolute / rel) for rel in rows["images"]],
+            masks=[str(absolute / rel) for rel in rows["masks"]],
+            group=[f"{name}/{group}" for group in rows["group"]],
+        )
+        sources.append(Source(name, mix_root, mix_weight, len(rows)))
+        frames.append(rows)
+    return sources, frames
+
+
 class NailDataModule(L.LightningDataModule):
     """train / valid loaders over a prepared root, and the loader of the final evaluation.
 
     Lightning's test stage runs the final evaluation on `final_split`: `auto` is the test split
     when the data has one, else the validation split (then the module must not report it as a
     test score; see `SegModule.test_prefix`).
+
+    `mix` ({name, root, weight} each) adds other prepared roots' train splits to training, drawn
+    by weight against the root's own `weight` (see the module docstring); `sources` lists them,
+    the root first.
     """
 
     def __init__(
@@ -55,18 +157,35 @@ class NailDataModule(L.LightningDataModule):
         loader: functools.partial,
         aug: AugSpec,
         final_split: str = "auto",
+        mix: Sequence[Mapping[str, Any]] = (),
+        weight: float = 1.0,
     ) -> None:
         super().__init__()
         self.root = Path(root)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.loader = loader
         self.aug = aug
+        sources, mixed = read_mix(self.root, weight, mix)  # its errors come before any reading
         self.splits = {
             "train": read_split(self.root, "train"),
             "valid": read_split(self.root, "valid"),
         }
         if (self.root / "test.csv").is_file():
             self.splits["test"] = read_split(self.root, "test")
+        primary_groups = sorted({g for rows in self.splits.values() for g in rows["group"]})
+        mixed_groups = sorted({g for rows in mixed for g in rows["group"]})
+        clash = sorted(set(primary_groups) & set(mixed_groups))
+        if clash:
+            raise ValueError(f"dataset.mix: groups {clash} are also groups of {self.root}")
+        self.sources = [
+            Source(s.name, s.root, s.weight, len(self.splits["train"]) if i == 0 else s.rows)
+            for i, s in enumerate(sources)
+        ]
+        if mixed and self.splits["train"].empty:
+            raise ValueError(f"dataset.root={self.root}: its train split has no rows to mix with")
+        if mixed:
+            self.splits["train"] = _mixed_train(self.splits["train"], mixed, self.sources)
+            self._describe_mix()
         if final_split == "auto":
             final_split = "test" if "test" in self.splits else "valid"
         if final_split not in self.splits:
@@ -75,9 +194,23 @@ class NailDataModule(L.LightningDataModule):
                 "(prepare it with split.test_fraction > 0, or evaluate on valid)"
             )
         self.final_split = final_split
-        self.group_names = sorted({g for rows in self.splits.values() for g in rows["group"]})
+        # the primary's groups keep their names and ids; mixed-in groups come after them
+        self.group_names = primary_groups + mixed_groups
         self.group_ids = {name: i for i, name in enumerate(self.group_names)}
         self._loaders: dict[str, Any] = {}  # the open loader of each stage
+
+    def _describe_mix(self) -> None:
+        shares = source_shares(len(self.splits["train"]), [s.weight for s in self.sources])
+        log.info(
+            "training mixes %d sources, %d samples an epoch: %s",
+            len(self.sources),
+            len(self.splits["train"]),
+            "; ".join(
+                f"{s.name or 'dataset.root'} ({s.root}): {s.rows} rows, weight {s.weight:g}, "
+                f"{share} an epoch"
+                for s, share in zip(self.sources, shares, strict=True)
+            ),
+        )
 
     @property
     def eval_spec(self) -> AugSpec:
@@ -134,3 +267,15 @@ class NailDataModule(L.LightningDataModule):
         """After fit / validate / test (Lightning calls it): release every loader now."""
         for name in list(self._loaders):
             self._close(name)
+
+
+def _mixed_train(
+    primary: pd.DataFrame, mixed: list[pd.DataFrame], sources: list[Source]
+) -> pd.DataFrame:
+    """The primary's train rows first (their CSV rows stay their index), then each source's,
+    tagged with the source id and weight the plan draws by."""
+    frames = [
+        rows.assign(**{SOURCE: k, SOURCE_WEIGHT: source.weight})
+        for k, (rows, source) in enumerate(zip([primary, *mixed], sources, strict=True))
+    ]
+    return pd.concat(frames, ignore_index=True)

@@ -4,11 +4,23 @@ Train: one permutation seeded by (seed, epoch), identical on every rank, cut int
 floor(N / world_size) rows (the few left over change every epoch), then into batches. Every rank
 runs the same number of steps, which DDP needs.
 
+Train over mixed sources (`sources`: a source id per row, `weights`: one per source): the epoch
+still has N samples, source k making up weights[k] / sum(weights) of them (`source_shares`: exact
+counts, rounded so they sum to N). A source's samples are its rows in a seeded permutation, tiled
+when its share exceeds its rows, so no row repeats before every row of its source was drawn; the
+sources' samples are then merged in a random order that keeps each source's, and sharded as
+above. Still seeded by (seed, epoch) alone, so identical on every rank. Without `sources` (or
+with one source) the plan is exactly the plain one.
+
 Eval: no shuffle; rank r takes rows r, r + world_size, ...; nothing is padded or dropped, so
 across ranks every row is seen exactly once and metrics are not skewed by duplicates.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -23,14 +35,24 @@ def epoch_batches(
     rank: int = 0,
     world_size: int = 1,
     drop_last: bool = True,
+    sources: np.ndarray | None = None,
+    weights: Sequence[float] | None = None,
 ) -> list[np.ndarray]:
     """The batches (int64 arrays of row indices) this rank yields this epoch.
 
-    `drop_last` only applies to train; eval always keeps its last, partial batch.
+    `drop_last` only applies to train; eval always keeps its last, partial batch. `sources` and
+    `weights` (both or neither) mix the train rows by source; eval ignores them.
     """
     _check(n, batch_size, seed, epoch, rank, world_size)
+    mixed = sources is not None or weights is not None
+    if mixed:
+        sources = check_sources(n, sources, weights)
     if train:
-        order = np.random.default_rng((seed, epoch)).permutation(n)
+        rng = np.random.default_rng((seed, epoch))
+        if mixed and len(weights) > 1:
+            order = _mixed_order(rng, sources, weights)
+        else:
+            order = rng.permutation(n)
         share = n // world_size
         rows = order[rank * share : (rank + 1) * share]
     else:
@@ -39,6 +61,44 @@ def epoch_batches(
     if train and drop_last and batches and len(batches[-1]) < batch_size:
         batches.pop()
     return [b.astype(np.int64) for b in batches]
+
+
+def source_shares(total: int, weights: Sequence[float]) -> np.ndarray:
+    """How many of an epoch's `total` samples each source makes up: total * w_k / sum(w),
+    rounded down, the remainder going one each to the largest fractions (ties: the earlier
+    source). Exact rational arithmetic, so the counts never depend on float rounding."""
+    _check_weights(weights)
+    exact = [Fraction(total) * Fraction(w) / sum(Fraction(v) for v in weights) for w in weights]
+    counts = [math.floor(x) for x in exact]
+    left = total - sum(counts)
+    by_fraction = sorted(range(len(exact)), key=lambda k: (-(exact[k] - counts[k]), k))
+    for k in by_fraction[:left]:
+        counts[k] += 1
+    return np.array(counts, dtype=np.int64)
+
+
+def _mixed_order(
+    rng: np.random.Generator, sources: np.ndarray, weights: Sequence[float]
+) -> np.ndarray:
+    """The epoch's samples over mixed sources, before sharding (see the module docstring).
+
+    Each source's draws are its rows in seeded permutations laid end to end, cut at its share;
+    the sources are then merged in a random order that keeps each one's draws in sequence, so
+    also in the order batches are yielded no row comes twice before its source's every row came.
+    """
+    counts = source_shares(len(sources), weights)
+    draws = []
+    for k, count in enumerate(counts):
+        rows = np.flatnonzero(sources == k)
+        tiles = -(-int(count) // len(rows))  # 0 for a source whose share rounds to nothing
+        draws.append(
+            np.concatenate([rows[rng.permutation(len(rows))] for _ in range(tiles)] or [rows[:0]])
+        )
+    slots = rng.permutation(np.repeat(np.arange(len(counts)), counts))  # whose turn, each slot
+    order = np.empty(len(sources), dtype=np.int64)
+    for k, count in enumerate(counts):
+        order[slots == k] = draws[k][:count]
+    return order
 
 
 def num_batches(
@@ -50,7 +110,8 @@ def num_batches(
     world_size: int = 1,
     drop_last: bool = True,
 ) -> int:
-    """How many batches `epoch_batches` gives this rank (the same every epoch)."""
+    """How many batches `epoch_batches` gives this rank (the same every epoch, mixed or not: a
+    mixed epoch has as many samples as rows)."""
     _check(n, batch_size, 0, 0, rank, world_size)
     rows = n // world_size if train else len(range(rank, n, world_size))
     if train and drop_last:
@@ -65,3 +126,30 @@ def _check(n: int, batch_size: int, seed: int, epoch: int, rank: int, world_size
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0 (they seed numpy), got {seed}, {epoch}")
+
+
+def _check_weights(weights: Sequence[float]) -> None:
+    if not len(weights) or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(f"need one or more finite weights > 0, got {list(weights)}")
+
+
+def check_sources(
+    n: int, sources: np.ndarray | None, weights: Sequence[float] | None
+) -> np.ndarray:
+    """`sources` as an array, after checking it: an integer id per row, in [0, len(weights)),
+    every source with at least one row (a weight with nothing to draw cannot be met)."""
+    if sources is None or weights is None:
+        raise ValueError("sources and weights go together: pass both or neither")
+    _check_weights(weights)
+    sources = np.asarray(sources)
+    if sources.shape != (n,) or not np.issubdtype(sources.dtype, np.integer):
+        raise ValueError(
+            f"need an integer source id per row ({n} rows), got {sources.dtype} {sources.shape}"
+        )
+    counts = np.bincount(sources[(sources >= 0) & (sources < len(weights))], minlength=len(weights))
+    if counts.sum() != n:
+        raise ValueError(f"source ids must be in [0, {len(weights)}): one weight per source")
+    if not counts.all():
+        empty = [k for k in range(len(weights)) if not counts[k]]
+        raise ValueError(f"sources {empty} have a weight but no rows to draw from")
+    return sources

@@ -1,16 +1,39 @@
-"""The network: any segmentation-models-pytorch architecture through its one door, create_model."""
+"""The network: any segmentation-models-pytorch architecture through its one door, create_model.
+
+`model.encoder_weights` is null (from scratch), a name smp downloads (`imagenet`), or a local file
+(`load_encoder_weights`): a value holding a `/` or ending in `.pth`/`.pt`/`.ckpt`/`.bin` is a path,
+either to the weights file itself or to a folder holding `<encoder_name>.pth`.
+"""
 
 from __future__ import annotations
 
+import logging
+import pickle
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import segmentation_models_pytorch as smp
+import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 # torch.compile's modes; reduce-overhead and max-autotune also replay the compiled forward and
 # backward as CUDA graphs (one launch each), which is what a launch-bound model needs on a GPU
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+WEIGHTS_SUFFIXES = (".pth", ".pt", ".ckpt", ".bin")
+_WRAPPERS = ("state_dict", "model")  # a checkpoint dict holding the state dict under one of these
+# the encoder inside a whole nailseg checkpoint, a whole smp net, a DistributedDataParallel net
+_PREFIXES = ("net.encoder.", "encoder.", "module.")
+# classifier heads of a backbone's own (torchvision / timm) state dict, which no encoder keeps
+_HEADS = ("fc", "_fc", "head", "last_linear", "classifier", "linear")
+_SHOWN_KEYS = 3
+
+
+class EncoderWeightsError(ValueError):
+    """`model.encoder_weights` names no usable weights for the encoder."""
 
 
 def build_net(
@@ -22,19 +45,147 @@ def build_net(
     """A binary segmentation net (3 input channels, 1 logit channel).
 
     `encoder_weights=None` by default: pretrained weights are downloaded at run time, so they are
-    opt-in (`model.encoder_weights=imagenet`).
+    opt-in (`model.encoder_weights=imagenet`), or read from a local file (a path, see above).
     """
+    if arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
+        raise ValueError(
+            f"model.arch={arch!r} is not an smp architecture "
+            f"({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})"
+        )
+    local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
     try:
-        return smp.create_model(
+        net = smp.create_model(
             arch,
             encoder_name=encoder_name,
-            encoder_weights=encoder_weights,
+            encoder_weights=None if local is not None else encoder_weights,
             in_channels=3,
             classes=1,
             **dict(options or {}),
         )
     except KeyError as err:
-        raise ValueError(f"model.arch={arch!r} is not an smp architecture ({err})") from err
+        raise ValueError(
+            f"model.encoder_name={encoder_name!r}, model.encoder_weights={encoder_weights!r}: "
+            f"{err.args[0] if err.args else err}"
+        ) from err
+    if local is not None:
+        load_encoder_weights(net, local, encoder_name)
+    return net
+
+
+def is_path(encoder_weights: str | None) -> bool:
+    """Whether `model.encoder_weights` names a local file or folder rather than smp weights."""
+    return isinstance(encoder_weights, str) and (
+        "/" in encoder_weights
+        or "\\" in encoder_weights
+        or encoder_weights.startswith("~")
+        or encoder_weights.lower().endswith(WEIGHTS_SUFFIXES)
+    )
+
+
+def weights_file(encoder_weights: str, encoder_name: str) -> Path:
+    """The file `model.encoder_weights` names: the path itself, or `<folder>/<encoder_name>.pth`.
+    Checked when the net is built, so a wrong path fails before anything trains."""
+    path = Path(encoder_weights).expanduser()
+    if path.is_dir():
+        found = path / f"{encoder_name}.pth"
+        if not found.is_file():
+            held = sorted(p.name for p in path.glob("*.pth"))
+            raise EncoderWeightsError(
+                f"model.encoder_weights={encoder_weights}: the folder holds no {found.name} for "
+                f"encoder {encoder_name} ({_listing(held, '.pth files') if held else 'no .pth files'})"
+            )
+        return found
+    if not path.is_file():
+        raise EncoderWeightsError(
+            f"model.encoder_weights={encoder_weights}: no such file or folder (a weights file, or "
+            f"a folder holding {encoder_name}.pth)"
+        )
+    return path
+
+
+def load_encoder_weights(net: nn.Module, path: str | Path, encoder_name: str) -> None:
+    """Load the weights file `path` into `net.encoder`, every tensor of it or nothing.
+
+    The file (read with `weights_only=True`) holds the encoder's state dict, as
+    `net.encoder.state_dict()` gives it, possibly under a checkpoint's `state_dict` or `model` key.
+    Also read: a whole smp net (`encoder.*`) or nailseg checkpoint (`net.encoder.*`), of which
+    only the encoder is taken, and the backbone's own torchvision / timm state dict, whose
+    classifier head is left out. Anything else that does not fit fails, naming the keys.
+    """
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        raise EncoderWeightsError(
+            f"model.encoder_weights: {path} cannot be read as a torch state dict: {err}"
+        ) from err
+    for key in _WRAPPERS:
+        if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
+            state = state[key]
+    if not isinstance(state, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise EncoderWeightsError(
+            f"model.encoder_weights: {path} holds no state dict (a mapping of names to tensors)"
+        )
+    expected = net.encoder.state_dict()
+    state = _renamed(state, expected.keys())
+    state = {k: v for k, v in state.items() if k in expected or k.split(".")[0] not in _HEADS}
+    _check_fits(path, encoder_name, state, expected)
+    nn.Module.load_state_dict(net.encoder, state, strict=True)
+    log.info("encoder %s: %d tensors loaded from %s", encoder_name, len(state), path)
+
+
+def _renamed(state: Mapping[str, torch.Tensor], expected: Any) -> Mapping[str, torch.Tensor]:
+    """`state` under the encoder's key names: the layout (as is, one of `_PREFIXES` stripped, or
+    a timm model's keys as smp's `tu-` encoders wrap it) sharing the most keys with `expected`."""
+
+    def timm_key(key: str) -> str:  # timm's features-only wrapper joins nested names with `_`
+        for name in (f"model.{key}", f"model.{key.replace('.', '_', 1)}"):
+            if name in expected:
+                return name
+        return key
+
+    layouts = [state, {timm_key(k): v for k, v in state.items()}] + [
+        {k.removeprefix(p): v for k, v in state.items() if k.startswith(p)} for p in _PREFIXES
+    ]
+    return max(layouts, key=lambda layout: len(layout.keys() & expected))
+
+
+def _check_fits(
+    path: Path,
+    encoder_name: str,
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+) -> None:
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    reshaped = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"
+        for k in sorted(expected.keys() & state.keys())
+        if state[k].shape != expected[k].shape
+    ]
+    problems = [
+        _listing(items, what)
+        for items, what in (
+            (missing, "missing keys"),
+            (unexpected, "unexpected keys"),
+            (reshaped, "keys of another shape (file vs encoder)"),
+        )
+        if items
+    ]
+    if problems:
+        raise EncoderWeightsError(
+            f"model.encoder_weights: {path} does not fit encoder {encoder_name}: "
+            f"{'; '.join(problems)}; it must hold the state dict of a {encoder_name} encoder "
+            "(net.encoder.state_dict())"
+        )
+
+
+def _listing(items: list[str], what: str) -> str:
+    shown = ", ".join(items[:_SHOWN_KEYS])
+    more = f", … {len(items) - _SHOWN_KEYS} more" if len(items) > _SHOWN_KEYS else ""
+    return f"{what} ({len(items)}): {shown}{more}"
 
 
 def compile_net(net: nn.Module, mode: str) -> nn.Module:

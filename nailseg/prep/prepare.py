@@ -32,7 +32,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -77,7 +77,7 @@ from nailseg.prep.layout import (
     display_path,
     find_pairs,
 )
-from nailseg.prep.splits import assign_splits, check_split_settings
+from nailseg.prep.splits import assign_splits, check_split_settings, holdout_names
 
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
@@ -423,8 +423,21 @@ def _size(path: Path) -> int | None:
 
 
 def _split(records: list[Record], split_settings: dict) -> list[str]:
-    """Each record's split; an empty validation or training split is an error."""
-    names = assign_splits([r.group for r in records], [r.stem for r in records], **split_settings)
+    """Each record's split; an empty validation or training split, or a held-out group left with
+    no usable pair, is an error."""
+    present = {r.group for r in records}
+    lost = [g for g in split_settings["holdout_groups"] if g not in present]
+    if lost:
+        raise PrepareError(
+            f"split.holdout_groups: group(s) {lost} have no usable pair left (every one of their "
+            "files was excluded, see the summary): the test split would not hold them"
+        )
+    try:
+        names = assign_splits(
+            [r.group for r in records], [r.stem for r in records], **split_settings
+        )
+    except ValueError as err:  # every usable pair in a held-out group
+        raise PrepareError(f"{err} (of the {len(records)} usable pairs)") from err
     subjects = "subject" if split_settings["group_regex"] else "photo"
     for split, need in (("valid", "to validate"), ("train", "to train on")):
         if split not in names:
@@ -529,10 +542,21 @@ def prepare(
     group_regex: str | None = None,
     folds: int = 1,
     fold: int = 0,
+    holdout_groups: Iterable[str | int] = (),
 ) -> Summary:
-    """Prepare `input_dir` (Images/, Masks/) into `output_dir`; see the module docstring."""
+    """Prepare `input_dir` (Images/, Masks/) into `output_dir`; see the module docstring.
+
+    Every pair of a group named in `holdout_groups` goes to test.csv; the other groups are split
+    by the fractions and folds as if those groups were absent (`assign_splits`). The split is
+    recomputed from the current settings on every run, so a rerun with other split settings
+    re-splits without converting anything again.
+    """
     start = time.perf_counter()
     input_dir, out_root = Path(input_dir), Path(output_dir)
+    try:
+        holdout_groups = holdout_names(holdout_groups)
+    except ValueError as err:
+        raise PrepareError(str(err)) from err
     _check_request(input_dir, out_root, valid_fraction, test_fraction, folds, fold)
     try:
         pairs, excluded = find_pairs(input_dir)
@@ -540,6 +564,12 @@ def prepare(
         raise PrepareError(str(err)) from err
     if not pairs:
         raise PrepareError(_nothing_usable(input_dir, pairs, excluded))
+    try:  # held-out groups against the input's groups: still before the first write
+        check_split_settings(
+            valid_fraction, test_fraction, folds, fold, holdout_groups, {p.group for p in pairs}
+        )
+    except ValueError as err:
+        raise PrepareError(str(err)) from err
     settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
 
     with _locked(out_root):
@@ -570,6 +600,7 @@ def prepare(
             group_regex=group_regex,
             folds=folds,
             fold=fold,
+            holdout_groups=holdout_groups,
         )
         splits = _split(records, split_settings)
         _finish(out_root, owned, records, splits, prune, settings, summary)
@@ -655,6 +686,7 @@ def run(cfg) -> Summary:
         group_regex=cfg.split.group_regex,
         folds=cfg.split.folds,
         fold=cfg.split.fold,
+        holdout_groups=list(cfg.split.holdout_groups),
     )
     print_summary(summary)
     return summary

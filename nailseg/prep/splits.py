@@ -11,6 +11,10 @@ subjects are taken in order of position, so each split draws from every group in
 the overall split is within one subject of the requested fraction however small the groups are
 (50 groups of one photo each still give a 20% validation split). The result depends only on the
 seed and the names, never on their order.
+
+Leave-one-source-out: every photo of a group named in `holdout_groups` is "test", and the other
+groups are split exactly as if the held-out groups were absent (the fractions count the remaining
+photos only), so holding a group out never moves a photo of another group between train and valid.
 """
 
 from __future__ import annotations
@@ -18,15 +22,36 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 Unit = tuple[str, str]  # (group, subject): what is kept whole
 
 
+def holdout_names(holdout_groups: Iterable[object] | None) -> list[str]:
+    """The held-out group names as text, sorted and without repeats (Hydra gives `[2]` as 2)."""
+    if holdout_groups is None:
+        return []
+    if isinstance(holdout_groups, str | bytes):  # a bare name would hold out each of its letters
+        raise ValueError(
+            f"split.holdout_groups={holdout_groups!r} must be a list of group names, "
+            f"e.g. [{holdout_groups}]"
+        )
+    return sorted({str(name) for name in holdout_groups})
+
+
 def check_split_settings(
-    valid_fraction: float, test_fraction: float, folds: int, fold: int
+    valid_fraction: float,
+    test_fraction: float,
+    folds: int,
+    fold: int,
+    holdout_groups: Iterable[object] | None = (),
+    groups: Iterable[str] | None = None,
 ) -> None:
-    """Raise ValueError naming the `split.` key and value that is out of range."""
+    """Raise ValueError naming the `split.` key and value that is out of range.
+
+    With `groups` (the groups of the input), also a held-out group that is not one of them, and
+    holding out every group (nothing would be left to train on).
+    """
     for key, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= value < 1:
             raise ValueError(f"split.{key}={value} is outside [0, 1)")
@@ -39,6 +64,21 @@ def check_split_settings(
         raise ValueError(f"split.folds={folds} must be at least 1")
     if folds > 1 and not 0 <= fold < folds:
         raise ValueError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
+    held = holdout_names(holdout_groups)
+    if groups is None or not held:
+        return
+    existing = sorted(set(groups))
+    unknown = [name for name in held if name not in existing]
+    if unknown:
+        raise ValueError(
+            f"split.holdout_groups names {unknown}, not among the input's groups {existing} "
+            "(the folder names under Images/)"
+        )
+    if held == existing:
+        raise ValueError(
+            f"split.holdout_groups={held} holds out every group of the input: nothing would be "
+            "left to train on or validate with"
+        )
 
 
 def subject_of(stem: str, pattern: re.Pattern[str] | None) -> str:
@@ -105,22 +145,31 @@ def assign_splits(
     group_regex: str | None = None,
     folds: int = 1,
     fold: int = 0,
+    holdout_groups: Iterable[object] | None = (),
 ) -> list[str]:
     """The split name ("train", "valid" or "test") of each sample, in input order.
 
     With `folds > 1`, the samples left after the test split are cut into `folds` subject-disjoint
     folds of near-equal size; fold `fold` is "valid", the rest "train" (`valid_fraction` unused).
+
+    Every sample of a group in `holdout_groups` (names compared as text) is "test". The other
+    groups are split exactly as they would be with the held-out groups absent: the fractions and
+    folds apply to the remaining samples, and `test_fraction` still takes its share of them into
+    "test" too (use 0 for a test split of the held-out groups only). A held-out name that is not
+    among `groups`, or holding out every group, is a ValueError.
     """
-    check_split_settings(valid_fraction, test_fraction, folds, fold)
+    check_split_settings(valid_fraction, test_fraction, folds, fold, holdout_groups, groups)
+    held = set(holdout_names(holdout_groups))
     pattern = re.compile(group_regex) if group_regex else None
     units = [(g, subject_of(s, pattern)) for g, s in zip(groups, stems, strict=True)]
-    sizes = Counter(units)
+    kept = [unit for unit in units if unit[0] not in held]
+    sizes = Counter(kept)
     order = _stratified_order(sizes, seed)
-    test = _take(order, sizes, test_fraction, len(units))
+    test = _take(order, sizes, test_fraction, len(kept))
     rest = order[len(test) :]
     if folds > 1:
         valid = _fold(rest, sizes, folds, fold)
     else:
-        valid = _take(rest, sizes, valid_fraction, len(units))
+        valid = _take(rest, sizes, valid_fraction, len(kept))
     split_of = {unit: "test" for unit in test} | {unit: "valid" for unit in valid}
-    return [split_of.get(unit, "train") for unit in units]
+    return ["test" if unit[0] in held else split_of.get(unit, "train") for unit in units]

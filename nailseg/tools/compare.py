@@ -6,8 +6,8 @@ The columns come from the jobs' own overrides (`<job>/.hydra/overrides.yaml`): e
 value differs between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study
 `optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
 job without one, or with `failed.json`, is reported as failed, with its error). Writes
-`compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput and best score per
-job) into the sweep folder.
+`compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
+the final evaluation's Dice per job) into the sweep folder.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import hydra
 import matplotlib
+import numpy as np
 import pandas as pd
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -116,8 +117,14 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4.5))
     left.bar(labels, rows["train_img_s"].astype(float))
     left.set_ylabel("training images/s (last epoch)")
-    right.bar(labels, rows["best"].astype(float))
-    right.set_ylabel("best value of the optimized metric")
+    at, width = np.arange(len(rows)), 0.4
+    right.bar(at - width / 2, rows["best"].astype(float), width, label="best (optimized metric)")
+    final = rows["final_dice"].astype(float)
+    splits = "/".join(sorted({str(s) for s in rows["evaluated_on"].dropna()})) or "final"
+    right.bar(at + width / 2, final, width, label=f"final evaluation Dice ({splits})")
+    right.set_xticks(at, labels)
+    right.set_ylabel("score")
+    right.legend(loc="lower right", fontsize=8)
     for ax in (left, right):
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()

@@ -115,8 +115,13 @@ def build(cfg: DictConfig) -> Built:
         loader=instantiate(cfg.loader),
         aug=aug,
         final_split=cfg.eval_split,
+        # other sources' train splits (dataset.mix); a missing key fails here, naming it
+        mix=OmegaConf.to_container(cfg.dataset.mix, resolve=True, throw_on_missing=True),
+        weight=cfg.dataset.weight,
     )
-    net = instantiate(cfg.model)
+    # a checkpoint holds every weight: the encoder's initial ones (a download or a local file)
+    # are not needed, so a resume or evaluation runs without them
+    net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
     checks.check_input_size(net, image_size, cfg.model)
     optimizer = instantiate(cfg.optimizer)
     checks.check_arguments(optimizer, "optimizer")

@@ -15,6 +15,8 @@ GENERATED = [
     "data/synthetic/raw/Images/desk/s0000.png",
     "data/synthetic/prepared/prepare.json",
     "data/synthetic/prepared/train.csv",
+    "data/synthetic-mix/raw/synthetic.json",  # make cross-source's mixed-in set
+    "data/synthetic-mix/prepared/prepare.json",
     ".pytest_cache/README.md",
     ".ruff_cache/x",
 ]
@@ -23,6 +25,7 @@ USERS = [
     "data/nails/prepared/train.csv",
     "data/mine/Images/g/photo.png",
     "data/synthetic/notes.txt",
+    "data/synthetic-mix/notes.txt",
 ]
 
 

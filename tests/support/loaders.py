@@ -51,9 +51,15 @@ def run(loader, epochs: int = 1) -> Outputs:
 EVERYTHING = AugSpec.from_config(
     [
         {"op": "random_resized_crop", "p": 0.5, "scale": [0.5, 1.0], "ratio": [0.75, 1.33]},
+        {"op": "zoom_out", "p": 0.5, "scale": [0.5, 1.0]},
         {"op": "rotate", "p": 0.5, "degrees": [-30, 30]},
         {"op": "hflip", "p": 0.5},
         {"op": "vflip", "p": 0.5},
+        {"op": "hue", "p": 0.5, "degrees": [-30, 30]},
+        {"op": "saturation", "p": 0.5, "factor": [0.5, 1.5]},
+        {"op": "grayscale", "p": 0.2},
+        {"op": "gamma", "p": 0.5, "gamma": [0.7, 1.5]},
+        {"op": "jpeg", "p": 0.5, "quality": [30, 90]},
         {"op": "gaussian_noise", "p": 0.5, "sigma": [0.0, 0.33]},
         {"op": "gaussian_blur", "p": 0.5, "sigma": [0.5, 1.5]},
         {"op": "brightness", "p": 0.5, "factor": [0.7, 1.3]},

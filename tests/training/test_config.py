@@ -137,6 +137,9 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
     cfg = _compose(data, tmp_path / "run", f"{group}={option}")
     if _needs_cuda(cfg) and not CUDA:
         pytest.skip(f"{group}={option} trains on a GPU; this machine has no CUDA")
+    if cfg.dataset.mix:  # a preset mixing other prepared roots in (dataset=nails_synthetic)
+        for i, source in enumerate(cfg.dataset.mix):
+            source.root = str(write_prepared(tmp_path / f"mix{i}", n_train=8, n_valid=2))
     built = build(cfg)
     chosen = {"loader": "dali", "model": "unet", "optimizer": "adamw"} | {group: option}
     assert built.datamodule.loader.func.__name__ == LOADERS.get(chosen["loader"], "DaliLoader")

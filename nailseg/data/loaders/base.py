@@ -8,6 +8,10 @@ plan: `len()` is exact, and evaluation sees every row once across ranks.
 Every `iter()` is one full, fresh pass, started at its first `next()` (Lightning probes with an
 unused `iter()`); starting a pass ends any unfinished one, whose iterator then stops. A pass
 shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
+
+Records that mix sources (datamodule.py, `dataset.mix`) carry two more columns, `source` (an id
+per row, 0 the primary) and `source_weight` (that source's weight): a train plan then draws each
+source's share of every epoch (sampling.py). Without them the plan is the plain one.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nailseg.data.sampling import epoch_batches, num_batches
+from nailseg.data.sampling import check_sources, epoch_batches, num_batches
 from nailseg.device import resolve_device
 
 Batch = dict[str, torch.Tensor]  # the batch contract: image, mask, group, index
+SOURCE, SOURCE_WEIGHT = "source", "source_weight"  # the columns of records that mix sources
 
 
 @runtime_checkable
@@ -85,6 +90,23 @@ def read_records(records: pd.DataFrame, root: Path, group_ids: Mapping[str, int]
     return Records(images, masks, groups, np.array(sizes, dtype=np.int64).reshape(-1, 2))
 
 
+def read_sources(records: pd.DataFrame) -> tuple[np.ndarray, list[float]] | None:
+    """(source id per row, weight per source) of records that mix sources, else None."""
+    if SOURCE not in records.columns:
+        return None
+    sources = records[SOURCE].to_numpy(dtype=np.int64)
+    row_weights = records[SOURCE_WEIGHT].to_numpy(dtype=np.float64)
+    weights = []
+    for k in range(int(sources.max()) + 1 if len(sources) else 0):
+        distinct = np.unique(row_weights[sources == k])
+        if len(distinct) != 1:
+            raise ValueError(
+                f"source {k} needs one {SOURCE_WEIGHT} on all its rows, got {distinct}"
+            )
+        weights.append(float(distinct[0]))
+    return check_sources(len(sources), sources, weights), weights
+
+
 class PlannedLoader(ABC):
     """A backend's shared half: records, device, plan, length and passes (see the module
     docstring). Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
@@ -111,6 +133,9 @@ class PlannedLoader(ABC):
         n = len(self.records.images)
         shard = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
         self._len = num_batches(n, batch_size, train=train, **shard)
+        mix = read_sources(records) if train else None  # eval sees every row once, unweighted
+        if mix is not None:
+            shard |= {"sources": mix[0], "weights": mix[1]}
         # a plain function of the epoch: what holds it (a sampler) does not hold the loader
         self.plan: Callable[[int], list[np.ndarray]] = functools.partial(
             epoch_batches, n, batch_size, train=train, seed=seed, **shard

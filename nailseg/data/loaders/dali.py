@@ -160,6 +160,62 @@ def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[Da
     return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
 
 
+def _zoom_out(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    """A window 1/scale times the image's sides around it, at a random place; 0 outside."""
+    from nvidia.dali import fn, types
+
+    hwc = fn.cast(image.shape(), dtype=types.FLOAT)
+    h, w = hwc[0], hwc[1]
+    scale = _uniform(op, "scale")
+    win_w, win_h = w / scale, h / scale
+    x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - win_w)
+    y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - win_h)
+    anchor, shape = fn.stack(x0, y0), fn.stack(win_w, win_h)
+    common = {
+        "normalized_anchor": False,
+        "normalized_shape": False,
+        "out_of_bounds_policy": "pad",
+        "fill_values": 0,
+    }
+    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
+
+
+def _hue(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.hsv(image, hue=_uniform(op, "degrees"))
+
+
+def _saturation(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.hsv(image, saturation=_uniform(op, "factor"))
+
+
+def _grayscale(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn
+
+    return fn.hsv(image, saturation=0.0)
+
+
+def _gamma(op: AugOp, image: DataNode) -> DataNode:
+    """uint8 in and out; the cast rounds to the nearest level and saturates."""
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+
+    levels = fn.cast(image, dtype=types.FLOAT) * (1.0 / 255.0)
+    return fn.cast(255.0 * dmath.pow(levels, _uniform(op, "gamma")), dtype=types.UINT8)
+
+
+def _jpeg(op: AugOp, image: DataNode) -> DataNode:
+    from nvidia.dali import fn, types
+
+    lo, hi = op.ranges["quality"]
+    qualities = [float(q) for q in range(round(lo), round(hi) + 1)]
+    quality = fn.cast(fn.random.uniform(values=qualities), dtype=types.INT32)
+    return fn.jpeg_compression_distortion(image, quality=quality)
+
+
 def _gaussian_noise(op: AugOp, image: DataNode) -> DataNode:
     from nvidia.dali import fn
 
@@ -190,6 +246,14 @@ _GEOMETRIC = {
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
+    "zoom_out": _zoom_out,
+}
+_COLOUR = {
+    "hue": _hue,
+    "saturation": _saturation,
+    "grayscale": _grayscale,
+    "gamma": _gamma,
+    "jpeg": _jpeg,
 }
 _PHOTOMETRIC = {
     "gaussian_noise": _gaussian_noise,
@@ -219,8 +283,8 @@ def _build_pipeline(
 ) -> Pipeline:
     """The pipeline: outputs (image 3xHxW float, mask 1xHxW float, group, row) per sample.
 
-    Train applies the spec (geometric ops on image and mask, resize, normalise, photometric ops on
-    the image); eval only resizes and normalises. With a `device_id`, files are read and decoded
+    Train applies the spec (geometric ops on image and mask, resize, colour ops on the uint8
+    image, normalise, photometric ops on the image); eval only resizes and normalises. With a `device_id`, files are read and decoded
     on the CPU and everything after runs on that GPU; with None, everything runs on the CPU.
     """
     dali = _dali()
@@ -249,6 +313,9 @@ def _build_pipeline(
                 image, mask = _GEOMETRIC[op.name](op, image, mask)
         image = fn.resize(image, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_LINEAR)
         mask = fn.resize(mask, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_NN)
+        for op in ops:
+            if op.colour and _coin(op):
+                image = _COLOUR[op.name](op, image)
         image = fn.crop_mirror_normalize(
             image,
             dtype=types.FLOAT,
@@ -257,7 +324,7 @@ def _build_pipeline(
             std=[255.0 * s for s in spec.std],
         )
         for op in ops:
-            if op.geometric:
+            if op.geometric or op.colour:
                 continue
             if host_noise and op.name == "gaussian_noise":
                 fires, noise = noise_inputs[2 * draws], noise_inputs[2 * draws + 1]

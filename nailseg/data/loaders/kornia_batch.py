@@ -12,6 +12,13 @@ of the bytes to copy). On the device, in spec order:
   the crop's area and ratio are in canvas pixels (Kornia's crop also samples the ratio
   log-uniformly, retries, and falls back to a centre crop). The canvas size of every sample is
   tracked through the ops (a crop changes it);
+* zoom_out: the same affine warp as the crop, for a window larger than the canvas, 0 outside (it
+  shrinks the resized image without antialiasing, where DALI resizes the padded canvas: the
+  footprint and the pixel sources agree, fine detail may alias a little);
+* colour ops on the image's 0..255 values, rounded and clamped after each as the spec says: hue,
+  saturation and grayscale with DALI's colour matrices, gamma as a power, jpeg through Kornia's
+  differentiable JPEG codec (`kornia.enhance.jpeg_codec_differentiable`, 4:2:0, the standard
+  quantisation tables: an approximation of libjpeg's rounding, a level or so off);
 * normalise, then photometric ops on the image only: `kornia.augmentation.RandomGaussianBlur`
   (sigma ~ U per sample, reflect border); noise, brightness and contrast are small tensor ops
   because Kornia's mean something else (fixed noise std; additive brightness and contrast clamped
@@ -30,11 +37,19 @@ from functools import partial
 import kornia.augmentation as K
 import numpy as np
 import torch
+from kornia.enhance import jpeg_codec_differentiable
 from kornia.geometry.transform import warp_affine
 
 from nailseg.data.augment import AugOp, AugSpec
 from nailseg.data.loaders.base import Batch
-from nailseg.data.loaders.spec_math import blur_window, crop_windows, rotation_matrices
+from nailseg.data.loaders.spec_math import (
+    blur_window,
+    colour_matrices,
+    colour_params,
+    crop_windows,
+    rotation_matrices,
+    zoom_windows,
+)
 from nailseg.data.loaders.torch_workers import OpenCVTransform
 from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
 
@@ -127,6 +142,54 @@ def _random_resized_crop(op: AugOp) -> Geometric:
     return transform
 
 
+def _zoom_out(op: AugOp) -> Geometric:
+    def transform(
+        image: Tensor, mask: Tensor, canvas: np.ndarray
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
+        k = len(canvas)
+        places = torch.rand(2, k, dtype=torch.float64).numpy()
+        windows = zoom_windows(canvas, _uniform(op, "scale", k), *places)
+        matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
+        image, mask = _warp(image, mask, matrices, padding="zeros")
+        return image, mask, (windows[:, [3, 2]] - windows[:, [1, 0]]).astype(np.float64)
+
+    return transform
+
+
+def _levels(x: Tensor) -> Tensor:
+    """Rounded to the nearest pixel level within 0..255, as after every colour op."""
+    return x.round_().clamp_(0.0, 255.0)
+
+
+def _colour_matrix(op: AugOp) -> Photometric:
+    def transform(image: Tensor) -> Tensor:
+        k = len(image)
+        draws = _uniform(op, next(iter(op.ranges)), k) if op.ranges else np.zeros(k)
+        hue, saturation = np.array([colour_params(op.name, d) for d in draws]).T
+        matrices = _to(colour_matrices(hue, saturation), image.device)
+        return _levels(torch.einsum("kij,kjhw->kihw", matrices, image))
+
+    return transform
+
+
+def _gamma(op: AugOp) -> Photometric:
+    def transform(image: Tensor) -> Tensor:
+        gamma = _to(_uniform(op, "gamma", len(image)), image.device).view(-1, 1, 1, 1)
+        return _levels(255.0 * (image / 255.0) ** gamma)
+
+    return transform
+
+
+def _jpeg(op: AugOp) -> Photometric:
+    lo, hi = (round(v) for v in op.ranges["quality"])
+
+    def transform(image: Tensor) -> Tensor:
+        quality = torch.randint(lo, hi + 1, (len(image),)).to(image.device, torch.float32)
+        return _levels(255.0 * jpeg_codec_differentiable(image / 255.0, quality))
+
+    return transform
+
+
 def _gaussian_blur(op: AugOp) -> Photometric:
     """Kornia's blur; its one window (DALI's for the largest sigma) cuts smaller sigmas later."""
     lo, hi = op.ranges["sigma"]
@@ -155,6 +218,15 @@ _GEOMETRIC: dict[str, Callable[[AugOp], Geometric]] = {
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
+    "zoom_out": _zoom_out,
+}
+# colour ops: on the images' 0..255 values, like photometric ops on the images only
+_COLOUR: dict[str, Callable[[AugOp], Photometric]] = {
+    "hue": _colour_matrix,
+    "saturation": _colour_matrix,
+    "grayscale": _colour_matrix,
+    "gamma": _gamma,
+    "jpeg": _jpeg,
 }
 
 
@@ -175,6 +247,7 @@ class KorniaAugment:
             "contrast": partial(_per_sample, key="factor", apply=_contrast),
         }
         self._geometric = [(op, _GEOMETRIC[op.name](op)) for op in spec.geometric_ops]
+        self._colour = [(op, _COLOUR[op.name](op)) for op in spec.colour_ops]
         self._photometric = [(op, photometric[op.name](op)) for op in spec.photometric_ops]
         std = 255 * torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
         self._scale = 1 / std  # normalising as x * scale + shift: one pass over the batch
@@ -199,13 +272,19 @@ class KorniaAugment:
                     )
                     image.index_copy_(0, index, part_image)
                     mask.index_copy_(0, index, part_mask)
+            self._apply(self._colour, image)
             image = torch.addcmul(self._shift, image, self._scale)
-            for op, photometric in self._photometric:
-                fired = _fired(op, len(image))
-                if fired.size:
-                    index = _to(fired, image.device)
-                    image.index_copy_(0, index, photometric(image[index]))
+            self._apply(self._photometric, image)
         return {**batch, "image": image, "mask": mask}
+
+    @staticmethod
+    def _apply(ops: list[tuple[AugOp, Photometric]], image: Tensor) -> None:
+        """Image-only ops in order, each on the rows that got it, in place."""
+        for op, transform in ops:
+            fired = _fired(op, len(image))
+            if fired.size:
+                index = _to(fired, image.device)
+                image.index_copy_(0, index, transform(image[index]))
 
 
 class KorniaLoader(WorkerLoader):

@@ -5,7 +5,9 @@ about the canvas centre with a zero border (image bilinear, mask nearest), crops
 slice, the blur has DALI's window and reflect-101 border. The image is resized with torch's
 antialiased bilinear filter on uint8, which is what DALI's linear resize computes (OpenCV's
 INTER_LINEAR aliases when shrinking, INTER_AREA is a box filter); masks are resized with DALI's
-half-pixel nearest rule. Photometric ops act on the normalised 3xHxW float32 image.
+half-pixel nearest rule. Colour ops act on the resized uint8 image (hue, saturation and grayscale
+with DALI's colour matrix, gamma as a lookup table, jpeg through OpenCV's libjpeg); photometric
+ops on the normalised 3xHxW float32 image.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from nailseg.data.augment import AugOp, AugSpec
-from nailseg.data.loaders.spec_math import blur_window, crop_windows, rotation_matrices
+from nailseg.data.loaders.spec_math import (
+    blur_window,
+    colour_matrices,
+    colour_params,
+    crop_windows,
+    rotation_matrices,
+    zoom_windows,
+)
 from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
 
 Rng = np.random.Generator
@@ -54,6 +63,41 @@ def _random_resized_crop(
     return image[y0:y1, x0:x1], mask[y0:y1, x0:x1]
 
 
+def _zoom_out(op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng) -> tuple[np.ndarray, ...]:
+    draws = (rng.uniform(*op.ranges["scale"]), rng.random(), rng.random())
+    canvas = np.array([mask.shape], dtype=np.float64)
+    x0, y0, x1, y1 = zoom_windows(canvas, *(np.array([d]) for d in draws))[0]
+    h, w = mask.shape
+    out_image = np.zeros((y1 - y0, x1 - x0, 3), np.uint8)
+    out_mask = np.zeros((y1 - y0, x1 - x0), mask.dtype)
+    out_image[-y0 : h - y0, -x0 : w - x0] = image
+    out_mask[-y0 : h - y0, -x0 : w - x0] = mask
+    return out_image, out_mask
+
+
+def _colour_matrix(op: AugOp, image: np.ndarray, rng: Rng) -> np.ndarray:
+    draw = rng.uniform(*next(iter(op.ranges.values()))) if op.ranges else 0.0
+    matrix = colour_matrices(*(np.array([v]) for v in colour_params(op.name, draw)))[0]
+    out = matrix @ image.reshape(3, -1).astype(np.float32)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8).reshape(image.shape)
+
+
+def _gamma(op: AugOp, image: np.ndarray, rng: Rng) -> np.ndarray:
+    gamma = rng.uniform(*op.ranges["gamma"])
+    table = np.rint(255.0 * (np.arange(256) / 255.0) ** gamma).astype(np.uint8)
+    return table[image]
+
+
+def _jpeg(op: AugOp, image: np.ndarray, rng: Rng) -> np.ndarray:
+    lo, hi = op.ranges["quality"]
+    quality = int(rng.integers(round(lo), round(hi) + 1))
+    bgr = np.ascontiguousarray(image[::-1].transpose(1, 2, 0))
+    ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError(f"OpenCV could not JPEG-encode a {bgr.shape} image")
+    return np.ascontiguousarray(cv2.imdecode(encoded, cv2.IMREAD_COLOR).transpose(2, 0, 1)[::-1])
+
+
 def _gaussian_noise(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
     sigma = rng.uniform(*op.ranges["sigma"])
     return x + sigma * rng.standard_normal(x.shape, dtype=np.float32)
@@ -81,6 +125,15 @@ _GEOMETRIC: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
+    "zoom_out": _zoom_out,
+}
+# on the resized uint8 3xHxW image
+_COLOUR: dict[str, Callable[[AugOp, np.ndarray, Rng], np.ndarray]] = {
+    "hue": _colour_matrix,
+    "saturation": _colour_matrix,
+    "grayscale": _colour_matrix,
+    "gamma": _gamma,
+    "jpeg": _jpeg,
 }
 _PHOTOMETRIC: dict[str, Callable[[AugOp, np.ndarray, Rng], np.ndarray]] = {
     "gaussian_noise": _gaussian_noise,
@@ -107,7 +160,7 @@ def resize_mask(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 class OpenCVTransform:
-    """One sample through the spec: geometric ops, resize, normalise, photometric ops.
+    """One sample through the spec: geometric ops, resize, colour ops, normalise, photometric ops.
 
     With `normalise=False` it stops after the resize and returns the uint8 image, for a backend
     that normalises (and augments) on the device.
@@ -116,8 +169,8 @@ class OpenCVTransform:
     def __init__(
         self, spec: AugSpec, image_size: tuple[int, int], *, normalise: bool = True
     ) -> None:
-        if not normalise and spec.photometric_ops:
-            raise ValueError("photometric ops act on the normalised image: normalise=True needed")
+        if not normalise and (spec.colour_ops or spec.photometric_ops):
+            raise ValueError("colour and photometric ops follow the resize: normalise=True needed")
         # Before this process uses OpenCV: a thread pool started here and inherited by forked
         # DataLoader workers can hang them.
         cv2.setNumThreads(0)
@@ -140,6 +193,9 @@ class OpenCVTransform:
         mask = resize_mask(mask, self.image_size)[None]
         if not self.normalise:
             return image, mask
+        for op in self.spec.colour_ops:
+            if rng.random() < op.p:
+                image = _COLOUR[op.name](op, image, rng)
         x = (image - self._mean) / self._std
         for op in self.spec.photometric_ops:
             if rng.random() < op.p:

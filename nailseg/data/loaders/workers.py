@@ -1,9 +1,10 @@
 """The DataLoader backends' shared half (torch: the spec in the workers; kornia: on the device).
 
 * The plan reaches the DataLoader through a batch sampler (`PlanSampler`). Each sampled index is a
-  (row, epoch) pair and a sample's randomness is seeded by (seed, epoch, row), so a seed gives the
-  same batches whatever the number of workers, and persistent workers need no epoch pushed to
-  them.
+  (row, epoch, draw) triple, `draw` counting the row's earlier draws in the epoch (a mixed-in
+  source may repeat rows), and a sample's randomness is seeded by (seed, epoch, row, draw), so a
+  seed gives the same batches whatever the number of workers, a repeated row gets fresh
+  augmentation, and persistent workers need no epoch pushed to them.
 * The DataLoader and its iterator are owned by a `weakref.finalize`, never only by the loader:
   Lightning keeps loaders in reference cycles, and a DataLoader collected as cyclic garbage has its
   queues closed before its workers are told to stop, so each worker costs a 5 s join timeout.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import Batch, PlannedLoader, Records
 
-Key = tuple[int, int]  # (CSV row, epoch)
+Key = tuple[int, int, int]  # (CSV row, epoch, earlier draws of the row in the epoch)
 
 
 class SampleTransform(Protocol):
@@ -52,7 +54,8 @@ BatchTransform = Callable[[Batch, np.ndarray, int], Batch]
 
 
 class NpyDataset(Dataset):
-    """Prepared samples indexed by (row, epoch); the transform draws from a (seed, epoch, row) rng."""
+    """Prepared samples indexed by (row, epoch, draw); the transform draws from a
+    (seed, epoch, row, draw) rng."""
 
     def __init__(self, records: Records, transform: SampleTransform, seed: int) -> None:
         self.records, self.transform, self.seed = records, transform, seed
@@ -61,10 +64,10 @@ class NpyDataset(Dataset):
         return len(self.records.images)
 
     def __getitem__(self, key: Key) -> dict[str, torch.Tensor | int]:
-        row, epoch = key
+        row, epoch, draw = key
         image = np.load(self.records.images[row], allow_pickle=False)
         mask = np.load(self.records.masks[row], allow_pickle=False)[..., 0]
-        rng = np.random.default_rng((self.seed, epoch, row))
+        rng = np.random.default_rng((self.seed, epoch, row, draw))
         image, mask = self.transform(image, mask, rng)
         return {
             "image": torch.from_numpy(image),
@@ -75,8 +78,9 @@ class NpyDataset(Dataset):
 
 
 class PlanSampler(Sampler[list[Key]]):
-    """Batch sampler: the loader's plan for `epoch`, each row paired with the epoch it is drawn
-    in. It holds the plan, never the loader (see the module docstring)."""
+    """Batch sampler: the loader's plan for `epoch`, each row with the epoch it is drawn in and
+    its earlier draws in that epoch. It holds the plan, never the loader (see the module
+    docstring)."""
 
     def __init__(self, plan: Callable[[int], list[np.ndarray]], length: int) -> None:
         self._plan, self._len = plan, length
@@ -86,9 +90,13 @@ class PlanSampler(Sampler[list[Key]]):
         return self._len
 
     def __iter__(self) -> Iterator[list[Key]]:
-        epoch = self.epoch
+        epoch, draws = self.epoch, Counter()
         for rows in self._plan(epoch=epoch):
-            yield [(int(row), epoch) for row in rows]
+            keys = []
+            for row in rows.tolist():
+                keys.append((row, epoch, draws[row]))
+                draws[row] += 1
+            yield keys
 
 
 class _Workers:
