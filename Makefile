@@ -36,11 +36,14 @@ train: install  ## prepare DATASET, then train on it with the defaults (CPU on t
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py dataset=$(DATASET) $(ARGS)
 
+# one process per core, a file's tests (and its shared fixtures) in one of them, one thread each
+PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest -n auto --dist loadfile
+
 test: install  ## the whole suite (real-data tests skip where ../shared is absent)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: install  ## the suite without the slow tests (subprocess trainings, DDP, sweeps)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 lint: install  ## ruff check and format --check
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.ddp import TIMEOUT_S, run_train
+from support.ddp import TIMEOUT_S
 from support.train import small_overrides, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,8 @@ def test_kill_during_a_checkpoint_save_then_resume(prepared, tmp_path):
     assert (last["epoch"], last["global_step"]) == (0, 3)
     assert list(checkpoints.glob(".last.ckpt.*.tmp"))  # the save died in its own folder
 
-    run_train(*args, "ckpt_path=last", f"hydra.run.dir={runs / 'second'}")
+    # resumed in this process: the subprocess above is what was killed
+    train(prepared, runs / "second", "trainer.max_epochs=3", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
     metrics = json.loads((runs / "first" / "metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["global_step"] == 9
     assert metrics["resumed_from"] == str(checkpoints / "last.ckpt")

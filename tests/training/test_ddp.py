@@ -1,19 +1,22 @@
 """DDP on CPU (2 gloo processes through Lightning's launcher, re-running the real `train.py`).
 
-One run is shared by the tests: one run dir, rank-0-only outputs, every training row seen once
-per epoch across ranks (the sample ledger), every validation row counted once, and the DDP
-validation Dice equal to a single-process validation of the same weights.
+One sweep of two DDP jobs is shared by the tests: each job runs its own config in its own dir
+(Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir), rank-0-only
+outputs, every training row seen once per epoch across ranks (the sample ledger), every
+validation row counted once, and the DDP validation Dice equal to a single-process validation of
+the same weights.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support.ddp import ddp_overrides, run_train
+from support.ddp import ddp_overrides, job_dirs, run_train
 from support.prepared import write_prepared
 from support.train import compose_train
 from support.wandb_records import history
@@ -27,9 +30,9 @@ pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kill
 N_TRAIN, N_VALID, BATCH, EPOCHS = 13, 5, 2, 2
 
 
-def read_ledger(run_dir: Path, stage: str) -> dict[tuple[int, int], list[int]]:
+def read_ledger(ledger: Path, stage: str) -> dict[tuple[int, int], list[int]]:
     """{(epoch, rank): rows} of one stage."""
-    entries = [json.loads(p.read_text()) for p in (run_dir / "ledger").glob(f"{stage}_*.json")]
+    entries = [json.loads(p.read_text()) for p in ledger.glob(f"{stage}_*.json")]
     return {(e["epoch"], e["rank"]): e["rows"] for e in entries}
 
 
@@ -39,13 +42,30 @@ def logged(run_dir: Path, key: str) -> list[float]:
     return [row[key] for row in history(run_file) if key in row]
 
 
+@dataclass(frozen=True)
+class DdpSweep:
+    root: Path  # the prepared data
+    jobs: list[Path]  # the two jobs' run dirs
+    ledgers: list[Path]  # each job's sample ledger, where its own config puts it
+
+    @property
+    def run_dir(self) -> Path:
+        return self.jobs[0]
+
+    @property
+    def ledger(self) -> Path:
+        return self.ledgers[0]
+
+
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> tuple[Path, Path]:
-    """(prepared root, run dir) of a 2-process DDP fit under the default-style dated run dir."""
+def ddp_sweep(tmp_path_factory) -> DdpSweep:
+    """`train.py -m` of two 2-process DDP fits (they differ in where their ledger goes) under the
+    default-style dated sweep dir."""
     tmp = tmp_path_factory.mktemp("ddp")
     root = write_prepared(tmp / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
-    outputs = tmp / "outputs"
+    sweeps, ledgers = tmp / "multirun", [tmp / "ledger_a", tmp / "ledger_b"]
     run_train(
+        "-m",
         *ddp_overrides(
             root,
             "trainer.devices=2",
@@ -53,15 +73,25 @@ def ddp_run(tmp_path_factory) -> tuple[Path, Path]:
             f"trainer.max_epochs={EPOCHS}",
             "callbacks=audit",
             "logger=wandb",
-            f"hydra.run.dir={outputs}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
-        )
+            f"callbacks.ledger.dirpath={ledgers[0]},{ledgers[1]}",
+            f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
+        ),
     )
-    (run_dir,) = outputs.iterdir()  # rank 1 re-ran the command: still one run dir
-    return root, run_dir
+    (sweep,) = sweeps.iterdir()  # rank 1 re-ran the command: still one sweep dir
+    return DdpSweep(root, job_dirs(sweep), ledgers)
 
 
-def test_one_run_dir_written_by_rank_zero(ddp_run):
-    _, run_dir = ddp_run
+def test_each_job_runs_its_own_config_in_its_own_dir(ddp_sweep):
+    assert [p.name for p in ddp_sweep.jobs] == ["0", "1"]
+    for job, ledger in zip(ddp_sweep.jobs, ddp_sweep.ledgers, strict=True):
+        assert (job / "metrics.json").is_file() and (job / "train_ddp_process_1.log").is_file()
+        # rank 1 got this job's overrides: its ledger is where this job's config puts it
+        ranks = {json.loads(p.read_text())["rank"] for p in ledger.glob("train_*.json")}
+        assert ranks == {0, 1}
+
+
+def test_one_run_dir_written_by_rank_zero(ddp_sweep):
+    run_dir = ddp_sweep.run_dir
     for path in ("metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"):
         assert (run_dir / path).is_file(), path
     assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # rank 0's run only
@@ -71,9 +101,9 @@ def test_one_run_dir_written_by_rank_zero(ddp_run):
     assert metrics["global_step"] == EPOCHS * (N_TRAIN // 2 // BATCH)  # steps per rank
 
 
-def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_run):
-    _, run_dir = ddp_run
-    ledger = read_ledger(run_dir, "train")
+def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep):
+    run_dir = ddp_sweep.run_dir
+    ledger = read_ledger(ddp_sweep.ledger, "train")
     assert sorted(ledger) == [(e, r) for e in range(EPOCHS) for r in (0, 1)]
     share = N_TRAIN // 2  # equal shares; the one row left over is dropped (a new one each epoch)
     for epoch in range(EPOCHS):
@@ -85,20 +115,22 @@ def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_run):
     assert logged(run_dir, "train/samples") == [2 * share] * EPOCHS
 
 
-def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_run):
-    _, run_dir = ddp_run
-    ledger = read_ledger(run_dir, "val")
+def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_sweep):
+    run_dir = ddp_sweep.run_dir
+    ledger = read_ledger(ddp_sweep.ledger, "val")
     for epoch in range(EPOCHS):
         # rows r::2: rank 0 runs two batches ([0, 2], [4]), rank 1 one ([1, 3]) -- no padding
         assert ledger[epoch, 0] == [0, 2, 4] and ledger[epoch, 1] == [1, 3]
     assert logged(run_dir, "val/samples") == [N_VALID] * EPOCHS
-    test = read_ledger(run_dir, "test")  # the final evaluation on valid: once more, each row once
+    test = read_ledger(
+        ddp_sweep.ledger, "test"
+    )  # the final evaluation on valid: once more, each row once
     rows = sorted(row for rank_rows in test.values() for row in rank_rows)
     assert len(test) == 2 and rows == list(range(N_VALID))
 
 
-def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_run, tmp_path):
-    root, run_dir = ddp_run
+def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_sweep, tmp_path):
+    root, run_dir = ddp_sweep.root, ddp_sweep.run_dir
     ddp_dice = json.loads((run_dir / "metrics.json").read_text())["fit"]["val/dice"]
     built = build(compose_train(ddp_overrides(root, "logger=none"), tmp_path / "single"))
     last = run_dir / "checkpoints" / "last.ckpt"  # the weights the last validation ran on

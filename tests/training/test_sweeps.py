@@ -1,4 +1,4 @@
-"""Sweeps stay clean: DDP inside a multirun, the submitit launcher, an Optuna study, one W&B run
+"""Sweeps stay clean (DDP inside a multirun: test_ddp.py): the submitit launcher, an Optuna study, one W&B run
 per job (even after a failed one), loaders released after a run, the SLURM launcher's resources."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from support.ddp import ddp_overrides, job_dirs, run_train
+from support.ddp import job_dirs, run_train
 from support.train import CONF, small_overrides, train
 from support.wandb_records import complete_records, history, run_id, run_record
 
@@ -22,26 +22,6 @@ pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kill
 
 def multirun(*args: str) -> None:
     run_train("-m", *args)
-
-
-def test_ddp_jobs_of_a_sweep_each_run_their_own_config_in_their_own_dir(prepared, tmp_path):
-    # Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir
-    sweeps, ledgers = tmp_path / "multirun", [tmp_path / "ledger_a", tmp_path / "ledger_b"]
-    multirun(
-        *ddp_overrides(prepared, "debug=fast", "logger=csv", "callbacks=audit"),
-        "trainer.devices=2",
-        "trainer.strategy=ddp",
-        f"callbacks.ledger.dirpath={ledgers[0]},{ledgers[1]}",
-        f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
-    )
-    (sweep,) = sweeps.iterdir()
-    jobs = job_dirs(sweep)
-    assert [p.name for p in jobs] == ["0", "1"]
-    for job, ledger in zip(jobs, ledgers, strict=True):
-        assert (job / "metrics.json").is_file() and (job / "train_ddp_process_1.log").is_file()
-        # rank 1 got this job's overrides: its ledger is where this job's config puts it
-        ranks = {json.loads(p.read_text())["rank"] for p in ledger.glob("train_*.json")}
-        assert ranks == {0, 1}
 
 
 def test_submitit_local_launcher_runs_every_job(prepared, tmp_path):

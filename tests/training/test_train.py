@@ -331,13 +331,13 @@ def test_overfit_one_batch_of_real_photos(real_data, tmp_path):
         small_overrides(
             root,
             "debug=overfit",
-            "dataset.image_size=[96,96]",
+            "dataset.image_size=[64,64]",
             "loader.batch_size=8",
             "logger=csv",
             "test=false",
             "optimizer.lr=0.003",
             "scheduler=none",
-            "trainer.max_epochs=60",
+            "trainer.max_epochs=50",
         ),
         tmp_path / "run",
     )
