@@ -26,13 +26,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nailseg.model.net import build_net
+from nailseg.model.net import build_net, state_dict_mismatch
 
 CARD_KEY = "nailseg"
 CARD_FORMAT = 1
 NET_PREFIX = "net."  # SegModule keeps the network under `self.net`
 RUN_CONFIG = Path(".hydra") / "config.yaml"
-_SHOWN_KEYS = 3
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -179,24 +178,9 @@ def _check_fits(
     weights: Mapping[str, torch.Tensor],
     expected: Mapping[str, torch.Tensor],
 ) -> None:
-    missing = sorted(expected.keys() - weights.keys())
-    unexpected = sorted(weights.keys() - expected.keys())
-    reshaped = [
-        f"{k} {tuple(weights[k].shape)} vs {tuple(expected[k].shape)}"
-        for k in sorted(expected.keys() & weights.keys())
-        if weights[k].shape != expected[k].shape
-    ]
-    if not (missing or unexpected or reshaped):
+    problems = state_dict_mismatch(weights, expected)
+    if not problems:
         return
-    problems = [
-        _listing(items, what)
-        for items, what in (
-            (missing, "missing keys"),
-            (unexpected, "unexpected keys"),
-            (reshaped, "keys of another shape"),
-        )
-        if items
-    ]
     options = spec["options"]
     model = f"{spec['arch']}/{spec['encoder_name']}" + (f" {options}" if options else "")
     raise ArchitectureMismatch(
@@ -204,9 +188,3 @@ def _check_fits(
         f"{'; '.join(problems)}; pass model=… matching the run that wrote it, or leave model "
         "unset to use the checkpoint's own"
     )
-
-
-def _listing(items: Sequence[str], what: str) -> str:
-    shown = ", ".join(items[:_SHOWN_KEYS])
-    more = f", … {len(items) - _SHOWN_KEYS} more" if len(items) > _SHOWN_KEYS else ""
-    return f"{what} ({len(items)}): {shown}{more}"

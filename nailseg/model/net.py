@@ -158,28 +158,36 @@ def _check_fits(
     state: Mapping[str, torch.Tensor],
     expected: Mapping[str, torch.Tensor],
 ) -> None:
-    missing = sorted(expected.keys() - state.keys())
-    unexpected = sorted(state.keys() - expected.keys())
-    reshaped = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"
-        for k in sorted(expected.keys() & state.keys())
-        if state[k].shape != expected[k].shape
-    ]
-    problems = [
-        _listing(items, what)
-        for items, what in (
-            (missing, "missing keys"),
-            (unexpected, "unexpected keys"),
-            (reshaped, "keys of another shape (file vs encoder)"),
-        )
-        if items
-    ]
+    problems = state_dict_mismatch(state, expected)
     if problems:
         raise EncoderWeightsError(
             f"model.encoder_weights: {path} does not fit encoder {encoder_name}: "
             f"{'; '.join(problems)}; it must hold the state dict of a {encoder_name} encoder "
             "(net.encoder.state_dict())"
         )
+
+
+def state_dict_mismatch(
+    given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """What keeps `given` from loading strictly into a module whose state dict is `expected`:
+    missing, unexpected and reshaped keys, the first few of each named (empty: it fits)."""
+    missing = sorted(expected.keys() - given.keys())
+    unexpected = sorted(given.keys() - expected.keys())
+    reshaped = [
+        f"{k} {tuple(given[k].shape)} vs {tuple(expected[k].shape)}"
+        for k in sorted(expected.keys() & given.keys())
+        if given[k].shape != expected[k].shape
+    ]
+    return [
+        _listing(items, what)
+        for items, what in (
+            (missing, "missing keys"),
+            (unexpected, "unexpected keys"),
+            (reshaped, "keys of another shape (given vs expected)"),
+        )
+        if items
+    ]
 
 
 def _listing(items: list[str], what: str) -> str:

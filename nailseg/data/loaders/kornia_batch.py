@@ -127,33 +127,37 @@ def _rotate(op: AugOp) -> Geometric:
     return transform
 
 
-def _random_resized_crop(op: AugOp) -> Geometric:
+def _windowed(
+    windows_of: Callable[[np.ndarray, np.ndarray], np.ndarray], padding: str
+) -> Geometric:
+    """An op that shows a window of each canvas resized to the output: `windows_of(canvas sizes,
+    placements (2, k) in [0, 1))` gives the windows; the canvas becomes the window."""
+
     def transform(
         image: Tensor, mask: Tensor, canvas: np.ndarray
     ) -> tuple[Tensor, Tensor, np.ndarray]:
-        k = len(canvas)
-        places = torch.rand(2, k, dtype=torch.float64).numpy()
-        windows = crop_windows(canvas, _uniform(op, "scale", k), _uniform(op, "ratio", k), *places)
+        windows = windows_of(canvas, torch.rand(2, len(canvas), dtype=torch.float64).numpy())
         matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
-        # "border": samples just past the window's edge clamp, as a resize of the crop does
-        image, mask = _warp(image, mask, matrices, padding="border")
+        image, mask = _warp(image, mask, matrices, padding=padding)
         return image, mask, (windows[:, [3, 2]] - windows[:, [1, 0]]).astype(np.float64)
 
     return transform
+
+
+def _random_resized_crop(op: AugOp) -> Geometric:
+    def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
+        k = len(canvas)
+        return crop_windows(canvas, _uniform(op, "scale", k), _uniform(op, "ratio", k), *places)
+
+    # "border": samples just past the window's edge clamp, as a resize of the crop does
+    return _windowed(windows, padding="border")
 
 
 def _zoom_out(op: AugOp) -> Geometric:
-    def transform(
-        image: Tensor, mask: Tensor, canvas: np.ndarray
-    ) -> tuple[Tensor, Tensor, np.ndarray]:
-        k = len(canvas)
-        places = torch.rand(2, k, dtype=torch.float64).numpy()
-        windows = zoom_windows(canvas, _uniform(op, "scale", k), *places)
-        matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
-        image, mask = _warp(image, mask, matrices, padding="zeros")
-        return image, mask, (windows[:, [3, 2]] - windows[:, [1, 0]]).astype(np.float64)
+    def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
+        return zoom_windows(canvas, _uniform(op, "scale", len(canvas)), *places)
 
-    return transform
+    return _windowed(windows, padding="zeros")  # around the photo: 0, as the spec pads
 
 
 def _levels(x: Tensor) -> Tensor:
