@@ -1,5 +1,5 @@
-"""Lightning callbacks: training speed / loader wait, prediction overlays of validation, and the
-card every checkpoint carries.
+"""Lightning callbacks: training speed / loader wait, time to a target score, prediction overlays
+of validation, and the card every checkpoint carries.
 
 The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's
 `forward` (logits B×1×H×W), so they work with every loader backend.
@@ -7,6 +7,8 @@ The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) a
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +23,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
+
+log = logging.getLogger(__name__)
 
 
 class TrainSpeedMonitor(L.Callback):
@@ -94,6 +98,71 @@ class TrainSpeedMonitor(L.Callback):
             "train/images_per_s", self._images / self._elapsed, sync_dist=True, reduce_fx="sum"
         )
         pl_module.log("train/data_wait_frac", self._wait / self._elapsed, sync_dist=True)
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds), from /proc (nailseg is Linux-only): start-up
+    counts from the interpreter's start, imports included, not from the first line of nailseg."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5)
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + since_boot
+
+
+class TimeToTarget(L.Callback):
+    """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch, the
+    optimizer step and the wall seconds since the process started, split into start-up (until the
+    fit starts: imports, config, data and model built, loaders started), training and validation
+    (sanity check included; the first steps' compilation falls into these). `reached` holds it
+    (None until then, so also for a target never met); `metrics.json` reports it as
+    `time_to_target`. Under DDP, rank 0's clock.
+    """
+
+    def __init__(self, metric: str, target: float, mode: str = "max") -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"callbacks.time_to_target.mode={mode!r} is not max or min")
+        self.metric, self.target, self.mode = metric, float(target), mode
+        self.reached: dict[str, Any] | None = None
+        self._started = process_start_time()
+        self._fit_start = self._mark = 0.0
+        self._train = self._val = 0.0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = self._mark = time.time()
+
+    def _lap(self) -> float:
+        now = time.time()
+        lap, self._mark = now - self._mark, now
+        return lap
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._train += self._lap()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        self._val += self._lap()
+        value = trainer.callback_metrics.get(self.metric)
+        if trainer.sanity_checking or self.reached is not None or value is None:
+            return
+        value = float(value)
+        if value >= self.target if self.mode == "max" else value <= self.target:
+            self.reached = {
+                "metric": self.metric,
+                "target": self.target,
+                "value": value,
+                "epoch": trainer.current_epoch,
+                "global_step": trainer.global_step,
+                "seconds": self._mark - self._started,
+                "startup_s": self._fit_start - self._started,
+                "train_s": self._train,
+                "val_s": self._val,
+            }
+            log.info(
+                "%s reached %s (target %s) at epoch %d, %.1f s after the process started",
+                self.metric, value, self.target, trainer.current_epoch, self.reached["seconds"],
+            )  # fmt: skip
 
 
 class PredictionOverlays(L.Callback):

@@ -5,6 +5,9 @@ The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`
 
     resumed_from  the checkpoint `ckpt_path` named (train=false: the one evaluated), or null
     fit           the last epoch's metrics
+    time_to_target  when validation first reached `callbacks.time_to_target.target` (epoch, step,
+                  seconds since the process started, and its start-up / train / val split), or
+                  null when it never did
     best          optimized_metric's best value, its mode and checkpoint (what train.py returns)
     evaluated_on  the split of the final evaluation: test when the data has one, else valid
     final         the final evaluation's metrics, named `test/...` only for a test split
@@ -29,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.atomic import write_text
 from nailseg.prep.prepare import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
+from nailseg.training.callbacks import TimeToTarget
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
 from nailseg.training.jobs import isolated_job
 
@@ -123,8 +127,10 @@ def run(cfg: DictConfig) -> float | None:
             trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
             best = _best(built)
             checkpoint = best["checkpoint"]
+            timers = [c for c in trainer.callbacks if isinstance(c, TimeToTarget)]
             report |= {
                 "fit": _plain_metrics(trainer.callback_metrics),
+                "time_to_target": timers[0].reached if timers else None,
                 "best": best,
                 "global_step": trainer.global_step,
                 "epochs": trainer.current_epoch,

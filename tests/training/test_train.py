@@ -378,3 +378,19 @@ def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
     assert metrics["fit"]["train/samples"] == 16  # one batch of the default 16
     with pytest.raises(FileNotFoundError, match="prepare the data first"):
         run(compose_train(["dataset=nails", f"dataset.root={tmp_path}/none"], tmp_path / "r2"))
+
+
+def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp_path):
+    reached = {}
+    for target in (0.0, 1.01):  # met by the first validation; never met
+        run_dir = tmp_path / str(target)
+        train(prepared, run_dir, "trainer.max_epochs=2", "logger=none", "test=false",
+              f"callbacks.time_to_target.target={target}")  # fmt: skip
+        reached[target] = json.loads((run_dir / "metrics.json").read_text())["time_to_target"]
+    first = reached[0.0]
+    assert (first["metric"], first["epoch"], first["global_step"]) == ("val/dice", 0, 3)
+    assert first["value"] >= 0.0 and first["train_s"] > 0 and first["val_s"] > 0
+    # counted from the process's start (this pytest process: its imports and every test before)
+    assert first["startup_s"] > 0
+    assert first["seconds"] >= first["startup_s"] + first["train_s"] + first["val_s"] - 1e-6
+    assert reached[1.01] is None
