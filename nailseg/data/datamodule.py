@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ import pandas as pd
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
-from nailseg.data.sampling import source_shares
+from nailseg.data.sampling import is_weight, source_shares
+from nailseg.paths import within
 from nailseg.prep.format import CSV_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,12 @@ class Source:
     rows: int
 
 
-def _same_folder(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
-    return a.exists() and b.exists() and os.path.samefile(a, b)
-
-
 def _check_weight(key: str, weight: Any) -> float:
     try:
         value = float(weight)
     except (TypeError, ValueError):
         value = math.nan
-    if isinstance(weight, bool) or not (math.isfinite(value) and value > 0):
+    if isinstance(weight, bool) or not is_weight(value):
         raise ValueError(f"{key}={weight}: a source's weight must be a finite number > 0")
     return value
 
@@ -109,7 +103,7 @@ def read_mix(
         mix_weight = _check_weight(f"{key}.weight", entry["weight"])
         mix_root = Path(str(entry["root"]))
         for j, other in enumerate(sources):
-            if _same_folder(mix_root, other.root):
+            if within(mix_root, other.root) and within(other.root, mix_root):  # one folder
                 other_key = "dataset.root" if j == 0 else f"dataset.mix[{j - 1}].root"
                 why = "it trains already" if j == 0 else "each root is mixed in once"
                 raise ValueError(

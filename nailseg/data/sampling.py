@@ -128,8 +128,13 @@ def _check(n: int, batch_size: int, seed: int, epoch: int, rank: int, world_size
         raise ValueError(f"seed and epoch must be >= 0 (they seed numpy), got {seed}, {epoch}")
 
 
+def is_weight(value: float) -> bool:
+    """Whether `value` can weigh a source: a finite number above 0."""
+    return math.isfinite(value) and value > 0
+
+
 def _check_weights(weights: Sequence[float]) -> None:
-    if not len(weights) or not all(math.isfinite(w) and w > 0 for w in weights):
+    if not len(weights) or not all(is_weight(w) for w in weights):
         raise ValueError(f"need one or more finite weights > 0, got {list(weights)}")
 
 

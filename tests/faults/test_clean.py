@@ -6,6 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 GENERATED = [
@@ -39,9 +41,13 @@ def test_make_clean_removes_only_what_the_project_generates(tmp_path):
     assert [name for name in GENERATED if (tmp_path / name).exists()] == []
 
 
-def test_make_clean_keeps_a_synthetic_folder_nailseg_did_not_mark(tmp_path):
+@pytest.mark.parametrize(
+    "folder",
+    ["synthetic/raw", "synthetic/prepared", "synthetic-mix/raw", "synthetic-mix/prepared"],
+)
+def test_make_clean_keeps_a_synthetic_folder_nailseg_did_not_mark(tmp_path, folder):
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    photo = tmp_path / "data" / "synthetic" / "raw" / "Images" / "g" / "photo.png"
+    photo = tmp_path / "data" / folder / "Images" / "g" / "photo.png"
     photo.parent.mkdir(parents=True)
     photo.write_text("a user's photo where the synthetic set would go")
     subprocess.run(["make", "clean"], cwd=tmp_path, check=True, capture_output=True)

@@ -142,42 +142,51 @@ def _rotate(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataN
     )
 
 
-def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
-    """Crop of area scale*H*W and width/height ratio, clamped to the image, at a random place."""
+def _image_hw(image: DataNode) -> tuple[DataNode, DataNode]:
+    """Each sample's height and width, as floats."""
     from nvidia.dali import fn, types
-    from nvidia.dali import math as dmath
 
     hwc = fn.cast(image.shape(), dtype=types.FLOAT)
-    h, w = hwc[0], hwc[1]
+    return hwc[0], hwc[1]
+
+
+def _window(
+    image: DataNode,
+    mask: DataNode,
+    hw: tuple[DataNode, DataNode],
+    win_w: DataNode,
+    win_h: DataNode,
+    **policy: Any,
+) -> tuple[DataNode, DataNode]:
+    """Image and mask cut to a win_w x win_h window placed uniformly at random over the room
+    between window and image (negative for a window larger than the image: `policy` pads)."""
+    from nvidia.dali import fn
+
+    h, w = hw
+    x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - win_w)
+    y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - win_h)
+    anchor, shape = fn.stack(x0, y0), fn.stack(win_w, win_h)  # slice's default axes: W, H
+    common = {"normalized_anchor": False, "normalized_shape": False, **policy}
+    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
+
+
+def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    """Crop of area scale*H*W and width/height ratio, clamped to the image, at a random place."""
+    from nvidia.dali import math as dmath
+
+    h, w = hw = _image_hw(image)
     area = h * w * _uniform(op, "scale")
     ratio = _uniform(op, "ratio")
     crop_w = dmath.clamp(dmath.sqrt(area * ratio), 1.0, w)
     crop_h = dmath.clamp(dmath.sqrt(area / ratio), 1.0, h)
-    x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - crop_w)
-    y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - crop_h)
-    anchor, shape = fn.stack(x0, y0), fn.stack(crop_w, crop_h)  # slice's default axes: W, H
-    common = {"normalized_anchor": False, "normalized_shape": False}
-    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
+    return _window(image, mask, hw, crop_w, crop_h)
 
 
 def _zoom_out(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
     """A window 1/scale times the image's sides around it, at a random place; 0 outside."""
-    from nvidia.dali import fn, types
-
-    hwc = fn.cast(image.shape(), dtype=types.FLOAT)
-    h, w = hwc[0], hwc[1]
+    h, w = hw = _image_hw(image)
     scale = _uniform(op, "scale")
-    win_w, win_h = w / scale, h / scale
-    x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - win_w)
-    y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - win_h)
-    anchor, shape = fn.stack(x0, y0), fn.stack(win_w, win_h)
-    common = {
-        "normalized_anchor": False,
-        "normalized_shape": False,
-        "out_of_bounds_policy": "pad",
-        "fill_values": 0,
-    }
-    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
+    return _window(image, mask, hw, w / scale, h / scale, out_of_bounds_policy="pad", fill_values=0)
 
 
 def _hue(op: AugOp, image: DataNode) -> DataNode:
