@@ -106,6 +106,13 @@ def test_short_fit_on_gpu(model, prepared, tmp_path):
     assert final["val_best/samples"] == 5 and 0 <= final["val_best/dice"] <= 1
 
 
+def test_training_and_validation_steps_do_not_wait_for_the_gpu(prepared, tmp_path):
+    # the module's metric updates and the progress bar's step loss once synced every step
+    train(prepared, tmp_path, "trainer.max_epochs=2", "logger=csv", "test=false",
+          "+callbacks.no_sync._target_=support.syncs.NoSyncInSteps", device="gpu")  # fmt: skip
+    assert json.loads((tmp_path / "metrics.json").read_text())["fit"]["train/samples"] == 12
+
+
 def test_fit_with_cuda_graphs(prepared, tmp_path):
     """compile_mode=reduce-overhead under Lightning: graph outputs are overwritten by the next
     replay, so a step that kept one (in a log, a metric, a callback) would fail or miscount here;

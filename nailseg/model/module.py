@@ -9,7 +9,9 @@ reduced with "sum" across DDP ranks), never from an average of per-batch or per-
     <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `final_prefix`
 
 `*/samples` counts the samples actually seen (batch sizes, reset every epoch), so a loader that
-drops, repeats or pads samples shows up in the logs. Groups that got no samples in an epoch are not
+drops, repeats or pads samples shows up in the logs. Nothing in a step waits for the device (no
+`.item()`, no metric that checks its input on the host, nothing per step in the progress bar):
+the CPU keeps queueing steps while the GPU runs them; values are read once per epoch. Groups that got no samples in an epoch are not
 logged that epoch (their scores would be NaN). `val/dice_best` is the best `val/dice` so far; it
 is part of the module's state, so a resumed fit keeps it.
 
@@ -31,10 +33,10 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import nn
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import SumMetric
 
 from nailseg.model.losses import build_loss
-from nailseg.model.metrics import SegmentationScores
+from nailseg.model.metrics import BatchMean, SegmentationScores
 from nailseg.model.schedules import LENGTH_ARGS
 
 _EVAL_STAGES = ("val", "test")
@@ -82,9 +84,10 @@ class SegModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
 
-        self.train_loss = MeanMetric()
-        self.train_samples = SumMetric()
-        self.eval_loss = nn.ModuleDict({stage: MeanMetric() for stage in _EVAL_STAGES})
+        self.train_loss = BatchMean()
+        self.train_samples = SumMetric()  # updated once an epoch, from `_train_seen`
+        self._train_seen = 0  # samples this epoch (this rank), counted on the host
+        self.eval_loss = nn.ModuleDict({stage: BatchMean() for stage in _EVAL_STAGES})
         self.eval_scores = nn.ModuleDict(
             {stage: SegmentationScores(len(self.group_names), threshold) for stage in _EVAL_STAGES}
         )
@@ -100,15 +103,21 @@ class SegModule(L.LightningModule):
         logits = self(batch["image"])
         loss = self.loss_fn(logits, batch["mask"])
         n = len(batch["image"])
-        # forward() caches this batch's value for the step log; Lightning computes (synced
-        # across ranks, weighted by batch size) and resets the metric at epoch end
-        self.train_loss(loss.detach(), n)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.train_samples.update(n)
+        # forward() caches this batch's value for the step log (read by the loggers every
+        # log_every_n_steps); Lightning computes (synced across ranks, weighted by batch size)
+        # and resets the metric at epoch end. Not in the progress bar: it would read the
+        # value, a device sync, every step.
+        self.train_loss(loss, n)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True)
+        self._train_seen += n
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._train_seen = 0
 
     def on_train_epoch_end(self) -> None:
         # compute() sums over ranks; sync_dist only marks the (now identical) value as global
+        self.train_samples.update(self._train_seen)
         self.log("train/samples", self.train_samples.compute(), sync_dist=True)
         self.train_samples.reset()
 

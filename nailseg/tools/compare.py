@@ -7,7 +7,9 @@ value differs between jobs, so a loader comparison shows `loader` and `aug`, an 
 `optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
 job without one, or with `failed.json`, is reported as failed, with its error). Writes
 `compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
-the final evaluation's Dice per job) into the sweep folder.
+the final evaluation's Dice per job) into the sweep folder. `target_s` / `target_epoch` /
+`startup_s`: when validation first reached `callbacks.time_to_target.target`, in seconds since the
+job's process started (empty where it never did).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ RESULTS = [
     "final_dice",
     "evaluated_on",
     "epochs",
+    "target_s",
+    "target_epoch",
+    "startup_s",
 ]
 
 
@@ -62,6 +67,7 @@ def _results(job: Path) -> dict:
         return {"status": "failed: " + " ".join(reason.split())[:300]}
     metrics = json.loads(metrics_file.read_text())
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
+    reached = metrics.get("time_to_target") or {}
     return {
         "status": "ok",
         "train_img_s": fit.get("train/images_per_s"),
@@ -70,6 +76,10 @@ def _results(job: Path) -> dict:
         "final_dice": next((v for k, v in final.items() if k.endswith("/dice")), None),
         "evaluated_on": metrics.get("evaluated_on"),
         "epochs": metrics.get("epochs"),
+        # when validation first reached callbacks.time_to_target.target (empty: never)
+        "target_s": reached.get("seconds"),
+        "target_epoch": reached.get("epoch"),
+        "startup_s": reached.get("startup_s"),
     }
 
 
@@ -88,7 +98,7 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
             for job, o in zip(jobs, overrides, strict=True)
         ],
         columns=["job", *varied, *RESULTS],
-    ).astype({"epochs": "Int64"})
+    ).astype({"epochs": "Int64", "target_epoch": "Int64"})
     write_text(sweep_dir / "compare.md", _markdown(rows))
     write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
     ok = rows[rows["status"] == "ok"]

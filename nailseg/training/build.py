@@ -27,7 +27,7 @@ from nailseg.model.module import SegModule
 from nailseg.model.net import compile_net
 from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
-from nailseg.training.checkpoint_io import AtomicCheckpointIO
+from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 
 log = logging.getLogger(__name__)
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -154,7 +154,7 @@ def build(cfg: DictConfig) -> Built:
         _trainer_kwargs(cfg),
         callbacks=callbacks,
         logger=loggers or False,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[BackgroundCheckpointIO()],
     )
     if cfg.train:
         checks.check_train_split(

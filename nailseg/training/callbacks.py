@@ -109,23 +109,39 @@ def process_start_time() -> float:
     return time.time() - uptime + since_boot
 
 
+_clocks_started = 0  # TimeToTarget clocks this process has started (one per training job)
+
+
+def job_start_time() -> float:
+    """When this training job started: the process's start for the first job a process runs
+    (imports included), and now for any later one (a sweep's jobs in one process: their imports
+    were paid by the first, so counting from the process start would charge them the earlier
+    jobs)."""
+    global _clocks_started
+    _clocks_started += 1
+    return process_start_time() if _clocks_started == 1 else time.time()
+
+
 class TimeToTarget(L.Callback):
     """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch, the
-    optimizer step and the wall seconds since the process started, split into start-up (until the
-    fit starts: imports, config, data and model built, loaders started), training and validation
-    (sanity check included; the first steps' compilation falls into these). `reached` holds it
-    (None until then, so also for a target never met); `metrics.json` reports it as
-    `time_to_target`. Under DDP, rank 0's clock.
+    optimizer step and the wall seconds since the job started (`job_start_time`), split into
+    start-up (until the fit starts: imports, config, data and model built, loaders started),
+    training and validation (sanity check included), and epoch 0's training alone (`first_epoch_train_s`: cuDNN's
+    autotuning and any compilation fall there). `reached` holds it (None until then, so also for
+    a target never met); `metrics.json` reports it as `time_to_target`. With `stop`, training
+    ends at that epoch (`make time-to-target` measures settings that way). Under DDP, rank 0's
+    clock; a stop is decided on every rank alike, from the synced metric.
     """
 
-    def __init__(self, metric: str, target: float, mode: str = "max") -> None:
+    def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"callbacks.time_to_target.mode={mode!r} is not max or min")
-        self.metric, self.target, self.mode = metric, float(target), mode
+        self.metric, self.target, self.mode, self.stop = metric, float(target), mode, bool(stop)
         self.reached: dict[str, Any] | None = None
-        self._started = process_start_time()
+        self._started = job_start_time()
         self._fit_start = self._mark = 0.0
         self._train = self._val = 0.0
+        self._first_epoch: float | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._mark = time.time()
@@ -138,6 +154,8 @@ class TimeToTarget(L.Callback):
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             self._train += self._lap()
+            if self._first_epoch is None and not trainer.sanity_checking:
+                self._first_epoch = self._train
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
@@ -158,7 +176,9 @@ class TimeToTarget(L.Callback):
                 "startup_s": self._fit_start - self._started,
                 "train_s": self._train,
                 "val_s": self._val,
+                "first_epoch_train_s": self._first_epoch,
             }
+            trainer.should_stop = trainer.should_stop or self.stop
             log.info(
                 "%s reached %s (target %s) at epoch %d, %.1f s after the process started",
                 self.metric, value, self.target, trainer.current_epoch, self.reached["seconds"],

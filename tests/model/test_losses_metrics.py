@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nailseg.model.losses import LOSSES, build_loss
-from nailseg.model.metrics import SegmentationScores
+from nailseg.model.metrics import BatchMean, SegmentationScores
 
 
 def _mask(b: int = 2, size: int = 16) -> torch.Tensor:
@@ -107,7 +107,18 @@ def test_metric_groups_and_empty_case() -> None:
     assert only_empty.compute()["dice"].item() == 1.0
 
 
-def test_metric_rejects_out_of_range_group() -> None:
+@pytest.mark.parametrize("group", [2, -1])
+def test_metric_rejects_out_of_range_group(group: int) -> None:
+    # not checked on the host (a device sync every step): index_add_ refuses it
     metric = SegmentationScores(num_groups=2)
-    with pytest.raises(ValueError, match="outside"):
-        metric.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), torch.tensor([2]))
+    with pytest.raises(IndexError, match="out of range"):
+        metric.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), torch.tensor([group]))
+
+
+def test_batch_mean_weights_each_batch_by_its_size() -> None:
+    metric = BatchMean()
+    for value, n in ((1.0, 3), (4.0, 1), (0.5, 4)):
+        metric.update(torch.tensor(value), n)
+    assert metric.compute().item() == pytest.approx((3 * 1.0 + 4.0 + 4 * 0.5) / 8)
+    assert metric(torch.tensor(2.0), 5).item() == 2.0  # forward: this batch alone
+    assert metric.count.item() == 13

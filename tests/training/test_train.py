@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from support.wandb_records import history, run_id, summary
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
 from nailseg.prep.prepare import prepare
-from nailseg.training import resume
+from nailseg.training import callbacks, resume
 from nailseg.training.run import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -390,7 +391,22 @@ def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp
     first = reached[0.0]
     assert (first["metric"], first["epoch"], first["global_step"]) == ("val/dice", 0, 3)
     assert first["value"] >= 0.0 and first["train_s"] > 0 and first["val_s"] > 0
-    # counted from the process's start (this pytest process: its imports and every test before)
+    assert 0 < first["first_epoch_train_s"] <= first["train_s"]
     assert first["startup_s"] > 0
     assert first["seconds"] >= first["startup_s"] + first["train_s"] + first["val_s"] - 1e-6
     assert reached[1.01] is None
+
+
+def test_time_to_target_stop_ends_training_at_the_target(prepared, tmp_path):
+    train(prepared, tmp_path, "trainer.max_epochs=3", "logger=none", "test=false",
+          "callbacks.time_to_target.target=0.0", "callbacks.time_to_target.stop=true")  # fmt: skip
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["time_to_target"]["epoch"] == 0
+    assert metrics["epochs"] == 1 and metrics["global_step"] == 3  # of 3 epochs, only the first
+
+
+def test_a_jobs_clock_starts_with_the_process_only_for_its_first_job(monkeypatch):
+    monkeypatch.setattr(callbacks, "_clocks_started", 0)
+    assert callbacks.job_start_time() == pytest.approx(callbacks.process_start_time(), abs=0.05)
+    now = time.time()
+    assert now <= callbacks.job_start_time() <= time.time()  # a later job of a sweep
