@@ -57,7 +57,12 @@ def grid(rows: Sequence[Sequence[np.ndarray]], pad: int = 2, fill: int = 255) ->
     return canvas
 
 
-def save_png_atomic(path: str | os.PathLike[str], array: np.ndarray) -> Path:
+def save_png_atomic(
+    path: str | os.PathLike[str], array: np.ndarray, compress_level: int = 6
+) -> Path:
     """Write `array` as a PNG atomically, so readers (a dashboard, a file sync) never see a
-    half-written image."""
-    return write_atomic(path, lambda f: Image.fromarray(array).save(f, format="PNG"))
+    half-written image. `compress_level`: zlib's, 1 (fastest) to 9; 6 is PIL's default."""
+    return write_atomic(
+        path,
+        lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=compress_level),
+    )

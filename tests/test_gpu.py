@@ -144,3 +144,33 @@ def test_bench_on_gpu(prepared, tmp_path):
     assert set(rows["loader"]) == {"torch", "kornia", "dali"} and (rows["device"] == "cuda").all()
     assert rows[["loader_img_s", "train_img_s", "ceiling_img_s"]].gt(0).all().all()
     assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()
+
+
+def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
+    from PIL import Image
+    from support.inference import compose_cli, make_run
+
+    from nailseg.inference.predict import run as predict
+
+    ckpt = make_run(prepared, tmp_path / "run")
+    rng = np.random.default_rng(0)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, (h, w) in enumerate([(48, 64), (100, 75), (33, 90)]):
+        exif = Image.Exif()
+        exif[0x0112] = (1, 6, 3)[i]  # upright, turned, upside down
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(
+            photos / f"p{i}.jpg", quality=95, exif=exif.tobytes()
+        )
+    Image.fromarray(rng.integers(0, 256, (40, 41, 3), np.uint8)).save(photos / "q.png")
+    masks = {}
+    for decode in ("true", "false"):
+        out = tmp_path / decode
+        overrides = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", f"gpu_decode={decode}"]
+        summary = predict(compose_cli("predict", [*overrides, "device=cuda", "batch_size=2"]))
+        assert summary.images == 4 and not summary.skipped
+        masks[decode] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
+    assert masks["true"]["p1.png"].shape == (75, 100)  # EXIF 6: turned upright
+    for name, cpu in masks["false"].items():  # nvJPEG and libjpeg differ by a level or two
+        assert masks["true"][name].shape == cpu.shape
+        assert (masks["true"][name] == cpu).mean() > 0.98, name

@@ -2,17 +2,19 @@
 input=PHOTOS output=OUT [masks=TRUE_MASKS] [tta=true] [threshold=auto]`
 
 Writes, for each photo with key `k` (its path relative to the input folder, without extension):
-`OUT/masks/k.png` (0/255, the photo's size) and `OUT/overlays/k.png` (prediction in red over the
-photo); with `masks=`, `OUT/scores.csv` (per image Dice/IoU); and `OUT/summary.json` (counts,
-timing, threshold, every skipped file, score totals, the config). Every file is written under a
-temporary name and renamed.
+`OUT/masks/k.png` (0/255, the photo's size) and, unless `overlays=false`, `OUT/overlays/k.png`
+(prediction in red over the photo); with `masks=`, `OUT/scores.csv` (per image Dice/IoU); and
+`OUT/summary.json` (counts, timing, threshold, every skipped file, score totals, the config).
+Every file is written under a temporary name and renamed.
 
 The output folder may not overlap the photos or the true masks (in either direction, ignoring
 case, through links), and every true mask is read before the first write: a prediction can never
 replace a file it is scored against. Photos are read and written by a thread pool while the net
 runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
-bit-packed). An unreadable photo is reported and skipped; the run fails only when no photo could
-be read.
+bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there and its
+mask brought back to full size and thresholded there, and one batch's masks are copied back and
+written while the next batch runs. An unreadable photo is reported and skipped; the run fails only
+when no photo could be read.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from torch import nn
 from nailseg.atomic import write_text
 from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
+from nailseg.inference.decode import Loaded, load, to_device
 from nailseg.inference.photos import (
     MaskIndex,
     Photo,
@@ -69,7 +72,7 @@ from nailseg.inference.spec import (
 from nailseg.inference.threshold import ThresholdError, auto_threshold
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.paths import overlap
-from nailseg.prep.imageio import UnreadableImage, read_rgb
+from nailseg.prep.imageio import UnreadableImage
 from nailseg.viz import overlay, save_png_atomic
 
 
@@ -85,6 +88,8 @@ class PredictConfig(InferenceConfig):
     data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
     batch_size: int = MISSING
     device: str = MISSING  # auto | cpu | cuda | cuda:N
+    gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
+    overlays: bool = MISSING  # also write OUT/overlays/<key>.png
     num_workers: int | None = None  # threads reading and writing files (None: one per core)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
 
@@ -111,29 +116,29 @@ class PredictSummary:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
-def _read(photo: Photo) -> np.ndarray | UnreadableImage:
+def _load(photo: Photo, gpu_jpeg: bool) -> Loaded | UnreadableImage:
     try:
-        return read_rgb(photo.path)
+        return load(photo, gpu_jpeg)
     except UnreadableImage as err:
         return err
 
 
 def _read_ahead(
-    photos: Sequence[Photo], pool: ThreadPoolExecutor, depth: int
-) -> Iterator[tuple[Photo, np.ndarray | UnreadableImage]]:
-    """Decoded photos in order, with at most `depth` reads in flight (not all at once, as
+    photos: Sequence[Photo], pool: ThreadPoolExecutor, depth: int, gpu_jpeg: bool
+) -> Iterator[tuple[Photo, Loaded | UnreadableImage]]:
+    """Loaded photos in order, with at most `depth` reads in flight (not all at once, as
     `pool.map` would: that holds every decoded photo of a large folder in memory)."""
     queue: deque[tuple[Photo, Future]] = deque()
     pending = iter(photos)
     for photo in pending:
-        queue.append((photo, pool.submit(_read, photo)))
+        queue.append((photo, pool.submit(_load, photo, gpu_jpeg)))
         if len(queue) >= depth:
             break
     while queue:
         photo, future = queue.popleft()
         following = next(pending, None)
         if following is not None:
-            queue.append((following, pool.submit(_read, following)))
+            queue.append((following, pool.submit(_load, following, gpu_jpeg)))
         yield photo, future.result()
 
 
@@ -155,10 +160,13 @@ class PhotoWriter:
     truths: Mapping[str, TrueMask | str] | None
 
     def __call__(
-        self, photo: Photo, image: np.ndarray, pred: np.ndarray
+        self, photo: Photo, image: np.ndarray | None, pred: np.ndarray
     ) -> ImageScore | Skipped | None:
-        save_png_atomic(self.output / "masks" / f"{photo.key}.png", pred.astype(np.uint8) * 255)
-        save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
+        """`image`: the photo (HxWx3) for its overlay, None to write no overlay."""
+        mask = pred.astype(np.uint8) * 255  # zlib's fastest level: a 0/255 mask barely differs
+        save_png_atomic(self.output / "masks" / f"{photo.key}.png", mask, compress_level=1)
+        if image is not None:
+            save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
         if self.truths is None:
             return None
         truth = self.truths[photo.key]
@@ -189,6 +197,8 @@ def _predict_all(
     device: torch.device,
     batch_size: int,
     num_workers: int,
+    gpu_decode: bool,
+    overlays: bool,
     console: Console,
 ) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped]]:
     """Predict and write every photo; returns (written, unreadable, scores, unscored). Files
@@ -196,6 +206,7 @@ def _predict_all(
     unreadable: list[Skipped] = []
     results: list[ImageScore | Skipped | None] = []
     depth = max(2 * batch_size, num_workers)
+    gpu_jpeg = gpu_decode and device.type == "cuda"
     columns = (
         TextColumn("predicting"),
         BarColumn(),
@@ -207,29 +218,55 @@ def _predict_all(
     with ThreadPoolExecutor(num_workers) as pool, Progress(*columns, console=console) as progress:
         task = progress.add_task("predicting", total=len(photos))
         writes: deque[Future] = deque()
-        batch: list[tuple[Photo, np.ndarray]] = []
+        batch: list[tuple[Photo, Loaded]] = []
+        launched: list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]] = []
 
-        def flush() -> None:
-            probs = full_size_probabilities(net, [im for _, im in batch], spec, device, tta)
-            for (photo, image), prob in zip(batch, probs, strict=True):
-                pred = (prob > threshold).cpu().numpy()
-                future = pool.submit(writer, photo, image, pred)
+        def launch() -> list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]:
+            """Queue the batch's work on the device: decode, resize, net, full-size masks."""
+            photos_, loaded = [p for p, _ in batch], [item for _, item in batch]
+            images, kept = [], []
+            for photo, item, image in zip(
+                photos_, loaded, to_device(photos_, loaded, device), strict=True
+            ):
+                if isinstance(image, UnreadableImage):
+                    unreadable.append(Skipped(photo.path, f"unreadable: {image.reason}"))
+                    progress.advance(task)
+                    continue
+                images.append(image)
+                # the overlay's photo: as read on the CPU, or the GPU-decoded one (copied back)
+                kept.append((photo, item if isinstance(item, np.ndarray) else image))
+            batch.clear()
+            if not images:
+                return []
+            probs = full_size_probabilities(net, images, spec, tta)
+            return [
+                (photo, shown if overlays else None, prob > threshold)
+                for (photo, shown), prob in zip(kept, probs, strict=True)
+            ]
+
+        def finish(work: list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]):
+            """Copy a launched batch's masks back and hand them to the writing threads."""
+            for photo, shown, pred in work:
+                if isinstance(shown, torch.Tensor):
+                    shown = shown.permute(1, 2, 0).cpu().numpy()
+                future = pool.submit(writer, photo, shown, pred.cpu().numpy())
                 future.add_done_callback(lambda _: progress.advance(task))
                 writes.append(future)
-            batch.clear()
             while len(writes) > depth:
                 results.append(writes.popleft().result())
 
-        for photo, image in _read_ahead(photos, pool, depth):
-            if isinstance(image, UnreadableImage):
-                unreadable.append(Skipped(photo.path, f"unreadable: {image.reason}"))
+        for photo, item in _read_ahead(photos, pool, depth, gpu_jpeg):
+            if isinstance(item, UnreadableImage):
+                unreadable.append(Skipped(photo.path, f"unreadable: {item.reason}"))
                 progress.advance(task)
                 continue
-            batch.append((photo, image))
+            batch.append((photo, item))
             if len(batch) == batch_size:
-                flush()
-        if batch:
-            flush()
+                following = launch()  # queued on the device while the previous batch is written
+                finish(launched)
+                launched = following
+        finish(launched)
+        finish(launch() if batch else [])
         results += [f.result() for f in writes]
     scores = [r for r in results if isinstance(r, ImageScore)]
     unscored = [r for r in results if isinstance(r, Skipped)]
@@ -314,6 +351,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     spec = resolve_spec(cfg)
     device = resolve_device(cfg.device)
     net = load_net(spec.ckpt, spec.model).to(device)
+    if device.type == "cuda":  # the layout tensor cores run convolutions fastest in
+        net = net.to(memory_format=torch.channels_last)
     threshold, source = _threshold(cfg, spec, net, device, console)
 
     start = time.perf_counter()
@@ -327,6 +366,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         device=device,
         batch_size=cfg.batch_size,
         num_workers=num_workers,
+        gpu_decode=cfg.gpu_decode,
+        overlays=cfg.overlays,
         console=console,
     )
     summary = PredictSummary(

@@ -103,13 +103,18 @@ def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
     return (float(values[0]), float(values[1]), float(values[2]))
 
 
-def to_batch(
-    images: Sequence[np.ndarray], spec: InferenceSpec, device: torch.device
-) -> torch.Tensor:
-    """RGB uint8 HxWx3 photos of any sizes → one normalised float B×3×h×w batch at the input size."""
+def image_tensor(image: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An RGB uint8 HxWx3 array as the C×H×W uint8 tensor the functions below take."""
+    return torch.tensor(image, device=device).permute(2, 0, 1)
+
+
+def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tensor:
+    """RGB uint8 C×H×W photos of any sizes (on one device) → one normalised float B×3×h×w batch
+    at the input size (channels-last on CUDA, the layout the net runs fastest in there)."""
+    device = images[0].device
     resized = [
         F.interpolate(
-            torch.tensor(image, device=device).permute(2, 0, 1)[None].float(),
+            image[None].float(),
             size=spec.image_size,
             mode="bilinear",
             align_corners=False,
@@ -119,30 +124,29 @@ def to_batch(
     ]
     mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
     std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
-    return (torch.cat(resized) / 255.0 - mean) / std
+    batch = (torch.cat(resized) / 255.0 - mean) / std
+    return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
 
 
 def probabilities(net: nn.Module, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
     """Foreground probabilities B×1×h×w; with `tta`, the mean over the identity, a horizontal and a
-    vertical flip (each flipped back), run as one batch of 3B."""
-    if not tta:
-        return torch.sigmoid(net(batch))
-    n = len(batch)
-    probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])))
+    vertical flip (each flipped back), run as one batch of 3B. On CUDA the net runs under bf16
+    autocast, as training validated it (`trainer=gpu`); probabilities are float32."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+        if not tta:
+            return torch.sigmoid(net(batch).float())
+        n = len(batch)
+        probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])).float())
     return (probs[:n] + probs[n : 2 * n].flip(3) + probs[2 * n :].flip(2)) / 3.0
 
 
 @torch.inference_mode()
 def full_size_probabilities(
-    net: nn.Module,
-    images: Sequence[np.ndarray],
-    spec: InferenceSpec,
-    device: torch.device,
-    tta: bool = False,
+    net: nn.Module, images: Sequence[torch.Tensor], spec: InferenceSpec, tta: bool = False
 ) -> list[torch.Tensor]:
-    """One H×W probability map per photo, at the photo's own size (on `device`)."""
-    probs = probabilities(net, to_batch(images, spec, device), tta)
+    """One H×W probability map per C×H×W photo, at the photo's own size (on its device)."""
+    probs = probabilities(net, to_batch(images, spec), tta)
     return [
-        F.interpolate(p[None], size=image.shape[:2], mode="bilinear", align_corners=False)[0, 0]
+        F.interpolate(p[None], size=image.shape[1:], mode="bilinear", align_corners=False)[0, 0]
         for p, image in zip(probs, images, strict=True)
     ]

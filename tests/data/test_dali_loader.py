@@ -193,6 +193,30 @@ def test_pairing_over_shuffled_epochs(tagged: Path) -> None:
     assert orders[0] != orders[1] != orders[2]
 
 
+def test_a_pass_started_ahead_follows_the_plan_or_is_discarded(tagged: Path) -> None:
+    # a finished pass starts the next one at once (its plan: the next epoch); a set_epoch to
+    # another epoch, or a pass abandoned half way, must not leave its batches in the next pass
+    def rows(loader: DaliLoader, stop_after: int | None = None) -> list[int]:
+        seen = []
+        for k, batch in enumerate(loader):
+            if k == stop_after:
+                break
+            seen += batch["index"].tolist()
+        return seen
+
+    spec = AugSpec.from_config([{"op": "hflip", "p": 0.5}])
+    loader = _loader(tagged, "train", spec)
+    planned = {e: [int(r) for b in loader.plan(epoch=e) for r in b] for e in (0, 1, 5, 6)}
+    assert rows(loader) == planned[0]
+    assert rows(loader) == planned[1]  # started when epoch 0 ended
+    loader.set_epoch(5)  # the started epoch 2 is discarded
+    assert rows(loader) == planned[5]
+    assert rows(loader, stop_after=1) == planned[6][:4]  # abandoned after one batch
+    loader.set_epoch(0)
+    assert rows(loader) == planned[0]
+    loader.close()
+
+
 def test_heavy_masks_stay_binary(prepared: Path) -> None:
     loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=6)
     for _ in range(3):

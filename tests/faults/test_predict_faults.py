@@ -94,7 +94,9 @@ def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, mo
         classmethod(lambda cls, *a: events.append("read") or read(*a)),
     )
     monkeypatch.setattr(
-        nailseg.inference.predict, "save_png_atomic", lambda *a: events.append("write") or write(*a)
+        nailseg.inference.predict,
+        "save_png_atomic",
+        lambda *a, **k: events.append("write") or write(*a, **k),
     )
     summary = _predict(ckpt, data / "photos", tmp_path / "out", data / "DATA" / "masks")
     assert summary.scores["overall"]["images"] == 6

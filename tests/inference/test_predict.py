@@ -23,7 +23,12 @@ from support.train import TINY_UNET
 from nailseg.data.datamodule import read_split
 from nailseg.inference.predict import PredictError, main, run
 from nailseg.inference.scoring import score_image
-from nailseg.inference.spec import full_size_probabilities, probabilities, resolve_spec
+from nailseg.inference.spec import (
+    full_size_probabilities,
+    image_tensor,
+    probabilities,
+    resolve_spec,
+)
 from nailseg.inference.threshold import CACHE_FILE, ThresholdError
 from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
 
@@ -88,6 +93,15 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
     assert not list(out.rglob("*.tmp"))  # every write was renamed into place
 
 
+def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
+    out = tmp_path / "out"
+    summary = predict(trained, photos / "a", out, "overlays=false")
+    assert summary.images == 3 and not (out / "overlays").exists()
+    assert sorted(p.relative_to(out / "masks").as_posix() for p in out.rglob("*.png")) == [
+        "deep/alpha.png", "grey.png", "rgb.png"
+    ]  # fmt: skip
+
+
 def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     """The written mask is exactly `p > threshold` of the bilinearly upsampled probabilities."""
     out = tmp_path / "out"
@@ -95,7 +109,7 @@ def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
     net = load_net(trained, spec.model)
     image = np.asarray(Image.open(photos / "top.jpeg").convert("RGB"))
-    (prob,) = full_size_probabilities(net, [image], spec, torch.device("cpu"))
+    (prob,) = full_size_probabilities(net, [image_tensor(image, torch.device("cpu"))], spec)
     written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
     np.testing.assert_array_equal(written, (prob > 0.3).numpy())
 
@@ -266,7 +280,7 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
     tp = fp = fn = 0
     for image_file, mask_file in zip(valid["images"], valid["masks"], strict=True):
         image = np.load(root / image_file)
-        (prob,) = full_size_probabilities(net, [image], spec, torch.device("cpu"))
+        (prob,) = full_size_probabilities(net, [image_tensor(image, torch.device("cpu"))], spec)
         s = score_image(
             (prob > choice["threshold"]).numpy(),
             np.load(root / mask_file)[..., 0] > 0,

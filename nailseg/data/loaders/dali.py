@@ -13,6 +13,10 @@ Why it is built this way:
   limit_*_batches, sanity check, early stop) is ended cheaply when the next one starts: the feeder
   stops, the at most `prefetch` batches in flight are drained, and the pipeline is reset. DALI's
   own iterators ignore a mid-epoch reset and then yield only the leftovers of the old epoch.
+* The next pass starts as soon as one ends: its first `prefetch` batches are read and augmented
+  while validation (or the other split's pass) runs, so an epoch does not open with a wait for a
+  cold pipeline. Its plan is the epoch that pass would shuffle as; a `set_epoch` to another one
+  discards it (drained like an abandoned pass).
 
 DALI is imported inside functions, so importing this module costs nothing until a loader is built.
 """
@@ -388,7 +392,8 @@ class DaliLoader(PlannedLoader):
         drop_last: bool = True,
     ) -> None:
         self._pipe: Pipeline | None = None
-        self._in_flight = False
+        self._in_flight = False  # a pass is scheduled in the pipeline and not yet drained
+        self._started_epoch: int | None = None  # the epoch of a pass started before its iter()
         super().__init__(
             records,
             root,
@@ -431,19 +436,23 @@ class DaliLoader(PlannedLoader):
         """One full pass. It starts at the first `next()`: Lightning calls `iter()` once just to
         probe, and such an unused iterator must cost nothing and must not use up an epoch."""
         self._require_pipe()
-        self._end_pass()
         pass_id, epoch = self._begin_pass()
-        self._feeder.start(
-            self.plan(epoch=epoch), np.random.default_rng((self.seed, self.rank, epoch))
-        )
-        self._in_flight = True
+        if self._started_epoch != epoch:  # nothing started, or another epoch's plan
+            self._end_pass()
+            self._start(epoch)
+        self._started_epoch = None
         while self._is_current(pass_id):  # a pass started later (or close) supersedes this one
-            try:  # no local reference to the pipeline survives a yield, so close() frees it
-                image, mask, group, row = self._require_pipe().run()
+            pipe = self._require_pipe()  # no local reference survives a yield: close() frees it
+            try:
+                image, mask, group, row = pipe.outputs()
             except StopIteration:
-                self._require_pipe().reset()
+                pipe.reset()
                 self._in_flight = False
+                self._start(self._epoch)  # the next pass, as the epoch it will shuffle as
+                self._started_epoch = self._epoch
                 return
+            pipe.schedule_run()  # keeps `prefetch` batches in flight; a no-op past the plan
+            del pipe
             yield {
                 "image": _to_torch(image, self.device),
                 "mask": _to_torch(mask, self.device),
@@ -451,15 +460,26 @@ class DaliLoader(PlannedLoader):
                 "index": _to_torch(row, self.device),
             }
 
+    def _start(self, epoch: int) -> None:
+        """Feed epoch `epoch`'s plan and schedule its first `prefetch` batches (DALI runs them in
+        its own threads and stream; nothing here waits)."""
+        self._feeder.start(
+            self.plan(epoch=epoch), np.random.default_rng((self.seed, self.rank, epoch))
+        )
+        self._require_pipe().schedule_run()
+        self._in_flight = True
+
     def _end_pass(self) -> None:
-        """End an abandoned pass: stop feeding, drain the batches in flight, reset."""
+        """End an unfinished or unused pass: stop feeding, drain the batches in flight, reset."""
+        self._started_epoch = None
         if not self._in_flight:
             return
         pipe = self._require_pipe()
         self._feeder.stop()
+        pipe.schedule_run()  # meets the stopped feeder: the pipeline marks its last iteration
         while True:
             try:
-                pipe.run()
+                pipe.outputs()
             except StopIteration:
                 break
         pipe.reset()
@@ -474,7 +494,7 @@ class DaliLoader(PlannedLoader):
         """Release the pipeline (its threads and buffers). On the GPU, DALI's buffers go back to
         DALI's memory pool, which would keep them from torch (and from the next job of a sweep
         run in this process): the pool's free blocks are returned to the device too."""
-        self._in_flight = False
+        self._in_flight, self._started_epoch = False, None
         pipe, self._pipe = self._pipe, None
         if pipe is not None and self.device.type == "cuda":
             del pipe

@@ -1,0 +1,112 @@
+"""Photos from files to RGB uint8 C×H×W tensors on the device predict runs on.
+
+On a GPU, JPEG files are read as bytes by the reading threads and decoded in batches by nvJPEG
+(torchvision's `decode_jpeg(device="cuda")`), so the CPU threads only read files and encode the
+masks; their EXIF orientation is read from the header on the CPU and applied on the GPU (nvJPEG
+ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is decoded on the
+CPU by `read_rgb`, the decoder prepare uses, which also names what is wrong with a broken file.
+On the CPU everything goes through `read_rgb`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from nailseg.inference.photos import Photo
+from nailseg.inference.spec import image_tensor
+from nailseg.prep.imageio import UnreadableImage, read_rgb
+
+JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+_EXIF_ORIENTATION = 0x0112
+
+
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """A JPEG file's bytes (uint8, 1-D, on the CPU) and its EXIF orientation (1: as stored)."""
+
+    data: torch.Tensor
+    orientation: int
+
+
+Loaded = np.ndarray | EncodedJpeg  # what a reading thread hands over
+
+
+def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
+    """Run on a reading thread: a JPEG's bytes when the GPU decodes them, else the decoded photo
+    (RGB uint8 HxWx3). Raises UnreadableImage naming the file and the fault."""
+    if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
+        return read_rgb(photo.path)
+    try:
+        with Image.open(photo.path) as im:  # the header only: format check and EXIF
+            if im.format != "JPEG":
+                return read_rgb(photo.path)
+            orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1))
+        data = photo.path.read_bytes()
+    except (OSError, SyntaxError, ValueError) as err:
+        raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
+    return EncodedJpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), orientation)
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A C×H×W image turned upright by its EXIF orientation, as PIL's `exif_transpose` does."""
+    h, w = 1, 2
+    turns = {
+        2: lambda x: x.flip(w),
+        3: lambda x: x.flip(h, w),
+        4: lambda x: x.flip(h),
+        5: lambda x: x.transpose(h, w),
+        6: lambda x: x.rot90(-1, (h, w)),
+        7: lambda x: x.transpose(h, w).flip(h, w),
+        8: lambda x: x.rot90(1, (h, w)),
+    }
+    turn = turns.get(orientation)
+    return turn(image).contiguous() if turn else image
+
+
+def to_device(
+    photos: Sequence[Photo], loaded: Sequence[Loaded], device: torch.device
+) -> list[torch.Tensor | UnreadableImage]:
+    """Each photo as an RGB uint8 C×H×W tensor on `device` (JPEG bytes: decoded there in one
+    batch), or why it could not be decoded."""
+    out: list[torch.Tensor | UnreadableImage] = [
+        image_tensor(item, device) if isinstance(item, np.ndarray) else None for item in loaded
+    ]
+    jpegs = [i for i, item in enumerate(loaded) if isinstance(item, EncodedJpeg)]
+    if not jpegs:
+        return out
+    data = [loaded[i].data for i in jpegs]
+    try:
+        decoded = _decode_jpeg(data, device)
+    except RuntimeError:  # one bad file fails the batch: decode them one by one
+        decoded = [_decode_one(item, device) for item in data]
+    for i, image in zip(jpegs, decoded, strict=True):
+        if image is None:  # nvJPEG refused it: the CPU decoder decodes it or says why not
+            try:
+                out[i] = image_tensor(read_rgb(photos[i].path), device)
+            except UnreadableImage as err:
+                out[i] = err
+        else:
+            out[i] = orient(image, loaded[i].orientation)
+    return out
+
+
+def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    try:
+        return _decode_jpeg(data, device)
+    except RuntimeError:
+        return None
+
+
+def _decode_jpeg(data, device: torch.device):
+    # torchvision 0.29 (the pinned one) deprecates its decoders (TorchCodec's replace them) and
+    # warns at every call; they are what runs nvJPEG here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
