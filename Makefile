@@ -16,7 +16,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench compare cross-source gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench compare cross-source gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -62,6 +62,9 @@ clean:  ## remove outputs/, multirun/, the synthetic data sets and the tool cach
 		test ! -f $$d/raw/synthetic.json || rm -rf $$d/raw; \
 		test ! -f $$d/prepared/prepare.json || rm -rf $$d/prepared; \
 	done
+
+bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
+	$(PY) -m nailseg.bench_predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg.bench output_dir=$(BENCH_DIR)/loaders $(ARGS)

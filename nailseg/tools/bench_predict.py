@@ -1,0 +1,221 @@
+"""Benchmark of `predict` (photos/s, files read and masks written) and of ONNX Runtime against
+PyTorch on the CPU; not a timed test.
+
+    python -m nailseg.bench_predict ckpt=RUN/checkpoints/last.ckpt input_dir=PHOTOS output_dir=DIR
+
+The photo set, `DIR/photos`, is made once from the images under `input_dir` (searched recursively):
+each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats
+and sizes); `DIR/photos/photos.json` marks it as this benchmark's, and a `DIR/photos` without it
+is refused rather than used or replaced. Each run of `runs` predicts the whole set (or its first
+`limit` photos) into a folder made for it and removed after it; the first run is preceded by a
+short warm-up; runs on `cuda` are skipped, and said so, where there is no GPU. The ONNX comparison exports the checkpoint (`DIR/model.onnx`, parity-checked) and
+times the net alone on one batch of the photos at the input size: PyTorch and ONNX Runtime, each
+with every CPU thread, median of `repeats`. Writes `DIR/bench_predict.csv`, `bench_predict.png`
+and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import hydra
+import matplotlib
+import numpy as np
+import pandas as pd
+import torch
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+from PIL import Image
+from rich.console import Console
+from rich.table import Table
+
+from nailseg.atomic import save_figure, write_atomic, write_bytes, write_text
+from nailseg.config import CONF_DIR
+from nailseg.inference.photos import image_files
+from nailseg.inference.predict import run as predict
+from nailseg.inference.spec import image_tensor, resolve_spec, to_batch
+from nailseg.model.checkpoint import load_net
+from nailseg.prep.imageio import read_rgb
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+MARKER = "photos.json"
+COLUMNS = ["run", "device", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s"]
+
+
+def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> int:
+    """The photo set (see the module docstring); returns its size. Reused when its marker
+    records the same settings; never written into a folder this benchmark did not make."""
+    settings = {"input_dir": str(input_dir.resolve()), "jpeg_scales": scales, "quality": quality}
+    marker = folder / MARKER
+    if folder.exists():
+        if not marker.is_file():
+            raise FileExistsError(
+                f"{folder} exists and is not this benchmark's photo set (no {MARKER}): "
+                "choose another output_dir"
+            )
+        recorded = json.loads(marker.read_text())
+        if recorded["settings"] == settings:
+            return recorded["photos"]
+        shutil.rmtree(folder)  # ours (marked), made with other settings
+    sources = image_files(input_dir)
+    if not sources:
+        raise FileNotFoundError(f"input_dir={input_dir}: no images found")
+    count = 0
+    for i, source in enumerate(sources):
+        image = Image.fromarray(read_rgb(source))
+        name = f"{i:05d}"
+        write_bytes(folder / f"{name}{source.suffix.lower()}", source.read_bytes())
+        for scale in scales:
+            size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+            scaled = image.resize(size, Image.Resampling.BILINEAR)
+            write_atomic(
+                folder / f"{name}_x{scale:g}.jpg",
+                lambda f, im=scaled: im.save(f, format="JPEG", quality=quality),
+            )
+        count += 1 + len(scales)
+    write_text(marker, json.dumps({"settings": settings, "photos": count}, indent=2))
+    return count
+
+
+def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: dict) -> dict:
+    """One predict run of `photos` (all of `folder`'s, or linked into a folder of their own)
+    into a folder made for it and removed after it."""
+    scratch = Path(tempfile.mkdtemp(prefix=".run-", dir=cfg.output_dir))
+    try:
+        source = folder
+        if len(photos) < len(image_files(folder)):
+            source = scratch / "in"
+            source.mkdir()
+            for photo in photos:
+                os.link(photo, source / photo.name)
+        args = [
+            f"ckpt={cfg.ckpt}",
+            f"input={source}",
+            f"output={scratch / 'out'}",
+            f"batch_size={cfg.batch_size}",
+            *(f"{k}={v}" for k, v in overrides.items()),
+        ]
+        summary = predict(compose("predict", overrides=args), console=Console(quiet=True))
+    finally:
+        shutil.rmtree(scratch)
+    return {"photos": summary.images, "seconds": summary.seconds}
+
+
+def predict_rows(cfg: DictConfig, folder: Path) -> list[dict]:
+    photos = image_files(folder)
+    rows = []
+    for name, run in cfg.runs.items():
+        overrides = OmegaConf.to_container(run, resolve=True)
+        if str(overrides.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            Console().print(f"run {name}: skipped, no CUDA device here")
+            continue
+        if not rows:  # warm-up: CUDA context, kernels, thread pools
+            _predict_once(cfg, folder, photos[: 4 * cfg.batch_size], overrides)
+        chosen = photos[: cfg.limit[name]] if name in cfg.limit else photos
+        measured = _predict_once(cfg, folder, chosen, overrides)
+        rows.append(
+            {
+                "run": name,
+                "device": overrides.get("device", "auto"),
+                "gpu_decode": overrides.get("gpu_decode", True),
+                "overlays": overrides.get("overlays", True),
+                **measured,
+                "photos_per_s": measured["photos"] / measured["seconds"],
+            }
+        )
+    return rows
+
+
+def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
+    """The net alone on the CPU, one batch of the photos: PyTorch and ONNX Runtime images/s."""
+    try:
+        import onnxruntime as ort
+
+        from nailseg.inference.export import INPUT_NAME, OUTPUT_NAME, export_onnx
+    except ImportError as err:  # the GPU machine's image has neither onnx nor onnxruntime
+        return {"onnx": f"not measured: {err}"}
+    spec = resolve_spec(compose("predict", overrides=[f"ckpt={cfg.ckpt}", "input=x", "output=y"]))
+    net = load_net(spec.ckpt, spec.model).eval()
+    path = Path(cfg.output_dir) / "model.onnx"
+    diff = export_onnx(net, spec, path)
+    cpu = torch.device("cpu")
+    batch = to_batch([image_tensor(read_rgb(p), cpu) for p in photos[: cfg.onnx_batch]], spec)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = {INPUT_NAME: batch.numpy()}
+
+    def torch_forward() -> None:
+        with torch.inference_mode():
+            net(batch)
+
+    def onnx_forward() -> None:
+        session.run([OUTPUT_NAME], inputs)
+
+    result = {"onnx_max_abs_diff": diff, "batch": len(batch), "threads": torch.get_num_threads()}
+    for name, forward in (("torch", torch_forward), ("onnxruntime", onnx_forward)):
+        forward()  # warm-up
+        times = []
+        for _ in range(cfg.repeats):
+            start = time.perf_counter()
+            forward()
+            times.append(time.perf_counter() - start)
+        result[f"{name}_img_s"] = len(batch) / statistics.median(times)
+    result["onnxruntime_vs_torch"] = result["onnxruntime_img_s"] / result["torch_img_s"]
+    return result
+
+
+def _plot(rows: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(rows)), 4))
+    ax.bar(rows["run"], rows["photos_per_s"])
+    ax.set_ylabel("photos/s (read, predicted, mask written)")
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    save_figure(path, fig)
+    plt.close(fig)
+
+
+def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = out / "photos"
+    make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
+    photos = image_files(folder)
+    sizes = np.array([Image.open(p).size for p in photos])
+    rows = pd.DataFrame(predict_rows(cfg, folder), columns=COLUMNS)
+    onnx = onnx_vs_torch(cfg, photos) if cfg.onnx else {}
+    extra = {
+        "photo_set": {
+            "photos": len(photos),
+            "jpeg": sum(p.suffix == ".jpg" for p in photos),
+            "pixels_median": float(np.median(sizes.prod(axis=1))),
+            "longest_side_max": int(sizes.max()),
+        },
+        "onnx_cpu": onnx,
+        "cpus": os.cpu_count(),
+    }
+    write_text(out / "bench_predict.csv", rows.to_csv(index=False, float_format="%.4f"))
+    write_text(out / "bench_predict.json", json.dumps(extra, indent=2))
+    _plot(rows, out / "bench_predict.png")
+    table = Table(title="predict (photos/s: read, predicted, mask written)")
+    for column in COLUMNS:
+        table.add_column(column, justify="right")
+    for row in rows.itertuples(index=False):
+        table.add_row(*(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row))
+    console = Console()
+    console.print(table)
+    console.print(json.dumps(extra, indent=2), highlight=False)
+    return rows, extra
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_predict")
+def main(cfg: DictConfig) -> None:
+    run(cfg)

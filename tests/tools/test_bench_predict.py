@@ -1,0 +1,84 @@
+"""`python -m nailseg.bench_predict` end to end on the CPU (tiny model, a few photos), and the
+photo set it makes: reused when its marker matches, a folder it did not make refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+from support.image_files import save_image
+from support.inference import make_run
+from support.prepared import write_prepared
+
+from nailseg.tools.bench_predict import MARKER, make_photos
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(30, 40), (50, 20), (24, 24)]):
+        save_image(
+            tmp_path / "src" / f"g{i % 2}" / f"p{i}.png", rng.integers(0, 256, (h, w, 3), np.uint8)
+        )
+    return tmp_path / "src"
+
+
+def test_the_photo_set_mixes_sizes_and_formats_and_is_reused(sources: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    assert make_photos(sources, folder, [1.0, 2.0], 90) == 9
+    names = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
+    assert names[:3] == ["00000.png", "00000_x1.jpg", "00000_x2.jpg"]
+    # sources in sorted order: g0/p0 (30x40), g0/p2 (24x24), g1/p1 (50x20)
+    assert np.asarray(Image.open(folder / "00002_x2.jpg")).shape == (100, 40, 3)
+    stamp = (folder / "00000.png").stat().st_mtime_ns
+    assert make_photos(sources, folder, [1.0, 2.0], 90) == 9  # same settings: reused
+    assert (folder / "00000.png").stat().st_mtime_ns == stamp
+
+
+def test_a_folder_it_did_not_make_is_refused(sources: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    save_image(folder / "mine.png", np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(FileExistsError, match="not this benchmark's photo set"):
+        make_photos(sources, folder, [1.0], 90)
+    assert [p.name for p in folder.iterdir()] == ["mine.png"]
+
+
+@pytest.mark.slow
+def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
+    ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "run")
+    out = tmp_path / "bench"
+    args = [f"ckpt={ckpt}", f"input_dir={sources}", f"output_dir={out}", "jpeg_scales=[2]",
+            "runs.cpu.overlays=false", "+runs.cpu_overlays={device: cpu}", "limit.cpu=6",
+            "+limit.cpu_overlays=2", "batch_size=2", "onnx_batch=2", "repeats=1"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "nailseg.bench_predict", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if not torch.cuda.is_available():
+        assert "run gpu: skipped, no CUDA device here" in proc.stdout
+    rows = pd.read_csv(out / "bench_predict.csv")
+    rows = rows[rows["device"] == "cpu"]
+    assert rows["run"].tolist() == ["cpu", "cpu_overlays"] and rows["photos"].tolist() == [6, 2]
+    assert (rows["photos_per_s"] > 0).all()
+    report = json.loads((out / "bench_predict.json").read_text())
+    assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
+    assert report["onnx_cpu"]["onnx_max_abs_diff"] < 1e-3
+    assert report["onnx_cpu"]["onnxruntime_img_s"] > 0 and report["onnx_cpu"]["torch_img_s"] > 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_predict.csv",
+        "bench_predict.json",
+        "bench_predict.png",
+        "hydra",
+        "model.onnx",
+        "photos",
+    ]  # fmt: skip  (every run's folder removed)
