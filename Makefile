@@ -12,11 +12,14 @@ HOLDOUT ?= 1 2
 CROSS_AUGS ?= light,heavy,geometric,robust
 CROSS_DATASETS ?= nails,nails_synthetic
 SYNTHETIC_N ?= 2000
+TARGET ?= 0.95
+# one process per setting (start-up counts); ':' joins the overrides of one setting
+TTT_SETTINGS ?= experiment=gpu_384 experiment=fast_384 experiment=fast_384:dataset.image_size=[256,256]
 comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench compare cross-source gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench compare cross-source time-to-target gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -89,6 +92,18 @@ cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group 
 		dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
 		aug=$(CROSS_AUGS) hydra.sweep.dir=$(CROSS_DIR)/sweep $(ARGS)
 	$(PY) -m nailseg.compare sweep_dir=$(CROSS_DIR)/sweep
+
+ifndef TTT_DIR
+TTT_DIR := outputs/time-to-target/$(shell date +%Y%m%d-%H%M%S)
+endif
+time-to-target: install  ## seconds from process start to val Dice >= TARGET on REAL_DATA, per setting of TTT_SETTINGS (GPU); a table + plot
+	$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=outputs/time-to-target/data
+	set -f; n=0; for s in $(TTT_SETTINGS); do n=$$((n+1)); \
+		$(PY) train.py dataset=nails dataset.root=outputs/time-to-target/data $$(echo $$s | tr ':' ' ') \
+			callbacks.time_to_target.target=$(TARGET) callbacks.time_to_target.stop=true \
+			test=false logger=csv hydra.run.dir=$(TTT_DIR)/$$n $(ARGS) || exit 1; \
+	done
+	$(PY) -m nailseg.compare sweep_dir=$(TTT_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
 	$(PY) -m pytest -m gpu tests/test_gpu.py tests/data/test_dali_loader.py $(ARGS)

@@ -171,6 +171,31 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert summary.images == 4 and not summary.skipped
         masks[decode] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
     assert masks["true"]["p1.png"].shape == (75, 100)  # EXIF 6: turned upright
-    for name, cpu in masks["false"].items():  # nvJPEG and libjpeg differ by a level or two
+    for name, cpu in masks["false"].items():  # a tiny net on noise: near-threshold pixels flip
         assert masks["true"][name].shape == cpu.shape
-        assert (masks["true"][name] == cpu).mean() > 0.98, name
+        assert (masks["true"][name] == cpu).mean() > 0.95, name
+    # the decoded pixels themselves: nvJPEG against libjpeg (PIL), EXIF orientation applied
+    from nailseg.inference.decode import load, to_device
+    from nailseg.inference.photos import Photo
+    from nailseg.prep.imageio import read_rgb
+
+    files = sorted(photos.iterdir())
+    listed = [Photo(path, path.stem) for path in files]
+    decoded = to_device(listed, [load(p, gpu_jpeg=True) for p in listed], torch.device("cuda"))
+    for path, image in zip(files, decoded, strict=True):
+        expected = read_rgb(path).astype(int)
+        got = image.permute(1, 2, 0).cpu().numpy().astype(int)
+        assert got.shape == expected.shape and np.abs(got - expected).mean() < 2.0, path.name
+
+
+def test_a_checkpoint_snapshot_holds_the_values_at_the_save():
+    from nailseg.training.checkpoint_io import host_snapshot
+
+    weights = torch.arange(1_000_000, dtype=torch.float32, device="cuda")
+    stream = torch.cuda.Stream()
+    snapshot, copies = host_snapshot({"w": weights, "step": torch.tensor(3)}, lambda _: stream)
+    weights.mul_(-1)  # the next optimizer step, queued at once
+    copies.synchronize()
+    assert snapshot["w"].device.type == "cpu" and snapshot["w"].is_pinned()
+    assert torch.equal(snapshot["w"], torch.arange(1_000_000, dtype=torch.float32))
+    assert snapshot["step"].item() == 3

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,10 @@ class PredictSummary:
     skipped: list[Skipped] = field(default_factory=list)
     unscored: list[Skipped] = field(default_factory=list)  # predicted, but with no usable mask
     scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
+    # where the main thread's time went (seconds): waiting for photos to be read, queueing the
+    # device work (decode, resize, net, full-size masks), waiting for the masks to come back
+    # from the device, waiting for the writing threads
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
@@ -186,6 +191,21 @@ class PhotoWriter:
         )
 
 
+class _Stopwatch:
+    """Seconds spent per named stage."""
+
+    def __init__(self, *names: str) -> None:
+        self.seconds = dict.fromkeys(names, 0.0)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
 def _predict_all(
     net: nn.Module,
     spec: InferenceSpec,
@@ -200,13 +220,14 @@ def _predict_all(
     gpu_decode: bool,
     overlays: bool,
     console: Console,
-) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped]]:
-    """Predict and write every photo; returns (written, unreadable, scores, unscored). Files
-    left out are listed by `print_summary` once the progress bar is done."""
+) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped], dict[str, float]]:
+    """Predict and write every photo; returns (written, unreadable, scores, unscored, stages).
+    Files left out are listed by `print_summary` once the progress bar is done."""
     unreadable: list[Skipped] = []
     results: list[ImageScore | Skipped | None] = []
     depth = max(2 * batch_size, num_workers)
     gpu_jpeg = gpu_decode and device.type == "cuda"
+    clock = _Stopwatch("read_wait", "device_queue", "device_wait", "write_wait")
     columns = (
         TextColumn("predicting"),
         BarColumn(),
@@ -215,13 +236,14 @@ def _predict_all(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    Launched = list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]
     with ThreadPoolExecutor(num_workers) as pool, Progress(*columns, console=console) as progress:
         task = progress.add_task("predicting", total=len(photos))
         writes: deque[Future] = deque()
         batch: list[tuple[Photo, Loaded]] = []
-        launched: list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]] = []
+        launched: Launched = []
 
-        def launch() -> list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]:
+        def launch() -> Launched:
             """Queue the batch's work on the device: decode, resize, net, full-size masks."""
             photos_, loaded = [p for p, _ in batch], [item for _, item in batch]
             images, kept = [], []
@@ -244,33 +266,54 @@ def _predict_all(
                 for (photo, shown), prob in zip(kept, probs, strict=True)
             ]
 
-        def finish(work: list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]):
-            """Copy a launched batch's masks back and hand them to the writing threads."""
-            for photo, shown, pred in work:
-                if isinstance(shown, torch.Tensor):
-                    shown = shown.permute(1, 2, 0).cpu().numpy()
-                future = pool.submit(writer, photo, shown, pred.cpu().numpy())
+        def finish(work: Launched) -> None:
+            """Bring a launched batch's masks back (one copy) and hand them to the writers."""
+            if not work:
+                return
+            with clock("device_wait"):
+                preds = _to_host([pred for _, _, pred in work])
+                shown = [s.permute(1, 2, 0).cpu().numpy() if isinstance(s, torch.Tensor) else s
+                         for _, s, _ in work]  # fmt: skip
+            for (photo, _, _), image, pred in zip(work, shown, preds, strict=True):
+                future = pool.submit(writer, photo, image, pred)
                 future.add_done_callback(lambda _: progress.advance(task))
                 writes.append(future)
-            while len(writes) > depth:
-                results.append(writes.popleft().result())
+            with clock("write_wait"):
+                while len(writes) > depth:
+                    results.append(writes.popleft().result())
 
-        for photo, item in _read_ahead(photos, pool, depth, gpu_jpeg):
+        reads = _read_ahead(photos, pool, depth, gpu_jpeg)
+        while True:
+            with clock("read_wait"):
+                photo, item = next(reads, (None, None))
+            if photo is None:
+                break
             if isinstance(item, UnreadableImage):
                 unreadable.append(Skipped(photo.path, f"unreadable: {item.reason}"))
                 progress.advance(task)
                 continue
             batch.append((photo, item))
             if len(batch) == batch_size:
-                following = launch()  # queued on the device while the previous batch is written
+                with clock("device_queue"):
+                    following = launch()  # queued on the device while the last batch is written
                 finish(launched)
                 launched = following
         finish(launched)
-        finish(launch() if batch else [])
-        results += [f.result() for f in writes]
+        with clock("device_queue"):
+            launched = launch() if batch else []
+        finish(launched)
+        with clock("write_wait"):
+            results += [f.result() for f in writes]
     scores = [r for r in results if isinstance(r, ImageScore)]
     unscored = [r for r in results if isinstance(r, Skipped)]
-    return len(results), unreadable, scores, unscored
+    return len(results), unreadable, scores, unscored, clock.seconds
+
+
+def _to_host(masks: list[torch.Tensor]) -> list[np.ndarray]:
+    """H×W bool masks of any sizes, from their device in one copy (one wait for the device)."""
+    flat = torch.cat([m.flatten() for m in masks]).cpu().numpy()
+    ends = np.cumsum([m.numel() for m in masks])
+    return [part.reshape(m.shape) for part, m in zip(np.split(flat, ends[:-1]), masks, strict=True)]
 
 
 def _threshold(
@@ -356,7 +399,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     threshold, source = _threshold(cfg, spec, net, device, console)
 
     start = time.perf_counter()
-    written, unreadable, scores, unscored = _predict_all(
+    written, unreadable, scores, unscored, stages = _predict_all(
         net,
         spec,
         photos,
@@ -377,6 +420,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         threshold_source=source,
         skipped=skipped + unreadable,
         unscored=unscored,
+        stages={name: round(seconds, 3) for name, seconds in stages.items()},
     )
     if scores:
         table = score_table(scores)
@@ -400,6 +444,7 @@ def _summary_json(
         "images": summary.images,
         "seconds": round(summary.seconds, 3),
         "images_per_s": round(summary.images_per_s, 3),
+        "stages_s": summary.stages,
         "checkpoint": str(spec.ckpt),
         "image_size": list(spec.image_size),
         "tta": tta,

@@ -47,7 +47,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 MARKER = "photos.json"
-COLUMNS = ["run", "device", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s"]
+STAGES = ["read_wait", "device_queue", "device_wait", "write_wait"]  # predict's stages_s
+COLUMNS = ["run", "device", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s", *STAGES]
 
 
 def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> int:
@@ -106,7 +107,7 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
         summary = predict(compose("predict", overrides=args), console=Console(quiet=True))
     finally:
         shutil.rmtree(scratch)
-    return {"photos": summary.images, "seconds": summary.seconds}
+    return {"photos": summary.images, "seconds": summary.seconds, **summary.stages}
 
 
 def predict_rows(cfg: DictConfig, folder: Path) -> list[dict]:

@@ -223,9 +223,10 @@ class PredictionOverlays(L.Callback):
     ) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
             return
-        # kept on the CPU (a few small images) so the end-of-training grid can reuse it
+        # copied on the device (a copy to the CPU here would wait for the GPU every epoch), kept
+        # so the end-of-training grid can reuse it
         n = self.max_images
-        self._batch = (batch["image"][:n].detach().cpu(), batch["mask"][:n].detach().cpu())
+        self._batch = (batch["image"][:n].detach().clone(), batch["mask"][:n].detach().clone())
         self._batch_epoch = trainer.current_epoch
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -242,7 +243,7 @@ class PredictionOverlays(L.Callback):
 
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         assert self._batch is not None
-        images, masks = self._batch
+        images, masks = (t.cpu() for t in self._batch)
         threshold = float(pl_module.hparams.get("threshold", 0.5))
         was_training = pl_module.training
         pl_module.eval()

@@ -88,6 +88,9 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
         assert overlay.shape == (h, w, 3)
     report = json.loads((out / "summary.json").read_text())
     assert report["images"] == len(PHOTO_SIZES) and report["images_per_s"] > 0
+    stages = report["stages_s"]
+    assert set(stages) == {"read_wait", "device_queue", "device_wait", "write_wait"}
+    assert 0 < sum(stages.values()) <= report["seconds"]
     assert report["image_size"] == [32, 32] and report["threshold"] == 0.5
     assert report["skipped"][0]["path"].endswith("broken.png")
     assert not list(out.rglob("*.tmp"))  # every write was renamed into place

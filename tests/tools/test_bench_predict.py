@@ -69,7 +69,7 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     rows = pd.read_csv(out / "bench_predict.csv")
     rows = rows[rows["device"] == "cpu"]
     assert rows["run"].tolist() == ["cpu", "cpu_overlays"] and rows["photos"].tolist() == [6, 2]
-    assert (rows["photos_per_s"] > 0).all()
+    assert (rows["photos_per_s"] > 0).all() and (rows["device_queue"] > 0).all()
     report = json.loads((out / "bench_predict.json").read_text())
     assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
     assert report["onnx_cpu"]["onnx_max_abs_diff"] < 1e-3
