@@ -153,16 +153,22 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
     from nailseg.inference.predict import run as predict
 
     ckpt = make_run(prepared, tmp_path / "run")
-    rng = np.random.default_rng(0)
+
+    def smooth(h: int, w: int) -> np.ndarray:
+        # photo-like (noise would be decoded differently by nvJPEG's and libjpeg's chroma
+        # upsampling), and asymmetric, so a wrong orientation shows
+        y, x = np.mgrid[0:h, 0:w]
+        return np.stack([255 * y / h, 255 * x / w, 128 + 100 * np.sin(x / 7.0)], -1).astype(
+            np.uint8
+        )
+
     photos = tmp_path / "photos"
     photos.mkdir()
     for i, (h, w) in enumerate([(48, 64), (100, 75), (33, 90)]):
         exif = Image.Exif()
         exif[0x0112] = (1, 6, 3)[i]  # upright, turned, upside down
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(
-            photos / f"p{i}.jpg", quality=95, exif=exif.tobytes()
-        )
-    Image.fromarray(rng.integers(0, 256, (40, 41, 3), np.uint8)).save(photos / "q.png")
+        Image.fromarray(smooth(h, w)).save(photos / f"p{i}.jpg", quality=95, exif=exif.tobytes())
+    Image.fromarray(smooth(40, 41)).save(photos / "q.png")
     masks = {}
     for decode in ("true", "false"):
         out = tmp_path / decode
@@ -171,9 +177,9 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert summary.images == 4 and not summary.skipped
         masks[decode] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
     assert masks["true"]["p1.png"].shape == (75, 100)  # EXIF 6: turned upright
-    for name, cpu in masks["false"].items():  # a tiny net on noise: near-threshold pixels flip
+    for name, cpu in masks["false"].items():  # decoders differ by a level or two
         assert masks["true"][name].shape == cpu.shape
-        assert (masks["true"][name] == cpu).mean() > 0.95, name
+        assert (masks["true"][name] == cpu).mean() > 0.98, name
     # the decoded pixels themselves: nvJPEG against libjpeg (PIL), EXIF orientation applied
     from nailseg.inference.decode import load, to_device
     from nailseg.inference.photos import Photo

@@ -20,7 +20,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from nailseg.inference.photos import Photo
-from nailseg.inference.spec import image_tensor
+from nailseg.inference.spec import image_tensors
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
@@ -75,9 +75,11 @@ def to_device(
 ) -> list[torch.Tensor | UnreadableImage]:
     """Each photo as an RGB uint8 C×H×W tensor on `device` (JPEG bytes: decoded there in one
     batch), or why it could not be decoded."""
-    out: list[torch.Tensor | UnreadableImage] = [
-        image_tensor(item, device) if isinstance(item, np.ndarray) else None for item in loaded
-    ]
+    out: list[torch.Tensor | UnreadableImage | None] = [None] * len(loaded)
+    decoded_here = [i for i, item in enumerate(loaded) if isinstance(item, np.ndarray)]
+    uploaded = image_tensors([loaded[i] for i in decoded_here], device)
+    for i, image in zip(decoded_here, uploaded, strict=True):
+        out[i] = image
     jpegs = [i for i, item in enumerate(loaded) if isinstance(item, EncodedJpeg)]
     if not jpegs:
         return out
@@ -89,7 +91,7 @@ def to_device(
     for i, image in zip(jpegs, decoded, strict=True):
         if image is None:  # nvJPEG refused it: the CPU decoder decodes it or says why not
             try:
-                out[i] = image_tensor(read_rgb(photos[i].path), device)
+                out[i] = image_tensors([read_rgb(photos[i].path)], device)[0]
             except UnreadableImage as err:
                 out[i] = err
         else:

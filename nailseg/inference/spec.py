@@ -103,15 +103,24 @@ def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
     return (float(values[0]), float(values[1]), float(values[2]))
 
 
-def image_tensor(image: np.ndarray, device: torch.device) -> torch.Tensor:
-    """An RGB uint8 HxWx3 array as the C×H×W uint8 tensor the functions below take. To a GPU it
-    goes through pinned memory, asynchronously: a plain copy would first wait for all the work
-    already queued there (a whole batch of predictions)."""
+def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """RGB uint8 HxWx3 arrays as the C×H×W uint8 tensors the functions below take. To a GPU they
+    go as one pinned buffer in one asynchronous copy: a plain copy would first wait for all the
+    work already queued there (a whole batch of predictions), and a pinned buffer per photo
+    costs an allocation each."""
     if device.type != "cuda":
-        return torch.tensor(image, device=device).permute(2, 0, 1)
-    host = torch.empty(image.shape, dtype=torch.uint8, pin_memory=True)
-    host.numpy()[...] = image
-    return host.to(device, non_blocking=True).permute(2, 0, 1)
+        return [torch.tensor(image, device=device).permute(2, 0, 1) for image in images]
+    ends = np.cumsum([image.size for image in images])
+    host = torch.empty(int(ends[-1]) if len(ends) else 0, dtype=torch.uint8, pin_memory=True)
+    flat = host.numpy()
+    starts = ends - [image.size for image in images]
+    for image, start, end in zip(images, starts, ends, strict=True):
+        flat[start:end] = image.reshape(-1)
+    on_device = host.to(device, non_blocking=True)
+    return [
+        on_device[start:end].view(image.shape).permute(2, 0, 1)
+        for image, start, end in zip(images, starts, ends, strict=True)
+    ]
 
 
 def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch import nn
 
 from nailseg.atomic import write_text
 from nailseg.inference.scoring import dice_iou
-from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensor
+from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
 CACHE_FILE = "threshold.json"
@@ -114,10 +114,9 @@ def sweep(
         task = progress.add_task(f"threshold=auto: sweeping {SPLIT}", total=len(rows))
         for start in range(0, len(rows), batch_size):
             chunk = rows.iloc[start : start + batch_size]
-            images = [
-                image_tensor(np.load(Path(root) / p, allow_pickle=False), device)
-                for p in chunk["images"]
-            ]
+            images = image_tensors(
+                [np.load(Path(root) / p, allow_pickle=False) for p in chunk["images"]], device
+            )
             masks = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["masks"]]
             probs = full_size_probabilities(net, images, spec, tta)
             for prob, mask in zip(probs, masks, strict=True):

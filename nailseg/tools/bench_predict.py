@@ -39,7 +39,7 @@ from nailseg.atomic import save_figure, write_atomic, write_bytes, write_text
 from nailseg.config import CONF_DIR
 from nailseg.inference.photos import image_files
 from nailseg.inference.predict import run as predict
-from nailseg.inference.spec import image_tensor, resolve_spec, to_batch
+from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.model.checkpoint import load_net
 from nailseg.prep.imageio import read_rgb
 
@@ -148,7 +148,7 @@ def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
     path = Path(cfg.output_dir) / "model.onnx"
     diff = export_onnx(net, spec, path)
     cpu = torch.device("cpu")
-    batch = to_batch([image_tensor(read_rgb(p), cpu) for p in photos[: cfg.onnx_batch]], spec)
+    batch = to_batch(image_tensors([read_rgb(p) for p in photos[: cfg.onnx_batch]], cpu), spec)
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

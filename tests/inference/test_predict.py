@@ -25,7 +25,7 @@ from nailseg.inference.predict import PredictError, main, run
 from nailseg.inference.scoring import score_image
 from nailseg.inference.spec import (
     full_size_probabilities,
-    image_tensor,
+    image_tensors,
     probabilities,
     resolve_spec,
 )
@@ -112,7 +112,7 @@ def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
     net = load_net(trained, spec.model)
     image = np.asarray(Image.open(photos / "top.jpeg").convert("RGB"))
-    (prob,) = full_size_probabilities(net, [image_tensor(image, torch.device("cpu"))], spec)
+    (prob,) = full_size_probabilities(net, image_tensors([image], torch.device("cpu")), spec)
     written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
     np.testing.assert_array_equal(written, (prob > 0.3).numpy())
 
@@ -283,7 +283,7 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
     tp = fp = fn = 0
     for image_file, mask_file in zip(valid["images"], valid["masks"], strict=True):
         image = np.load(root / image_file)
-        (prob,) = full_size_probabilities(net, [image_tensor(image, torch.device("cpu"))], spec)
+        (prob,) = full_size_probabilities(net, image_tensors([image], torch.device("cpu")), spec)
         s = score_image(
             (prob > choice["threshold"]).numpy(),
             np.load(root / mask_file)[..., 0] > 0,
