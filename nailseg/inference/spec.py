@@ -104,21 +104,20 @@ def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
 
 
 def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """RGB uint8 HxWx3 arrays as the C×H×W uint8 tensors the functions below take. To a GPU they
-    go as one pinned buffer in one asynchronous copy: a plain copy would first wait for all the
-    work already queued there (a whole batch of predictions), and a pinned buffer per photo
-    costs an allocation each."""
-    if device.type != "cuda":
-        return [torch.tensor(image, device=device).permute(2, 0, 1) for image in images]
-    ends = np.cumsum([image.size for image in images])
-    host = torch.empty(int(ends[-1]) if len(ends) else 0, dtype=torch.uint8, pin_memory=True)
+    """RGB uint8 HxWx3 arrays as the C×H×W uint8 tensors the functions below take, packed into one
+    host buffer and moved in one copy. To a GPU the buffer is pinned and the copy asynchronous: a
+    plain copy would first wait for all the work already queued there (a whole batch of
+    predictions), and a pinned buffer per photo costs an allocation each."""
+    sizes = [image.size for image in images]
+    ends = np.cumsum(sizes, dtype=np.int64)
+    starts = ends - sizes
+    host = torch.empty(int(sum(sizes)), dtype=torch.uint8, pin_memory=device.type == "cuda")
     flat = host.numpy()
-    starts = ends - [image.size for image in images]
     for image, start, end in zip(images, starts, ends, strict=True):
         flat[start:end] = image.reshape(-1)
-    on_device = host.to(device, non_blocking=True)
+    moved = host.to(device, non_blocking=True)
     return [
-        on_device[start:end].view(image.shape).permute(2, 0, 1)
+        moved[start:end].view(image.shape).permute(2, 0, 1)
         for image, start, end in zip(images, starts, ends, strict=True)
     ]
 

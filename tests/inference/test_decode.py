@@ -15,6 +15,7 @@ from support.image_files import save_image
 
 from nailseg.inference.decode import EncodedJpeg, load, orient, to_device
 from nailseg.inference.photos import Photo
+from nailseg.inference.spec import image_tensors
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 CPU = torch.device("cpu")
@@ -77,3 +78,14 @@ def test_a_file_that_is_no_jpeg_is_named(tmp_path: Path) -> None:
     fake.write_bytes(b"not an image at all")
     with pytest.raises(UnreadableImage, match=r"fake\.jpg"):
         load(Photo(fake, "fake"), gpu_jpeg=True)
+
+
+def test_photos_of_mixed_sizes_travel_in_one_buffer_and_come_out_whole() -> None:
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in [(3, 5), (7, 2), (1, 1)]]
+    images[1].flags.writeable = False  # PIL hands out read-only arrays
+    tensors = image_tensors(images, CPU)
+    for tensor, image in zip(tensors, images, strict=True):
+        assert tensor.shape == (3, *image.shape[:2]) and tensor.dtype == torch.uint8
+        np.testing.assert_array_equal(tensor.permute(1, 2, 0).numpy(), image)
+    assert image_tensors([], CPU) == []
