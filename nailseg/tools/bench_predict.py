@@ -161,7 +161,11 @@ def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
     def onnx_forward() -> None:
         session.run([OUTPUT_NAME], inputs)
 
-    result = {"onnx_max_abs_diff": diff, "batch": len(batch), "threads": torch.get_num_threads()}
+    result = {
+        "onnx_logits_difference": diff,
+        "batch": len(batch),
+        "threads": torch.get_num_threads(),
+    }
     for name, forward in (("torch", torch_forward), ("onnxruntime", onnx_forward)):
         forward()  # warm-up
         times = []

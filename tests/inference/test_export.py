@@ -74,3 +74,26 @@ def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
     with pytest.raises(ArchitectureMismatch, match=r"different architecture.*pass model="):
         export(trained, "model=unet", f"output={tmp_path / 'x.onnx'}")  # resnet18, full decoder
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
+    # an early UNet-resnet34 at 384² gives logits beyond 2,000 on random inputs, where float32
+    # sums in another order differ by ~4e-3: an absolute 1e-3 refused every such export
+    from nailseg.inference.export import TOLERANCE, export_onnx, logits_difference
+
+    spec = resolve_spec(compose_cli("export", [f"ckpt={trained}"]))
+    net = load_net(trained, spec.model).eval()
+    with torch.no_grad():
+        net.segmentation_head[0].weight.mul_(1e5)
+        net.segmentation_head[0].bias.mul_(1e5)
+    path = tmp_path / "big.onnx"
+    diff = export_onnx(net, spec, path)
+    assert path.is_file() and diff is not None and diff <= TOLERANCE
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    batch = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = net(batch).numpy()
+    (got,) = session.run(["logits"], {"image": batch.numpy()})
+    assert np.abs(expected).max() > 1e3  # the logits are large indeed
+    assert np.abs(got - expected).max() > 1e-3  # what the absolute rule refused
+    assert logits_difference(path, net, spec.image_size) == pytest.approx(diff)

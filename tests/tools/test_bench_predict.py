@@ -72,7 +72,7 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     assert (rows["photos_per_s"] > 0).all() and (rows["device_queue"] > 0).all()
     report = json.loads((out / "bench_predict.json").read_text())
     assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
-    assert report["onnx_cpu"]["onnx_max_abs_diff"] < 1e-3
+    assert report["onnx_cpu"]["onnx_logits_difference"] < 1e-3
     assert report["onnx_cpu"]["onnxruntime_img_s"] > 0 and report["onnx_cpu"]["torch_img_s"] > 0
     assert sorted(p.name for p in out.iterdir()) == [
         "bench_predict.csv",
