@@ -12,15 +12,21 @@ from nailseg.training import checkpoint_io
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 
 
-def test_the_file_holds_the_state_at_the_save_and_teardown_waits_for_it(tmp_path, monkeypatch):
-    release = threading.Event()
+@pytest.fixture
+def release(monkeypatch) -> threading.Event:
+    """Every checkpoint write waits until the returned event is set."""
+    event = threading.Event()
     write = checkpoint_io.AtomicCheckpointIO.save_checkpoint
 
     def held_write(self, checkpoint, path, storage_options=None):
-        release.wait(10)
+        event.wait(10)
         write(self, checkpoint, path, storage_options)
 
     monkeypatch.setattr(checkpoint_io.AtomicCheckpointIO, "save_checkpoint", held_write)
+    return event
+
+
+def test_the_file_holds_the_state_at_the_save_and_teardown_waits_for_it(tmp_path, release):
     io, weight = BackgroundCheckpointIO(), torch.zeros(3)
     io.save_checkpoint({"weight": weight}, tmp_path / "a.ckpt")
     weight += 1  # training goes on while the write waits
@@ -30,18 +36,10 @@ def test_the_file_holds_the_state_at_the_save_and_teardown_waits_for_it(tmp_path
     assert torch.load(tmp_path / "a.ckpt", weights_only=True)["weight"].tolist() == [0, 0, 0]
 
 
-def test_a_removal_waits_for_the_files_own_queued_write(tmp_path, monkeypatch):
+def test_a_removal_waits_for_the_files_own_queued_write(tmp_path, release):
     # ModelCheckpoint saves a new best, then removes the previous one: had the removal run at
     # once (Lightning's AsyncCheckpointIO does), the previous file's queued write would bring
     # it back after it was removed
-    release = threading.Event()
-    write = checkpoint_io.AtomicCheckpointIO.save_checkpoint
-
-    def held_write(self, checkpoint, path, storage_options=None):
-        release.wait(10)
-        write(self, checkpoint, path, storage_options)
-
-    monkeypatch.setattr(checkpoint_io.AtomicCheckpointIO, "save_checkpoint", held_write)
     io = BackgroundCheckpointIO()
     io.save_checkpoint({"epoch": 0}, tmp_path / "epoch_000.ckpt")
     io.save_checkpoint({"epoch": 1}, tmp_path / "epoch_001.ckpt")
