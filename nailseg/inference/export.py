@@ -12,13 +12,15 @@ warnings are silenced here; what guards the result is the parity check run befor
 published: ONNX Runtime (CPU) and PyTorch must agree on the logits of random batches of 1 and 3
 (the dynamic axis) within `TOLERANCE`, relative to the logits' size: float32 sums taken in another
 order differ in proportion to the values summed, and an early UNet-resnet34 gives logits beyond
-2,000 on random inputs (max |difference| 3.7e-3 there, 1.6e-6 of the largest logit).
+2,000 on random inputs (max |difference| 3.7e-3 there, 1.6e-6 of the largest logit). The model
+is built in memory and written atomically only after the check; predict's `engine=onnx` runs the
+same in-memory model (`OnnxNet`).
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from omegaconf import MISSING, DictConfig
 from rich.console import Console
 from torch import nn
 
-from nailseg.atomic import temp_path
+from nailseg.atomic import write_bytes
 from nailseg.config import CONF_DIR
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.model.checkpoint import CheckpointError, load_net
@@ -61,43 +63,68 @@ class ExportError(RuntimeError):
     """An unknown format, or an export whose outputs disagree with PyTorch's."""
 
 
+def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes:
+    """`net` as a checked ONNX model with nailseg's metadata, in memory."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        torch.onnx.export(
+            net.eval(),
+            (torch.zeros(2, 3, *spec.image_size),),
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    onnx.helper.set_model_props(model, _metadata(spec))
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> float:
+    """`logits_difference` of `model` against `net`; ExportError when beyond `TOLERANCE`."""
+    diff = logits_difference(model, net, spec.image_size)
+    if diff > TOLERANCE:
+        raise ExportError(
+            f"ONNX Runtime and PyTorch disagree on {spec.ckpt}: max |logits difference| / "
+            f"max(1, max |logit|) = {diff:.3g} > {TOLERANCE}"
+        )
+    return diff
+
+
 def export_onnx(
     net: nn.Module, spec: InferenceSpec, path: Path, *, opset: int = 17, verify: bool = True
 ) -> float | None:
-    """Write `net` to `path` as ONNX (via a temporary file and a rename); returns the max abs
-    difference of the logits from PyTorch's when `verify`, and then writes only if it is within
-    `TOLERANCE` (relative, see `logits_difference`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)  # checked before it is renamed into place
-    example = torch.zeros(2, 3, *spec.image_size)
+    """Write `net` to `path` as ONNX (atomically); returns the logits difference from PyTorch's
+    (`logits_difference`) when `verify`, and then writes only if it is within `TOLERANCE`."""
+    model = onnx_model(net, spec, opset=opset)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(
-                net.eval(),
-                (example,),
-                str(tmp),
-                dynamo=False,
-                opset_version=opset,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-            )
-        model = onnx.load(str(tmp))
-        onnx.helper.set_model_props(model, _metadata(spec))
-        onnx.checker.check_model(model)
-        onnx.save(model, str(tmp))
-        diff = logits_difference(tmp, net, spec.image_size) if verify else None
-        if diff is not None and diff > TOLERANCE:
-            raise ExportError(
-                f"ONNX Runtime and PyTorch disagree: max |logits difference| / max(1, max "
-                f"|logit|) = {diff:.3g} > {TOLERANCE}; {path} was not written"
-            )
-        os.replace(tmp, path)
-        return diff
-    finally:
-        tmp.unlink(missing_ok=True)
+        diff = checked_difference(model, net, spec) if verify else None
+    except ExportError as err:
+        raise ExportError(f"{err}; {path} was not written") from err
+    write_bytes(path, model)
+    return diff
+
+
+class OnnxNet:
+    """A checkpoint's net run by ONNX Runtime on the CPU, called as the PyTorch net is (a
+    normalised float32 batch in, logits out): predict's `engine=onnx`. The model is exported in
+    memory and checked against PyTorch first, as `export` checks it."""
+
+    def __init__(self, net: nn.Module, spec: InferenceSpec) -> None:
+        import onnxruntime as ort
+
+        model = onnx_model(net, spec)
+        self.difference = checked_difference(model, net, spec)
+        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        (logits,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch.contiguous().numpy()})
+        return torch.from_numpy(logits)
 
 
 def _metadata(spec: InferenceSpec) -> dict[str, str]:
@@ -115,13 +142,17 @@ def _metadata(spec: InferenceSpec) -> dict[str, str]:
 
 
 def logits_difference(
-    path: Path, net: nn.Module, image_size: tuple[int, int], batch_sizes=VERIFY_BATCH_SIZES
+    model: bytes | Path,
+    net: nn.Module,
+    image_size: tuple[int, int],
+    batch_sizes: tuple[int, ...] = VERIFY_BATCH_SIZES,
 ) -> float:
     """Max |ONNX Runtime - PyTorch| over the logits of random batches of each size, divided by
     max(1, max |PyTorch logit|): absolute for logits up to 1, relative beyond."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
     generator = torch.Generator().manual_seed(0)
     diffs = []
     for n in batch_sizes:

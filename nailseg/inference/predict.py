@@ -67,6 +67,7 @@ from nailseg.inference.scoring import ImageScore, score_image, score_table, tota
 from nailseg.inference.spec import (
     InferenceConfig,
     InferenceSpec,
+    Net,
     full_size_probabilities,
     resolve_spec,
 )
@@ -90,6 +91,7 @@ class PredictConfig(InferenceConfig):
     batch_size: int = MISSING
     device: str = MISSING  # auto | cpu | cuda | cuda:N
     gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
+    engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
     overlays: bool = MISSING  # also write OUT/overlays/<key>.png
     num_workers: int | None = None  # threads reading and writing files (None: one per core)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
@@ -207,7 +209,7 @@ class _Stopwatch:
 
 
 def _predict_all(
-    net: nn.Module,
+    net: Net,
     spec: InferenceSpec,
     photos: Sequence[Photo],
     writer: PhotoWriter,
@@ -319,7 +321,7 @@ def _to_host(masks: list[torch.Tensor]) -> list[np.ndarray]:
 def _threshold(
     cfg: DictConfig,
     spec: InferenceSpec,
-    net: nn.Module,
+    net: Net,
     device: torch.device,
     console: Console,
 ) -> tuple[float, str]:
@@ -358,6 +360,33 @@ def _threshold(
     return value, "override"
 
 
+def _device(engine: str, device: str) -> torch.device:
+    """`device`, resolved; ONNX Runtime runs on the CPU, so with `engine=onnx` auto means the CPU
+    and a GPU is refused."""
+    if engine not in ("torch", "onnx"):
+        raise PredictError(f"engine={engine}: use torch or onnx")
+    if engine == "onnx" and device not in ("auto", "cpu"):
+        raise PredictError(
+            f"engine=onnx runs on the CPU (ONNX Runtime's CPU provider), not device={device}: "
+            "pass device=cpu, or engine=torch"
+        )
+    return resolve_device("cpu" if engine == "onnx" else device)
+
+
+def _engine(engine: str, net: nn.Module, spec: InferenceSpec, device: torch.device) -> Net:
+    """What runs the net: PyTorch on `device` (channels-last on a GPU, the layout tensor cores
+    run convolutions fastest in), or ONNX Runtime on the CPU."""
+    if engine == "torch":
+        net = net.to(device)
+        return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
+    from nailseg.inference.export import ExportError, OnnxNet  # onnx: only this engine needs it
+
+    try:
+        return OnnxNet(net, spec)
+    except ExportError as err:
+        raise PredictError(f"engine=onnx: {err}") from err
+
+
 def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
     """The output folder shares no file or folder with the photos or the true masks: a mask
     written over a true mask would be scored against itself (Dice 1.0), a photo overwritten
@@ -392,10 +421,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         with ThreadPoolExecutor(num_workers) as pool:
             truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
     spec = resolve_spec(cfg)
-    device = resolve_device(cfg.device)
-    net = load_net(spec.ckpt, spec.model).to(device)
-    if device.type == "cuda":  # the layout tensor cores run convolutions fastest in
-        net = net.to(memory_format=torch.channels_last)
+    device = _device(cfg.engine, str(cfg.device))
+    net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device)
     threshold, source = _threshold(cfg, spec, net, device, console)
 
     start = time.perf_counter()

@@ -11,7 +11,7 @@ of an upsampled low-resolution mask.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import MISSING, DictConfig
-from torch import nn
 
 from nailseg.config import ModelConfig
 from nailseg.model.checkpoint import (
@@ -33,6 +32,8 @@ from nailseg.model.checkpoint import (
 )
 
 DEFAULT_THRESHOLD = 0.5
+# the net, or what runs it elsewhere (export.OnnxNet): a normalised float batch in, logits out
+Net = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -142,7 +143,7 @@ def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tenso
     return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
 
 
-def probabilities(net: nn.Module, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
+def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
     """Foreground probabilities B×1×h×w; with `tta`, the mean over the identity, a horizontal and a
     vertical flip (each flipped back), run as one batch of 3B. On CUDA the net runs under bf16
     autocast, as training validated it (`trainer=gpu`); probabilities are float32."""
@@ -156,7 +157,7 @@ def probabilities(net: nn.Module, batch: torch.Tensor, tta: bool = False) -> tor
 
 @torch.inference_mode()
 def full_size_probabilities(
-    net: nn.Module, images: Sequence[torch.Tensor], spec: InferenceSpec, tta: bool = False
+    net: Net, images: Sequence[torch.Tensor], spec: InferenceSpec, tta: bool = False
 ) -> list[torch.Tensor]:
     """One H×W probability map per C×H×W photo, at the photo's own size (on its device)."""
     probs = probabilities(net, to_batch(images, spec), tta)

@@ -23,11 +23,10 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import Progress
-from torch import nn
 
 from nailseg.atomic import write_text
 from nailseg.inference.scoring import dice_iou
-from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
+from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities, image_tensors
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
 CACHE_FILE = "threshold.json"
@@ -48,7 +47,7 @@ class ThresholdChoice:
 
 
 def auto_threshold(
-    net: nn.Module,
+    net: Net,
     spec: InferenceSpec,
     *,
     tta: bool,
@@ -89,7 +88,7 @@ def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
 
 
 def sweep(
-    net: nn.Module,
+    net: Net,
     spec: InferenceSpec,
     root: Path,
     *,

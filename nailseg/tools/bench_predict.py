@@ -48,7 +48,10 @@ import matplotlib.pyplot as plt
 
 MARKER = "photos.json"
 STAGES = ["read_wait", "device_queue", "device_wait", "write_wait"]  # predict's stages_s
-COLUMNS = ["run", "device", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s", *STAGES]
+COLUMNS = [
+    "run", "device", "engine", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s",
+    *STAGES,
+]  # fmt: skip
 
 
 def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> int:
@@ -126,6 +129,7 @@ def predict_rows(cfg: DictConfig, folder: Path) -> list[dict]:
             {
                 "run": name,
                 "device": overrides.get("device", "auto"),
+                "engine": overrides.get("engine", "torch"),
                 "gpu_decode": overrides.get("gpu_decode", True),
                 "overlays": overrides.get("overlays", True),
                 **measured,

@@ -96,6 +96,26 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
     assert not list(out.rglob("*.tmp"))  # every write was renamed into place
 
 
+def test_onnx_engine_writes_the_masks_pytorch_writes(trained, photos, tmp_path):
+    masks = {}
+    for engine in ("torch", "onnx"):
+        out = tmp_path / engine
+        summary = predict(trained, photos, out, f"engine={engine}", "device=cpu", "overlays=false")
+        assert summary.images == len(PHOTO_SIZES)
+        masks[engine] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").rglob("*.png")}
+    assert masks["onnx"].keys() == masks["torch"].keys()
+    for name, mask in masks["torch"].items():  # logits agree to float rounding
+        assert (masks["onnx"][name] == mask).mean() > 0.999, name
+
+
+def test_onnx_engine_on_a_gpu_is_refused_before_anything_is_written(trained, photos, tmp_path):
+    with pytest.raises(PredictError, match="engine=onnx runs on the CPU"):
+        predict(trained, photos, tmp_path / "out", "engine=onnx", "device=cuda")
+    with pytest.raises(PredictError, match="engine=tensorrt: use torch or onnx"):
+        predict(trained, photos, tmp_path / "out", "engine=tensorrt", "device=cpu")
+    assert not (tmp_path / "out").exists()
+
+
 def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
     out = tmp_path / "out"
     summary = predict(trained, photos / "a", out, "overlays=false")

@@ -58,7 +58,7 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     args = [f"ckpt={ckpt}", f"input_dir={sources}", f"output_dir={out}", "jpeg_scales=[2]",
             "runs.cpu.overlays=false", "+runs.cpu_overlays={device: cpu}", "limit.cpu=6",
-            "+limit.cpu_overlays=2", "batch_size=2", "onnx_batch=2", "repeats=1"]  # fmt: skip
+            "+limit.cpu_overlays=2", "limit.cpu_onnx=3", "batch_size=2", "onnx_batch=2", "repeats=1"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "nailseg.bench_predict", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -68,7 +68,8 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
         assert "run gpu: skipped, no CUDA device here" in proc.stdout
     rows = pd.read_csv(out / "bench_predict.csv")
     rows = rows[rows["device"] == "cpu"]
-    assert rows["run"].tolist() == ["cpu", "cpu_overlays"] and rows["photos"].tolist() == [6, 2]
+    assert rows["run"].tolist() == ["cpu", "cpu_onnx", "cpu_overlays"]
+    assert rows["photos"].tolist() == [6, 3, 2] and rows["engine"].tolist()[1] == "onnx"
     assert (rows["photos_per_s"] > 0).all() and (rows["device_queue"] > 0).all()
     report = json.loads((out / "bench_predict.json").read_text())
     assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
