@@ -120,7 +120,9 @@ class OnnxNet:
 
         model = onnx_model(net, spec)
         self.difference = checked_difference(model, net, spec)
-        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # as many as PyTorch would use
+        self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         (logits,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch.contiguous().numpy()})

@@ -8,10 +8,11 @@ each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the se
 and sizes); `DIR/photos/photos.json` marks it as this benchmark's, and a `DIR/photos` without it
 is refused rather than used or replaced. Each run of `runs` predicts the whole set (or its first
 `limit` photos) into a folder made for it and removed after it; the first run is preceded by a
-short warm-up; runs on `cuda` are skipped, and said so, where there is no GPU. The ONNX comparison exports the checkpoint (`DIR/model.onnx`, parity-checked) and
-times the net alone on one batch of the photos at the input size: PyTorch and ONNX Runtime, each
-with every CPU thread, median of `repeats`. Writes `DIR/bench_predict.csv`, `bench_predict.png`
-and prints a table.
+short warm-up; runs on `cuda` are skipped, and said so, where there is no GPU. The ONNX comparison
+times the net alone on one batch of the photos at the input size: PyTorch, and ONNX Runtime on the
+model predict's `engine=onnx` runs (built and checked in memory, nothing written), each with
+torch's CPU threads, median of `repeats`. Writes `DIR/bench_predict.csv`, `.json` and `.png` and
+prints a table.
 """
 
 from __future__ import annotations
@@ -140,43 +141,30 @@ def predict_rows(cfg: DictConfig, folder: Path) -> list[dict]:
 
 
 def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
-    """The net alone on the CPU, one batch of the photos: PyTorch and ONNX Runtime images/s."""
+    """The net alone on the CPU, one batch of the photos: PyTorch and ONNX Runtime images/s (the
+    ONNX model as predict's engine=onnx runs it: built and checked in memory)."""
     try:
-        import onnxruntime as ort
-
-        from nailseg.inference.export import INPUT_NAME, OUTPUT_NAME, export_onnx
+        from nailseg.inference.export import OnnxNet
     except ImportError as err:  # the GPU machine's image has neither onnx nor onnxruntime
         return {"onnx": f"not measured: {err}"}
     spec = resolve_spec(compose("predict", overrides=[f"ckpt={cfg.ckpt}", "input=x", "output=y"]))
     net = load_net(spec.ckpt, spec.model).eval()
-    path = Path(cfg.output_dir) / "model.onnx"
-    diff = export_onnx(net, spec, path)
+    onnx = OnnxNet(net, spec)
     cpu = torch.device("cpu")
     batch = to_batch(image_tensors([read_rgb(p) for p in photos[: cfg.onnx_batch]], cpu), spec)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    inputs = {INPUT_NAME: batch.numpy()}
-
-    def torch_forward() -> None:
-        with torch.inference_mode():
-            net(batch)
-
-    def onnx_forward() -> None:
-        session.run([OUTPUT_NAME], inputs)
-
     result = {
-        "onnx_logits_difference": diff,
+        "onnx_logits_difference": onnx.difference,
         "batch": len(batch),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(),  # each engine's
     }
-    for name, forward in (("torch", torch_forward), ("onnxruntime", onnx_forward)):
-        forward()  # warm-up
-        times = []
-        for _ in range(cfg.repeats):
-            start = time.perf_counter()
-            forward()
-            times.append(time.perf_counter() - start)
+    for name, engine in (("torch", net), ("onnxruntime", onnx)):
+        with torch.inference_mode():
+            engine(batch)  # warm-up
+            times = []
+            for _ in range(cfg.repeats):
+                start = time.perf_counter()
+                engine(batch)
+                times.append(time.perf_counter() - start)
         result[f"{name}_img_s"] = len(batch) / statistics.median(times)
     result["onnxruntime_vs_torch"] = result["onnxruntime_img_s"] / result["torch_img_s"]
     return result
