@@ -5,8 +5,8 @@ PyTorch on the CPU; not a timed test.
 
 The photo set, `DIR/photos`, is made once from the images under `input_dir` (searched recursively):
 each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats
-and sizes); `DIR/photos/photos.json` marks it as this benchmark's, and a `DIR/photos` without it
-is refused rather than used or replaced. Each run of `runs` predicts the whole set (or its first
+and sizes); `DIR/photos/photos.json`, its manifest, marks it as this benchmark's and lists its
+files, the only ones it ever replaces; a `DIR/photos` without it is refused. Each run of `runs` predicts the whole set (or its first
 `limit` photos) into a folder made for it and removed after it; the first run is preceded by a
 short warm-up; runs on `cuda` are skipped, and said so, where there is no GPU. The ONNX comparison
 times the net alone on one batch of the photos at the input size: PyTorch, and ONNX Runtime on the
@@ -47,7 +47,8 @@ from nailseg.prep.imageio import read_rgb
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-MARKER = "photos.json"
+MARKER = "photos.json"  # the photo set's manifest
+CREATOR = "nailseg.bench_predict"
 STAGES = ["read_wait", "device_queue", "device_wait", "write_wait"]  # predict's stages_s
 COLUMNS = [
     "run", "device", "engine", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s",
@@ -55,44 +56,61 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> int:
-    """The photo set (see the module docstring); returns its size. Reused when its marker
-    records the same settings; never written into a folder this benchmark did not make."""
+def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> list[Path]:
+    """The photo set (see the module docstring): the files its manifest (`MARKER`) lists, made
+    now or reused when the manifest records the same settings and a finished set. A folder
+    without this benchmark's manifest is refused; in one with it, only the listed files are ever
+    replaced (a file of anyone else's there stays, and is not part of the set)."""
     settings = {"input_dir": str(input_dir.resolve()), "jpeg_scales": scales, "quality": quality}
     marker = folder / MARKER
     if folder.exists():
-        if not marker.is_file():
+        manifest = _manifest(marker)
+        if manifest is None:
             raise FileExistsError(
-                f"{folder} exists and is not this benchmark's photo set (no {MARKER}): "
-                "choose another output_dir"
+                f"{folder} exists and is not this benchmark's photo set (no {MARKER} written by "
+                f"{CREATOR}): choose another output_dir"
             )
-        recorded = json.loads(marker.read_text())
-        if recorded["settings"] == settings:
-            return recorded["photos"]
-        shutil.rmtree(folder)  # ours (marked), made with other settings
+        if manifest["finished"] and manifest["settings"] == settings:
+            return [folder / name for name in manifest["files"]]
+        for name in manifest["files"]:  # ours: made with other settings, or interrupted
+            (folder / name).unlink(missing_ok=True)
     sources = image_files(input_dir)
     if not sources:
         raise FileNotFoundError(f"input_dir={input_dir}: no images found")
-    count = 0
-    for i, source in enumerate(sources):
+    names = [
+        [f"{i:05d}{source.suffix.lower()}", *(f"{i:05d}_x{scale:g}.jpg" for scale in scales)]
+        for i, source in enumerate(sources)
+    ]
+    files = [name for group in names for name in group]
+    manifest = {"created_by": CREATOR, "settings": settings, "files": files, "finished": False}
+    write_text(marker, json.dumps(manifest, indent=2))  # first: an interrupted set is ours too
+    for source, (original, *copies) in zip(sources, names, strict=True):
         image = Image.fromarray(read_rgb(source))
-        name = f"{i:05d}"
-        write_bytes(folder / f"{name}{source.suffix.lower()}", source.read_bytes())
-        for scale in scales:
+        write_bytes(folder / original, source.read_bytes())
+        for scale, name in zip(scales, copies, strict=True):
             size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
             scaled = image.resize(size, Image.Resampling.BILINEAR)
             write_atomic(
-                folder / f"{name}_x{scale:g}.jpg",
-                lambda f, im=scaled: im.save(f, format="JPEG", quality=quality),
+                folder / name, lambda f, im=scaled: im.save(f, format="JPEG", quality=quality)
             )
-        count += 1 + len(scales)
-    write_text(marker, json.dumps({"settings": settings, "photos": count}, indent=2))
-    return count
+    write_text(marker, json.dumps(manifest | {"finished": True}, indent=2))
+    return [folder / name for name in files]
+
+
+def _manifest(marker: Path) -> dict | None:
+    """The photo set's manifest, or None when `marker` is not one this benchmark wrote."""
+    try:
+        manifest = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return (
+        manifest if isinstance(manifest, dict) and manifest.get("created_by") == CREATOR else None
+    )
 
 
 def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: dict) -> dict:
-    """One predict run of `photos` (all of `folder`'s, or linked into a folder of their own)
-    into a folder made for it and removed after it."""
+    """One predict run of `photos` (all of `folder`'s, or hard-linked into a folder of their own)
+    into a folder made for it (`mkdtemp`) and removed after it: links and predictions only."""
     scratch = Path(tempfile.mkdtemp(prefix=".run-", dir=cfg.output_dir))
     try:
         source = folder
@@ -114,8 +132,7 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
     return {"photos": summary.images, "seconds": summary.seconds, **summary.stages}
 
 
-def predict_rows(cfg: DictConfig, folder: Path) -> list[dict]:
-    photos = image_files(folder)
+def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict]:
     rows = []
     for name, run in cfg.runs.items():
         overrides = OmegaConf.to_container(run, resolve=True)
@@ -184,10 +201,9 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "photos"
-    make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
-    photos = image_files(folder)
+    photos = make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
     sizes = np.array([Image.open(p).size for p in photos])
-    rows = pd.DataFrame(predict_rows(cfg, folder), columns=COLUMNS)
+    rows = pd.DataFrame(predict_rows(cfg, folder, photos), columns=COLUMNS)
     onnx = onnx_vs_torch(cfg, photos) if cfg.onnx else {}
     extra = {
         "photo_set": {

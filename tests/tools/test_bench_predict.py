@@ -17,6 +17,8 @@ from support.image_files import save_image
 from support.inference import make_run
 from support.prepared import write_prepared
 
+from nailseg.atomic import write_bytes
+from nailseg.tools import bench_predict
 from nailseg.tools.bench_predict import MARKER, make_photos
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,22 +36,59 @@ def sources(tmp_path: Path) -> Path:
 
 def test_the_photo_set_mixes_sizes_and_formats_and_is_reused(sources: Path, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
-    assert make_photos(sources, folder, [1.0, 2.0], 90) == 9
-    names = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
-    assert names[:3] == ["00000.png", "00000_x1.jpg", "00000_x2.jpg"]
+    photos = make_photos(sources, folder, [1.0, 2.0], 90)
+    assert sorted(photos) == sorted(p for p in folder.iterdir() if p.name != MARKER)
+    assert [p.name for p in photos[:3]] == ["00000.png", "00000_x1.jpg", "00000_x2.jpg"]
+    assert len(photos) == 9
     # sources in sorted order: g0/p0 (30x40), g0/p2 (24x24), g1/p1 (50x20)
     assert np.asarray(Image.open(folder / "00002_x2.jpg")).shape == (100, 40, 3)
     stamp = (folder / "00000.png").stat().st_mtime_ns
-    assert make_photos(sources, folder, [1.0, 2.0], 90) == 9  # same settings: reused
+    assert make_photos(sources, folder, [1.0, 2.0], 90) == photos  # same settings: reused
     assert (folder / "00000.png").stat().st_mtime_ns == stamp
 
 
-def test_a_folder_it_did_not_make_is_refused(sources: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "marker", ["no marker", '{"photos": 3}', "not json"], ids=["none", "someone's", "broken"]
+)
+def test_a_folder_it_did_not_make_is_refused(sources: Path, tmp_path: Path, marker: str) -> None:
     folder = tmp_path / "photos"
     save_image(folder / "mine.png", np.zeros((4, 4, 3), np.uint8))
+    if marker != "no marker":
+        (folder / MARKER).write_text(marker)
+    before = sorted(p.name for p in folder.iterdir())
     with pytest.raises(FileExistsError, match="not this benchmark's photo set"):
         make_photos(sources, folder, [1.0], 90)
-    assert [p.name for p in folder.iterdir()] == ["mine.png"]
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_in_its_own_set_it_replaces_only_the_files_it_listed(sources: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    make_photos(sources, folder, [1.0, 2.0], 90)
+    mine = save_image(folder / "mine.png", np.full((4, 4, 3), 7, np.uint8))
+    photos = make_photos(sources, folder, [3.0], 90)  # other settings: the set is made again
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [MARKER, "mine.png", *(p.name for p in photos)]
+    )
+    assert mine not in photos and (np.asarray(Image.open(mine)) == 7).all()
+    assert len(photos) == 6 and not (folder / "00000_x1.jpg").exists()
+
+
+def test_an_interrupted_set_is_made_again(sources: Path, tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "photos"
+    calls = []
+
+    def dies_on_the_third(path, data):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return write_bytes(path, data)
+
+    monkeypatch.setattr(bench_predict, "write_bytes", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        make_photos(sources, folder, [1.0], 90)
+    monkeypatch.undo()
+    photos = make_photos(sources, folder, [1.0], 90)  # its manifest says unfinished: made again
+    assert len(photos) == 6 and all(p.is_file() for p in photos)
 
 
 @pytest.mark.slow
@@ -75,6 +114,7 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
     assert report["onnx_cpu"]["onnx_logits_difference"] < 1e-3
     assert report["onnx_cpu"]["onnxruntime_img_s"] > 0 and report["onnx_cpu"]["torch_img_s"] > 0
+    assert len(list((out / "photos").glob("*.*g"))) == 6  # the set, whole after its links went
     written = sorted(p.name for p in out.iterdir())  # every run's folder removed, no model file
     assert written == [
         "bench_predict.csv",
