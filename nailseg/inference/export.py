@@ -144,7 +144,7 @@ def _metadata(spec: InferenceSpec) -> dict[str, str]:
 
 
 def logits_difference(
-    model: bytes | Path,
+    model: bytes,
     net: nn.Module,
     image_size: tuple[int, int],
     batch_sizes: tuple[int, ...] = VERIFY_BATCH_SIZES,
@@ -153,8 +153,7 @@ def logits_difference(
     max(1, max |PyTorch logit|): absolute for logits up to 1, relative beyond."""
     import onnxruntime as ort
 
-    source = model if isinstance(model, bytes) else str(model)
-    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     generator = torch.Generator().manual_seed(0)
     diffs = []
     for n in batch_sizes:

@@ -313,9 +313,9 @@ def _predict_all(
 
 def _to_host(masks: list[torch.Tensor]) -> list[np.ndarray]:
     """H×W bool masks of any sizes, from their device in one copy (one wait for the device)."""
-    flat = torch.cat([m.flatten() for m in masks]).cpu().numpy()
-    ends = np.cumsum([m.numel() for m in masks])
-    return [part.reshape(m.shape) for part, m in zip(np.split(flat, ends[:-1]), masks, strict=True)]
+    flat = torch.cat([m.flatten() for m in masks]).cpu()
+    parts = flat.split([m.numel() for m in masks])
+    return [part.view(m.shape).numpy() for part, m in zip(parts, masks, strict=True)]
 
 
 def _threshold(

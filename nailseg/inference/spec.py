@@ -110,16 +110,13 @@ def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[to
     plain copy would first wait for all the work already queued there (a whole batch of
     predictions), and a pinned buffer per photo costs an allocation each."""
     sizes = [image.size for image in images]
-    ends = np.cumsum(sizes, dtype=np.int64)
-    starts = ends - sizes
-    host = torch.empty(int(sum(sizes)), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    flat = host.numpy()
-    for image, start, end in zip(images, starts, ends, strict=True):
-        flat[start:end] = image.reshape(-1)
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for part, image in zip(host.split(sizes), images, strict=True):
+        part.numpy()[:] = image.reshape(-1)
     moved = host.to(device, non_blocking=True)
     return [
-        moved[start:end].view(image.shape).permute(2, 0, 1)
-        for image, start, end in zip(images, starts, ends, strict=True)
+        part.view(image.shape).permute(2, 0, 1)
+        for part, image in zip(moved.split(sizes), images, strict=True)
     ]
 
 

@@ -96,4 +96,4 @@ def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     (got,) = session.run(["logits"], {"image": batch.numpy()})
     assert np.abs(expected).max() > 1e3  # the logits are large indeed
     assert np.abs(got - expected).max() > 1e-3  # what the absolute rule refused
-    assert logits_difference(path, net, spec.image_size) == pytest.approx(diff)
+    assert logits_difference(path.read_bytes(), net, spec.image_size) == pytest.approx(diff)
