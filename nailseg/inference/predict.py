@@ -406,6 +406,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     output = Path(cfg.output)
     if cfg.batch_size < 1:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
+    device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
     num_workers = cfg.num_workers or os.cpu_count() or 1
@@ -421,7 +422,6 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         with ThreadPoolExecutor(num_workers) as pool:
             truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
     spec = resolve_spec(cfg)
-    device = _device(cfg.engine, str(cfg.device))
     net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device)
     threshold, source = _threshold(cfg, spec, net, device, console)
 
