@@ -181,8 +181,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
     diff = export_onnx(net, spec, path, opset=cfg.opset, verify=cfg.verify)
     h, w = spec.image_size
     checked = (
-        f"; ONNX Runtime matches PyTorch (max |logits diff| / max(1, max |logit|) {diff:.2g} on batches "
-        f"{', '.join(map(str, VERIFY_BATCH_SIZES))})"
+        f"; ONNX Runtime matches PyTorch (max |logits diff| / max(1, max |logit|) {diff:.2g} "
+        f"on batches {', '.join(map(str, VERIFY_BATCH_SIZES))})"
         if diff is not None
         else ""
     )

@@ -4,15 +4,15 @@ PyTorch on the CPU; not a timed test.
     python -m nailseg.bench_predict ckpt=RUN/checkpoints/last.ckpt input_dir=PHOTOS output_dir=DIR
 
 The photo set, `DIR/photos`, is made once from the images under `input_dir` (searched recursively):
-each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats
-and sizes); `DIR/photos/photos.json`, its manifest, marks it as this benchmark's and lists its
-files, the only ones it ever replaces; a `DIR/photos` without it is refused. Each run of `runs` predicts the whole set (or its first
-`limit` photos) into a folder made for it and removed after it; the first run is preceded by a
-short warm-up; runs on `cuda` are skipped, and said so, where there is no GPU. The ONNX comparison
-times the net alone on one batch of the photos at the input size: PyTorch, and ONNX Runtime on the
-model predict's `engine=onnx` runs (built and checked in memory, nothing written), each with
-torch's CPU threads, median of `repeats`. Writes `DIR/bench_predict.csv`, `.json` and `.png` and
-prints a table.
+each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats and
+sizes); `DIR/photos/photos.json`, its manifest, marks it as this benchmark's and lists its files,
+the only ones it ever replaces; a `DIR/photos` without it is refused. Each run of `runs` predicts
+the whole set (or its first `limit` photos) into a folder made for it and removed after it; the
+first run is preceded by a short warm-up; runs on `cuda` are skipped, and said so, where there is
+no GPU. The ONNX comparison times the net alone on one batch of the photos at the input size:
+PyTorch, and ONNX Runtime on the model predict's `engine=onnx` runs (built and checked in memory,
+nothing written), each with torch's CPU threads, median of `repeats`. Writes
+`DIR/bench_predict.csv`, `.json` and `.png` and prints a table.
 """
 
 from __future__ import annotations

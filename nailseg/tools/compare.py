@@ -9,7 +9,7 @@ job without one, or with `failed.json`, is reported as failed, with its error). 
 `compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
 the final evaluation's Dice per job) into the sweep folder. `target_s` / `target_epoch` /
 `startup_s`: when validation first reached `callbacks.time_to_target.target`, in seconds since the
-job's process started (empty where it never did).
+job started (its process's start for a process's first job; empty where it never did).
 """
 
 from __future__ import annotations
