@@ -160,6 +160,23 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
     assert all(lr > lrs[-1] for lr in lrs[:-1]), "the schedule's minimum must be its last step"
 
 
+@pytest.mark.parametrize(
+    ("experiment", "aug", "epochs"), [("gpu_384", "heavy", 50), ("fast_384", "light", 30)]
+)
+def test_a_gpu_preset_builds_its_settings_on_any_machine(experiment, aug, epochs, data, tmp_path):
+    # the presets train on a GPU (skipped above without one); here only the device is swapped,
+    # so what the preset sets reaches the built objects and the schedule spans its fit
+    cpu = ["trainer.accelerator=cpu", "trainer.precision=32-true", "loader.device=cpu"]
+    built = build(_compose(data, tmp_path, f"experiment={experiment}", *cpu))
+    alone = _compose(data, tmp_path / "aug", f"aug={aug}")
+    assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in alone.aug.ops]
+    assert built.trainer.max_epochs == epochs and built.datamodule.image_size == (384, 384)
+    assert built.cfg.loader.batch_size == 32 and built.cfg.model.encoder_name == "resnet34"
+    probe = dry_fit(built)
+    (scheduler,) = probe.schedulers
+    assert schedule_length(scheduler) == probe.steps == epochs * (40 // 32)
+
+
 def test_a_schedule_length_set_explicitly_is_kept(data, tmp_path):
     probe = dry_fit(build(_compose(data, tmp_path, "scheduler.T_max=7")))
     (scheduler,) = probe.schedulers
