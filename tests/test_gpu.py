@@ -4,6 +4,7 @@ the DALI GPU pipeline's pairing and sample counts, short fits, and the loader be
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,32 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
             seen += [i for batch in evaluation for i in batch["index"].tolist()]
             evaluation.close()
         assert sorted(seen) == list(range(30))
+
+
+def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
+    """A batch is handed over on torch's stream: taking it must not wait on the host for the work
+    already queued there (the previous training step), or the CPU could never run ahead of the
+    GPU and each step would start with the GPU idle (once every step, found by a trace)."""
+    records = _constant_samples(tmp_path, 16)
+    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=4, image_size=(32, 32),
+                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    batches = iter(loader)
+    taken = [next(batches)]
+    time.sleep(0.5)  # the next batch, prefetched, is made meanwhile
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4_000_000_000)  # one GPU thread spinning for ~2 s, queued on torch's stream
+    queued = torch.cuda.Event()
+    queued.record()
+    taken.append(next(batches))
+    assert not queued.query()  # the batch came back while the queued work still ran
+    torch.cuda.synchronize()
+    taken += list(batches)
+    rows = [row for batch in taken for row in batch["index"].tolist()]
+    assert sorted(rows) == list(range(16))
+    for batch in taken:  # the data is the batch's own once the stream reaches it
+        for mask, row in zip(batch["mask"].cpu(), batch["index"].tolist(), strict=True):
+            assert bool(mask.min() == mask.max() == row % 2)
+    loader.close()
 
 
 def test_closing_a_gpu_loader_returns_its_memory(prepared):

@@ -93,7 +93,7 @@ class PredictConfig(InferenceConfig):
     gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
     engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
     overlays: bool = MISSING  # also write OUT/overlays/<key>.png
-    num_workers: int | None = None  # threads reading and writing files (None: one per core)
+    num_workers: int | None = None  # threads reading and writing files (None: _default_workers)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
 
 
@@ -264,7 +264,7 @@ def _predict_all(
                 return []
             probs = full_size_probabilities(net, images, spec, tta)
             return [
-                (photo, shown if overlays else None, prob > threshold)
+                (photo, shown if overlays else None, prob)
                 for (photo, shown), prob in zip(kept, probs, strict=True)
             ]
 
@@ -273,7 +273,7 @@ def _predict_all(
             if not work:
                 return
             with clock("device_wait"):
-                preds = _to_host([pred for _, _, pred in work])
+                preds = _masks_to_host([prob for _, _, prob in work], threshold)
                 shown = [s.permute(1, 2, 0).cpu().numpy() if isinstance(s, torch.Tensor) else s
                          for _, s, _ in work]  # fmt: skip
             for (photo, _, _), image, pred in zip(work, shown, preds, strict=True):
@@ -311,11 +311,12 @@ def _predict_all(
     return len(results), unreadable, scores, unscored, clock.seconds
 
 
-def _to_host(masks: list[torch.Tensor]) -> list[np.ndarray]:
-    """H×W bool masks of any sizes, from their device in one copy (one wait for the device)."""
-    flat = torch.cat([m.flatten() for m in masks]).cpu()
-    parts = flat.split([m.numel() for m in masks])
-    return [part.view(m.shape).numpy() for part, m in zip(parts, masks, strict=True)]
+def _masks_to_host(probs: list[torch.Tensor], threshold: float) -> list[np.ndarray]:
+    """`prob > threshold` as H×W bool arrays, for maps of any sizes: thresholded in one call and
+    brought from their device in one copy (one wait for the device), split on the host."""
+    flat = (torch.cat([p.flatten() for p in probs]) > threshold).cpu().numpy()
+    ends = np.cumsum([p.numel() for p in probs])[:-1]
+    return [part.reshape(p.shape) for part, p in zip(np.split(flat, ends), probs, strict=True)]
 
 
 def _threshold(
@@ -358,6 +359,15 @@ def _threshold(
     if not 0.0 <= value < 1.0:
         raise PredictError(f"threshold={cfg.threshold}: use a number in [0, 1), auto or null")
     return value, "override"
+
+
+def _default_workers(device: torch.device) -> int:
+    """Threads reading and writing files when `num_workers` is null: one per core on the CPU; on
+    a GPU half the cores, at most 8. There the main thread queues the device's work, and each
+    thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos: 640 photos/s
+    with 16 threads, 997 with 8, 921 with 4)."""
+    cores = os.cpu_count() or 1
+    return cores if device.type == "cpu" else max(1, min(8, cores // 2))
 
 
 def _device(engine: str, device: str) -> torch.device:
@@ -409,7 +419,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
-    num_workers = cfg.num_workers or os.cpu_count() or 1
+    num_workers = cfg.num_workers or _default_workers(device)
     try:
         photos, skipped = list_inputs(inputs)
         mask_index = MaskIndex(cfg.masks) if cfg.masks else None

@@ -11,6 +11,7 @@ of an upsampled low-resolution mask.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,22 +123,28 @@ def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[to
 
 def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tensor:
     """RGB uint8 C×H×W photos of any sizes (on one device) → one normalised float B×3×h×w batch
-    at the input size (channels-last on CUDA, the layout the net runs fastest in there)."""
+    at the input size, in their order (channels-last on CUDA, the layout the net runs fastest
+    in there). Each run of consecutive photos of one size is resized in one call: on a GPU the
+    calls, not the arithmetic, are the cost (`full_size_probabilities` orders photos by size)."""
     device = images[0].device
     resized = [
         F.interpolate(
-            image[None].float(),
+            torch.stack(run).float(),
             size=spec.image_size,
             mode="bilinear",
             align_corners=False,
             antialias=True,
         )
-        for image in images
+        for run in _runs_of_one_size(images)
     ]
     mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
     std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
     batch = (torch.cat(resized) / 255.0 - mean) / std
     return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
+
+
+def _runs_of_one_size(images: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    return [list(run) for _, run in itertools.groupby(images, key=lambda image: image.shape)]
 
 
 def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
@@ -156,9 +163,16 @@ def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Ten
 def full_size_probabilities(
     net: Net, images: Sequence[torch.Tensor], spec: InferenceSpec, tta: bool = False
 ) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at the photo's own size (on its device)."""
-    probs = probabilities(net, to_batch(images, spec), tta)
-    return [
-        F.interpolate(p[None], size=image.shape[1:], mode="bilinear", align_corners=False)[0, 0]
-        for p, image in zip(probs, images, strict=True)
-    ]
+    """One H×W probability map per C×H×W photo, at the photo's own size (on its device), in the
+    photos' order. Photos are taken in order of size, so each size is resized in and out in one
+    call (bilinear works on each photo alone: the values are those of one call per photo)."""
+    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
+    ordered = [images[i] for i in order]
+    probs = probabilities(net, to_batch(ordered, spec), tta)
+    maps: list[torch.Tensor] = []
+    for run in _runs_of_one_size(ordered):
+        run_probs, probs = probs[: len(run)], probs[len(run) :]
+        full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
+        maps += full[:, 0].unbind()
+    by_photo = dict(zip(order, maps, strict=True))
+    return [by_photo[i] for i in range(len(images))]

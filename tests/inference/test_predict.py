@@ -137,6 +137,23 @@ def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     np.testing.assert_array_equal(written, (prob > 0.3).numpy())
 
 
+def test_photos_of_mixed_sizes_get_the_maps_each_gets_alone(trained):
+    """Photos are resized in and out one size at a time, in order of size: each photo's map is
+    the one it gets predicted on its own, returned in the photos' order."""
+    spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
+    net = load_net(trained, spec.model)
+    rng = np.random.default_rng(0)
+    shapes = [(40, 30), (25, 50), (40, 30), (33, 33), (25, 50), (40, 30)]
+    images = image_tensors(
+        [rng.integers(0, 256, (*s, 3), np.uint8) for s in shapes], torch.device("cpu")
+    )
+    together = full_size_probabilities(net, images, spec)
+    for image, prob in zip(images, together, strict=True):
+        (alone,) = full_size_probabilities(net, [image], spec)
+        assert prob.shape == image.shape[1:]
+        torch.testing.assert_close(prob, alone, rtol=0, atol=1e-5)
+
+
 def test_a_list_of_files_and_folders(trained, photos, tmp_path):
     out = tmp_path / "out"
     summary = predict(trained, f"[{photos / 'top.jpeg'},{photos / 'a'}]", out)

@@ -368,6 +368,9 @@ def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
         return torch.from_dlpack(outputs.as_tensor())
 
 
+_CUDA_STREAM_LEGACY = 1  # cudaStreamLegacy, the legacy default stream's explicit handle
+
+
 class DaliLoader(PlannedLoader):
     """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard
     (the batch contract and passes as in base.py). On the GPU the pipeline runs DALI's GPU
@@ -444,7 +447,7 @@ class DaliLoader(PlannedLoader):
         while self._is_current(pass_id):  # a pass started later (or close) supersedes this one
             pipe = self._require_pipe()  # no local reference survives a yield: close() frees it
             try:
-                image, mask, group, row = pipe.outputs()
+                image, mask, group, row = pipe.outputs(cuda_stream=self._consumer_stream())
             except StopIteration:
                 pipe.reset()
                 self._in_flight = False
@@ -459,6 +462,17 @@ class DaliLoader(PlannedLoader):
                 "group": _to_torch(group, self.device),
                 "index": _to_torch(row, self.device),
             }
+
+    def _consumer_stream(self) -> int | None:
+        """The CUDA stream the batch is used on (torch's current one), for DALI's `outputs`: the
+        outputs are then ordered before that stream's later work, on the device. Without it DALI
+        waits on the host for its outputs, and in doing so for all the work already queued, the
+        previous training step included: the CPU could not run ahead of the GPU, and every step
+        began with the GPU idle while its first kernels were launched. torch's default stream is
+        the legacy one (handle 0 to torch), which CUDA names `cudaStreamLegacy` (1)."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.current_stream(self.device).cuda_stream or _CUDA_STREAM_LEGACY
 
     def _start(self, epoch: int) -> None:
         """Feed epoch `epoch`'s plan and schedule its first `prefetch` batches (DALI runs them in
