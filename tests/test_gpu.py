@@ -218,7 +218,10 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
     for path, image in zip(files, decoded, strict=True):
         expected = read_rgb(path).astype(int)
         got = image.permute(1, 2, 0).cpu().numpy().astype(int)
-        assert got.shape == expected.shape and np.abs(got - expected).mean() < 2.0, path.name
+        # chroma is upsampled differently (2.3 levels on average for p0.jpg on the H200); a
+        # photo turned the wrong way differs by tens of levels
+        assert got.shape == expected.shape and np.abs(got - expected).mean() < 4.0, path.name
+        assert np.abs(got - np.rot90(expected, 2)).mean() > 20.0, path.name
 
 
 def test_a_checkpoint_snapshot_holds_the_values_at_the_save():
