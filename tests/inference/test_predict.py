@@ -494,3 +494,17 @@ def test_real_photos_of_both_groups_scored(trained, real_data, tmp_path):
     assert rows[["dice", "iou"]].apply(lambda c: c.between(0, 1)).all().all()
     assert set(summary.scores["groups"]) == {"1", "2"}
     assert summary.scores["overall"]["images"] == 6
+
+
+@pytest.mark.parametrize(
+    ("cores", "device", "overlays", "threads"),
+    [(16, "cpu", False, 16), (16, "cuda", True, 16), (16, "cuda", False, 8), (32, "cuda", False, 8),
+     (6, "cuda", False, 3), (1, "cuda", False, 1)],
+)  # fmt: skip
+def test_default_threads_leave_the_gpu_driving_thread_room(
+    monkeypatch, cores, device, overlays, threads
+):
+    from nailseg.inference import predict as predict_module
+
+    monkeypatch.setattr(predict_module.os, "cpu_count", lambda: cores)
+    assert predict_module._default_workers(torch.device(device), overlays) == threads
