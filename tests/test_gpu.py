@@ -80,8 +80,8 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
 
 def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
     """A batch is handed over on torch's stream: taking it must not wait on the host for the work
-    already queued there (the previous training step), or the CPU could never run ahead of the
-    GPU and each step would start with the GPU idle (once every step, found by a trace)."""
+    already queued there (the previous training step), or the CPU could not run ahead of the
+    GPU."""
     records = _constant_samples(tmp_path, 16)
     loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=4, image_size=(32, 32),
                         group_ids={"g": 0}, device="gpu")  # fmt: skip
