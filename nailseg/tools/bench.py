@@ -201,7 +201,11 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
 
 
 def _print(rows: pd.DataFrame) -> None:
-    table = Table(title="loader benchmark (images/s, median of repeats)")
+    first = rows.iloc[0]  # the model is named: a ceiling is only comparable for the same one
+    table = Table(
+        title=f"loader benchmark, {first['model']}, {first['image_size']}, batch "
+        f"{first['batch_size']}, {first['device']} (images/s, median of repeats)"
+    )
     shown = [
         "loader",
         "aug",
