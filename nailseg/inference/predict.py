@@ -114,8 +114,8 @@ class PredictSummary:
     unscored: list[Skipped] = field(default_factory=list)  # predicted, but with no usable mask
     scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
     # where the main thread's time went (seconds): waiting for photos to be read, queueing the
-    # device work (decode, resize, net, full-size masks), waiting for the masks to come back
-    # from the device, waiting for the writing threads
+    # device work (decode, resize, net, full-size maps), thresholding the maps and waiting for
+    # the masks to come back from the device, waiting for the writing threads
     stages: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -246,7 +246,7 @@ def _predict_all(
         launched: Launched = []
 
         def launch() -> Launched:
-            """Queue the batch's work on the device: decode, resize, net, full-size masks."""
+            """Queue the batch's work on the device: decode, resize, net, full-size probability maps."""
             photos_, loaded = [p for p, _ in batch], [item for _, item in batch]
             images, kept = [], []
             for photo, item, image in zip(
