@@ -161,7 +161,9 @@ def summarize(events: list[dict[str, Any]], stacks: Sequence[str] = ()) -> str:
     busy = _union((e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("cat") in GPU_WORK)
     start = min(e["ts"] for e in phases)
     end = max(e["ts"] + e["dur"] for e in phases)
-    labels = [e for e in spans if e.get("cat") == "user_annotation" and e not in phases]
+    labels = [
+        e for e in spans if e.get("cat") == "user_annotation" and not e["name"].startswith(PHASE)
+    ]
     main_thread = phases[0]["tid"]
     gpu = f"GPU busy {_overlap(start, end, busy) / 1e3:.1f} ms" if busy else "no GPU work traced"
     lines = [
@@ -208,8 +210,12 @@ def _gaps(
     if end - last > MIN_GAP_US:
         gaps.append((last, end))
     gaps = [(a, b) for a, b in gaps if b > a]
-    lines = ["", f"GPU idle stretches over {MIN_GAP_US / 1e3:g} ms: {len(gaps)}, "
-             f"{sum(b - a for a, b in gaps) / 1e3:.1f} ms; by phase | hooks and saves overlapping them:"]  # fmt: skip
+    total = sum(b - a for a, b in gaps) / 1e3
+    lines = [
+        "",
+        f"GPU idle stretches over {MIN_GAP_US / 1e3:g} ms: {len(gaps)}, {total:.1f} ms; "
+        "by phase | hooks and saves overlapping them:",
+    ]
     where: collections.Counter[str] = collections.Counter()
     for a, b in gaps:
         phase = next(
@@ -243,8 +249,10 @@ def _waits(spans: list[dict[str, Any]], main_thread: Any) -> list[str]:
             row[0] += 1
             row[1] += e["dur"]
     lines = ["", "runtime calls that wait for the device (calls, ms):"]
-    lines += [f"{count:7d} {us / 1e3:9.2f}  {name} ({thread})"
-              for (name, thread), (count, us) in sorted(table.items())]  # fmt: skip
+    lines += [
+        f"{count:7d} {us / 1e3:9.2f}  {name} ({thread})"
+        for (name, thread), (count, us) in sorted(table.items())
+    ]
     return lines if table else [*lines, "      none"]
 
 
