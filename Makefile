@@ -15,6 +15,7 @@ SYNTHETIC_N ?= 2000
 TARGET ?= 0.95
 # one process per setting (start-up counts); ':' joins the overrides of one setting
 TTT_SETTINGS ?= experiment=gpu_384 experiment=fast_384 experiment=fast_384:dataset.image_size=[256,256]
+TTT_SEEDS ?= 42
 comma := ,
 empty :=
 space := $(empty) $(empty)
@@ -96,13 +97,13 @@ cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group 
 ifndef TTT_DIR
 TTT_DIR := outputs/time-to-target/$(shell date +%Y%m%d-%H%M%S)
 endif
-time-to-target: install  ## seconds from process start to val Dice >= TARGET on REAL_DATA, per setting of TTT_SETTINGS (GPU); a table + plot
+time-to-target: install  ## seconds from process start to val Dice >= TARGET on REAL_DATA, per setting of TTT_SETTINGS and seed of TTT_SEEDS (GPU); a table + plot
 	$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=outputs/time-to-target/data
-	set -f; n=0; for s in $(TTT_SETTINGS); do n=$$((n+1)); \
+	set -f; n=0; for s in $(TTT_SETTINGS); do for seed in $(TTT_SEEDS); do n=$$((n+1)); \
 		$(PY) train.py dataset=nails dataset.root=outputs/time-to-target/data $$(echo $$s | tr ':' ' ') \
-			callbacks.time_to_target.target=$(TARGET) callbacks.time_to_target.stop=true \
+			seed=$$seed callbacks.time_to_target.target=$(TARGET) callbacks.time_to_target.stop=true \
 			test=false logger=csv hydra.run.dir=$(TTT_DIR)/$$n $(ARGS) || exit 1; \
-	done
+	done; done
 	$(PY) -m nailseg.compare sweep_dir=$(TTT_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
