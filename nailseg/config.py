@@ -213,7 +213,9 @@ class TrainerConfig:
 
     _target_: str = MISSING
     accelerator: str | None = None
-    strategy: str | None = None
+    # a Lightning strategy name (ddp, ...) or a node with `_target_`, e.g. DDPStrategy with DDP's
+    # own options (static_graph, bucket_cap_mb, ddp_comm_hook): conf/trainer/ddp.yaml
+    strategy: Any = None
     devices: Any = None
     num_nodes: int | None = None
     precision: str | None = None

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
+from hydra.utils import get_class
+from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 MODES = ("max", "min")
@@ -41,6 +46,28 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
     if not cfg.train and not cfg.ckpt_path:
         raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
+    check_strategy(cfg.trainer.strategy)
+
+
+def check_strategy(strategy: Any) -> None:
+    """A strategy given as a node (`_target_` and options) names a class that takes every option:
+    DDPStrategy takes its own and passes the rest to torch's DistributedDataParallel, which would
+    refuse a typo only when the fit starts."""
+    if not isinstance(strategy, Mapping) or "_target_" not in strategy:
+        return
+    try:
+        target = get_class(strategy["_target_"])
+    except (ImportError, ValueError) as err:  # no such module or name; not a class
+        raise ConfigError(f"trainer.strategy._target_={strategy['_target_']}: {err}") from None
+    accepted = set(inspect.signature(target).parameters)
+    if issubclass(target, DDPStrategy):
+        accepted |= set(inspect.signature(DistributedDataParallel).parameters)
+    for key in strategy:
+        if key != "_target_" and key not in accepted:
+            raise ConfigError(
+                f"trainer.strategy.{key}: {target.__name__} takes no option {key!r}"
+                + (" (nor does DistributedDataParallel)" if issubclass(target, DDPStrategy) else "")
+            )
 
 
 def check_arguments(factory: functools.partial, key: str) -> None:

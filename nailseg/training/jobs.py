@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_original_cwd, to_absolute_path
+from hydra.utils import get_class, get_original_cwd, to_absolute_path
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script
 
 # what the child command replaces, and the versions it was written against
@@ -117,13 +119,18 @@ def _hydra_args_parser():
     return get_args_parser()
 
 
-def launches_subprocesses(strategy: str | None) -> bool:
-    """Whether Lightning starts this strategy's other ranks by re-running the entry point."""
-    return (
-        bool(strategy)
-        and strategy.startswith("ddp")
-        and not any(kind in strategy for kind in _SPAWNING)
-    )
+def launches_subprocesses(strategy: Any) -> bool:
+    """Whether Lightning starts this strategy's other ranks by re-running the entry point: a
+    `ddp` name without spawn, fork or notebook in it, or a DDPStrategy node (`_target_`) whose
+    `start_method` is popen, its default."""
+    if isinstance(strategy, str):
+        return strategy.startswith("ddp") and not any(kind in strategy for kind in _SPAWNING)
+    if isinstance(strategy, Mapping) and "_target_" in strategy:
+        return (
+            issubclass(get_class(strategy["_target_"]), DDPStrategy)
+            and strategy.get("start_method", "popen") == "popen"
+        )
+    return False
 
 
 @contextmanager
@@ -151,7 +158,7 @@ def _finish_open_wandb_run() -> None:
 
 
 @contextmanager
-def isolated_job(strategy: str | None = None) -> Iterator[None]:
+def isolated_job(strategy: Any = None) -> Iterator[None]:
     """Run one job: with a subprocess-launching DDP `strategy`, its children re-run this job
     only; on exit, the process group, the rendezvous variables and torch's thread count are as
     before, and no W&B run is left open."""

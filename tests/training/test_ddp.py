@@ -182,3 +182,32 @@ def test_loaders_are_closed_when_replaced_and_at_teardown(prepared):
     assert val.closed and not (train.closed or test.closed or reloaded.closed)
     datamodule.teardown("fit")
     assert train.closed and test.closed and reloaded.closed
+
+
+def test_ddp_options_through_a_strategy_object(tmp_path):
+    """DDP's own options (static graph, 1 MB gradient buckets) given as a DDPStrategy object: the
+    other rank starts as with `ddp` (re-running this run) and every training row is still seen
+    once per epoch across the ranks."""
+    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    run_dir, ledger = tmp_path / "run", tmp_path / "ledger"
+    strategy = (
+        "{_target_:lightning.pytorch.strategies.DDPStrategy,static_graph:true,bucket_cap_mb:1}"
+    )
+    run_train(
+        *ddp_overrides(
+            root,
+            "trainer.devices=2",
+            f"trainer.strategy={strategy}",
+            f"trainer.max_epochs={EPOCHS}",
+            "callbacks=audit",
+            "logger=csv",
+            f"callbacks.ledger.dirpath={ledger}",
+            f"hydra.run.dir={run_dir}",
+        )
+    )
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "train_ddp_process_1.log").is_file()
+    seen = read_ledger(ledger, "train")
+    share = N_TRAIN // 2
+    for epoch in range(EPOCHS):
+        rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
+        assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)

@@ -27,6 +27,9 @@ def test_the_replaced_function_has_the_signature_of_its_replacement():
         ("ddp_spawn", False),
         ("ddp_fork", False),
         ("ddp_notebook", False),
+        ({"_target_": "lightning.pytorch.strategies.DDPStrategy", "static_graph": True}, True),
+        ({"_target_": "lightning.pytorch.strategies.DDPStrategy", "start_method": "spawn"}, False),
+        ({"_target_": "lightning.pytorch.strategies.SingleDeviceStrategy"}, False),
     ],
 )
 def test_the_child_command_is_swapped_only_for_subprocess_ddp(strategy, swapped):

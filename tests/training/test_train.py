@@ -17,6 +17,7 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.strategies import DDPStrategy
 from omegaconf.errors import ValidationError
 from support.prepared import write_split
 from support.train import compose_train, small_overrides, train
@@ -26,6 +27,8 @@ from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
 from nailseg.prep.prepare import prepare
 from nailseg.training import callbacks, resume
+from nailseg.training.build import build
+from nailseg.training.checks import ConfigError, check_strategy
 from nailseg.training.run import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +62,30 @@ def test_wrong_type_fails_at_start_naming_the_key(tmp_path):
         compose_train(["trainer.max_epochs=three"], tmp_path)
     with pytest.raises((ConfigCompositionException, ValidationError), match="p"):
         compose_train(["aug=heavy", "aug.ops.0.p=often"], tmp_path)
+
+
+DDP = "lightning.pytorch.strategies.DDPStrategy"
+
+
+def test_a_strategy_object_is_checked_at_start_naming_the_option(prepared, tmp_path):
+    """DDPStrategy passes unknown options on to DistributedDataParallel, which would refuse a typo
+    only when the fit starts; it is refused before anything is built or written."""
+    with pytest.raises(ConfigError, match=r"trainer.strategy.static_grap: DDPStrategy"):
+        train(prepared, tmp_path / "run", f"trainer.strategy={{_target_:{DDP},static_grap:true}}")
+    with pytest.raises(ConfigError, match=r"trainer.strategy._target_=.*NoSuch"):
+        train(prepared, tmp_path / "run", "trainer.strategy={_target_:lightning.NoSuch}")
+    assert not (tmp_path / "run").exists()
+    check_strategy("ddp")
+    options = "static_graph:true,bucket_cap_mb:1"
+    cfg = compose_train(
+        small_overrides(
+            prepared, "trainer.devices=2", f"trainer.strategy={{_target_:{DDP},{options}}}"
+        ),
+        tmp_path / "ok",
+    )
+    strategy = build(cfg).trainer.strategy  # what train.py builds; nothing is launched yet
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy._ddp_kwargs == {"static_graph": True, "bucket_cap_mb": 1}  # to DDP itself
 
 
 def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
