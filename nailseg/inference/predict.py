@@ -364,9 +364,9 @@ def _threshold(
 def _default_workers(device: torch.device, overlays: bool) -> int:
     """Threads reading and writing files when `num_workers` is null: one per core, except on a
     GPU writing masks only: half the cores, at most 8. There the main thread queues the device's
-    work and each thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos:
-    640 photos/s with 16 threads, 997 with 8, 921 with 4). With overlays the writers are the
-    limit (8 threads: 15.6 of 17.4 s waiting for them)."""
+    work and each thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos,
+    the code before size groups: 640 photos/s with 16 threads, 997 with 8, 921 with 4). With
+    overlays the writers are the limit (8 threads: 15.6 of 17.4 s waiting for them)."""
     cores = os.cpu_count() or 1
     return cores if device.type == "cpu" or overlays else max(1, min(8, cores // 2))
 
