@@ -63,6 +63,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
     replaced (a file of anyone else's there stays, and is not part of the set)."""
     settings = {"input_dir": str(input_dir.resolve()), "jpeg_scales": scales, "quality": quality}
     marker = folder / MARKER
+    ours: list[str] = []  # the files an earlier set of this benchmark listed
     if folder.exists():
         manifest = _manifest(marker)
         if manifest is None:
@@ -72,8 +73,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
             )
         if manifest["finished"] and manifest["settings"] == settings:
             return [folder / name for name in manifest["files"]]
-        for name in manifest["files"]:  # ours: made with other settings, or interrupted
-            (folder / name).unlink(missing_ok=True)
+        ours = manifest["files"]  # made with other settings, or interrupted
     sources = image_files(input_dir)
     if not sources:
         raise FileNotFoundError(f"input_dir={input_dir}: no images found")
@@ -82,6 +82,14 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
         for i, source in enumerate(sources)
     ]
     files = [name for group in names for name in group]
+    in_the_way = [name for name in files if name not in ours and (folder / name).exists()]
+    if in_the_way:  # checked before anything is removed or written
+        raise FileExistsError(
+            f"{folder / in_the_way[0]} is in the way of the photo set and is not one it made (not "
+            f"listed in {MARKER}): move it, or choose another output_dir"
+        )
+    for name in ours:
+        (folder / name).unlink(missing_ok=True)
     manifest = {"created_by": CREATOR, "settings": settings, "files": files, "finished": False}
     write_text(marker, json.dumps(manifest, indent=2))  # first: an interrupted set is ours too
     for source, (original, *copies) in zip(sources, names, strict=True):
@@ -98,14 +106,20 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
 
 
 def _manifest(marker: Path) -> dict | None:
-    """The photo set's manifest, or None when `marker` is not one this benchmark wrote."""
+    """The photo set's manifest, or None when `marker` is not one this benchmark wrote: also when
+    its file list names anything but plain names in the set's folder (never followed out of it)."""
     try:
         manifest = json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
-    return (
-        manifest if isinstance(manifest, dict) and manifest.get("created_by") == CREATOR else None
+    if not isinstance(manifest, dict) or manifest.get("created_by") != CREATOR:
+        return None
+    files = manifest.get("files")
+    plain = isinstance(files, list) and all(
+        isinstance(name, str) and name not in ("", ".", "..", MARKER) and Path(name).name == name
+        for name in files
     )
+    return manifest if plain else None
 
 
 def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: dict) -> dict:

@@ -73,6 +73,35 @@ def test_in_its_own_set_it_replaces_only_the_files_it_listed(sources: Path, tmp_
     assert len(photos) == 6 and not (folder / "00000_x1.jpg").exists()
 
 
+def test_a_user_file_in_the_way_of_a_new_set_is_refused_and_kept(
+    sources: Path, tmp_path: Path
+) -> None:
+    """A file named as the new settings' set would name one, put there by someone else (not in
+    the manifest): nothing is removed or written, the earlier set included."""
+    folder = tmp_path / "photos"
+    earlier = make_photos(sources, folder, [1.0], 90)
+    theirs = save_image(folder / "00001_x3.jpg", np.full((4, 4, 3), 7, np.uint8))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(FileExistsError, match=r"00001_x3.jpg is in the way"):
+        make_photos(sources, folder, [3.0], 90)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert all(p.is_file() for p in earlier) and theirs.is_file()
+
+
+@pytest.mark.parametrize("listed", ["../outside.png", "/abs/outside.png", "sub/x.png", MARKER])
+def test_a_manifest_listing_files_outside_the_set_is_not_followed(
+    sources: Path, tmp_path: Path, listed: str
+) -> None:
+    folder = tmp_path / "photos"
+    make_photos(sources, folder, [1.0], 90)
+    outside = save_image(tmp_path / "outside.png", np.zeros((4, 4, 3), np.uint8))
+    manifest = json.loads((folder / MARKER).read_text())
+    (folder / MARKER).write_text(json.dumps(manifest | {"files": [listed], "finished": False}))
+    with pytest.raises(FileExistsError, match="not this benchmark's photo set"):
+        make_photos(sources, folder, [1.0], 90)
+    assert outside.is_file() and (folder / MARKER).is_file()
+
+
 def test_an_interrupted_set_is_made_again(sources: Path, tmp_path: Path, monkeypatch) -> None:
     folder = tmp_path / "photos"
     calls = []
