@@ -49,16 +49,23 @@ def check_values(cfg: DictConfig) -> None:
     check_strategy(cfg.trainer.strategy)
 
 
-def check_strategy(strategy: Any) -> None:
-    """A strategy given as a node (`_target_` and options) names a class that takes every option:
-    DDPStrategy takes its own and passes the rest to torch's DistributedDataParallel, which would
-    refuse a typo only when the fit starts."""
+def strategy_class(strategy: Any) -> type | None:
+    """The class of a strategy given as a node (`_target_` and options); None for a name."""
     if not isinstance(strategy, Mapping) or "_target_" not in strategy:
-        return
+        return None
     try:
-        target = get_class(strategy["_target_"])
+        return get_class(strategy["_target_"])
     except (ImportError, ValueError) as err:  # no such module or name; not a class
         raise ConfigError(f"trainer.strategy._target_={strategy['_target_']}: {err}") from None
+
+
+def check_strategy(strategy: Any) -> None:
+    """A strategy given as a node names a class that takes every option: DDPStrategy takes its
+    own and passes the rest to torch's DistributedDataParallel, which would refuse a typo only
+    when the fit starts."""
+    target = strategy_class(strategy)
+    if target is None:
+        return
     accepted = set(inspect.signature(target).parameters)
     if issubclass(target, DDPStrategy):
         accepted |= set(inspect.signature(DistributedDataParallel).parameters)

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class, get_original_cwd, to_absolute_path
+from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script
+
+from nailseg.training.checks import strategy_class
 
 # what the child command replaces, and the versions it was written against
 PATCHED = "_hydra_subprocess_cmd"
@@ -125,12 +127,12 @@ def launches_subprocesses(strategy: Any) -> bool:
     `start_method` is popen, its default."""
     if isinstance(strategy, str):
         return strategy.startswith("ddp") and not any(kind in strategy for kind in _SPAWNING)
-    if isinstance(strategy, Mapping) and "_target_" in strategy:
-        return (
-            issubclass(get_class(strategy["_target_"]), DDPStrategy)
-            and strategy.get("start_method", "popen") == "popen"
-        )
-    return False
+    target = strategy_class(strategy)
+    return (
+        target is not None
+        and issubclass(target, DDPStrategy)
+        and strategy.get("start_method", "popen") == "popen"
+    )
 
 
 @contextmanager

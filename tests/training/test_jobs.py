@@ -7,6 +7,7 @@ import inspect
 import pytest
 from lightning.pytorch.strategies.launchers import subprocess_script
 
+from nailseg.training.checks import ConfigError
 from nailseg.training.jobs import PATCHED, hydra_child_command, isolated_job, launches_subprocesses
 
 
@@ -39,3 +40,9 @@ def test_the_child_command_is_swapped_only_for_subprocess_ddp(strategy, swapped)
         inside = getattr(subprocess_script, PATCHED)
     assert (inside is hydra_child_command) is swapped
     assert getattr(subprocess_script, PATCHED) is original
+
+
+def test_a_strategy_node_of_no_class_is_named_before_the_job_starts():
+    # run_job asks this before build's checks run: the same message as the check gives
+    with pytest.raises(ConfigError, match=r"trainer.strategy._target_=lightning.NoSuch"):
+        launches_subprocesses({"_target_": "lightning.NoSuch"})
