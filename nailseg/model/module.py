@@ -12,8 +12,8 @@ reduced with "sum" across DDP ranks), never from an average of per-batch or per-
 drops, repeats or pads samples shows up in the logs. Nothing in a step waits for the device (no
 `.item()`, no metric that checks its input on the host, nothing per step in the progress bar):
 the CPU keeps queueing steps while the GPU runs them; values are read once per epoch. Groups that
-got no samples in an epoch are not logged that epoch (their scores would be NaN). `val/dice_best` is the best `val/dice` so far; it
-is part of the module's state, so a resumed fit keeps it.
+got no samples in an epoch are not logged that epoch (their scores would be NaN). `val/dice_best`
+is the best `val/dice` so far; it is part of the module's state, so a resumed fit keeps it.
 
 Optimizer and scheduler arrive as `functools.partial`s (Hydra `_partial_: true`): the optimizer
 partial is called with the parameters; the scheduler partial with the optimizer. The scheduler is
