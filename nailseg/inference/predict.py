@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,7 +93,7 @@ class PredictConfig(InferenceConfig):
     gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
     engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
     overlays: bool = MISSING  # also write OUT/overlays/<key>.png
-    num_workers: int | None = None  # threads reading and writing files (None: _default_workers)
+    num_workers: int | None = None  # threads reading and writing files (None: see _workers)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
 
 
@@ -269,13 +269,18 @@ def _predict_all(
             ]
 
         def finish(work: Launched) -> None:
-            """Bring a launched batch's masks back (one copy) and hand them to the writers."""
+            """Bring a launched batch's masks back (one copy; the GPU-decoded photos its
+            overlays need, another) and hand them to the writers."""
             if not work:
                 return
             with clock("device_wait"):
-                preds = _masks_to_host([prob for _, _, prob in work], threshold)
-                shown = [s.permute(1, 2, 0).cpu().numpy() if isinstance(s, torch.Tensor) else s
-                         for _, s, _ in work]  # fmt: skip
+                preds = _to_host([prob for _, _, prob in work], lambda flat: flat > threshold)
+                decoded = [s for _, s, _ in work if isinstance(s, torch.Tensor)]
+                hosted = iter(_to_host(decoded) if decoded else [])
+                shown = [  # C×H×W back to H×W×C (a view)
+                    next(hosted).transpose(1, 2, 0) if isinstance(s, torch.Tensor) else s
+                    for _, s, _ in work
+                ]
             for (photo, _, _), image, pred in zip(work, shown, preds, strict=True):
                 future = pool.submit(writer, photo, image, pred)
                 future.add_done_callback(lambda _: progress.advance(task))
@@ -311,12 +316,16 @@ def _predict_all(
     return len(results), unreadable, scores, unscored, clock.seconds
 
 
-def _masks_to_host(probs: list[torch.Tensor], threshold: float) -> list[np.ndarray]:
-    """`prob > threshold` as H×W bool arrays, for maps of any sizes: thresholded in one call and
-    brought from their device in one copy (one wait for the device), split on the host."""
-    flat = (torch.cat([p.flatten() for p in probs]) > threshold).cpu().numpy()
-    ends = np.cumsum([p.numel() for p in probs])[:-1]
-    return [part.reshape(p.shape) for part, p in zip(np.split(flat, ends), probs, strict=True)]
+def _to_host(
+    parts: list[torch.Tensor],
+    on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat,
+) -> list[np.ndarray]:
+    """Tensors of any shapes (one device, one dtype) as host arrays of their shapes, brought back
+    in one copy (one wait for the device) and split on the host; `on_device` is applied to all
+    of them at once, flattened together, first (masks: one threshold call a batch)."""
+    flat = on_device(torch.cat([p.flatten() for p in parts])).cpu().numpy()
+    ends = np.cumsum([p.numel() for p in parts])[:-1]
+    return [part.reshape(p.shape) for part, p in zip(np.split(flat, ends), parts, strict=True)]
 
 
 def _threshold(
@@ -361,14 +370,16 @@ def _threshold(
     return value, "override"
 
 
-def _default_workers(device: torch.device, overlays: bool) -> int:
-    """Threads reading and writing files when `num_workers` is null: one per core, except on a
+def _workers(cfg: DictConfig, device: torch.device) -> int:
+    """Threads reading and writing files: `num_workers`, or when null one per core, except on a
     GPU writing masks only: half the cores, at most 8. There the main thread queues the device's
     work and each thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos,
     the code before size groups: 640 photos/s with 16 threads, 997 with 8, 921 with 4). With
     overlays the writers are the limit (8 threads: 15.6 of 17.4 s waiting for them)."""
+    if cfg.num_workers:
+        return cfg.num_workers
     cores = os.cpu_count() or 1
-    return cores if device.type == "cpu" or overlays else max(1, min(8, cores // 2))
+    return cores if device.type == "cpu" or cfg.overlays else max(1, min(8, cores // 2))
 
 
 def _device(engine: str, device: str) -> torch.device:
@@ -420,7 +431,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
-    num_workers = cfg.num_workers or _default_workers(device, cfg.overlays)
+    num_workers = _workers(cfg, device)
     try:
         photos, skipped = list_inputs(inputs)
         mask_index = MaskIndex(cfg.masks) if cfg.masks else None

@@ -497,14 +497,31 @@ def test_real_photos_of_both_groups_scored(trained, real_data, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("cores", "device", "overlays", "threads"),
-    [(16, "cpu", False, 16), (16, "cuda", True, 16), (16, "cuda", False, 8), (32, "cuda", False, 8),
-     (6, "cuda", False, 3), (1, "cuda", False, 1)],
+    ("cores", "device", "overrides", "threads"),
+    [(16, "cpu", [], 16), (16, "cuda", [], 16), (16, "cuda", ["overlays=false"], 8),
+     (32, "cuda", ["overlays=false"], 8), (6, "cuda", ["overlays=false"], 3),
+     (1, "cuda", ["overlays=false"], 1), (16, "cuda", ["overlays=false", "num_workers=3"], 3)],
 )  # fmt: skip
 def test_default_threads_leave_the_gpu_driving_thread_room(
-    monkeypatch, cores, device, overlays, threads
+    monkeypatch, cores, device, overrides, threads
 ):
+    """From predict's real config (overlays on, num_workers null by default)."""
     from nailseg.inference import predict as predict_module
 
     monkeypatch.setattr(predict_module.os, "cpu_count", lambda: cores)
-    assert predict_module._default_workers(torch.device(device), overlays) == threads
+    cfg = compose_cli("predict", ["ckpt=x", "input=y", "output=z", *overrides])
+    assert predict_module._workers(cfg, torch.device(device)) == threads
+
+
+def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
+    from nailseg.inference.predict import _to_host
+
+    rng = np.random.default_rng(0)
+    images = [torch.from_numpy(rng.integers(0, 256, s, np.uint8)) for s in [(3, 5, 4), (3, 2, 7)]]
+    for got, image in zip(_to_host(images), images, strict=True):
+        np.testing.assert_array_equal(got, image.numpy())
+        np.testing.assert_array_equal(got.transpose(1, 2, 0), image.permute(1, 2, 0).numpy())
+    maps = [torch.rand(4, 6), torch.rand(3, 3)]
+    for got, prob in zip(_to_host(maps, lambda flat: flat > 0.5), maps, strict=True):
+        assert got.dtype == bool and got.shape == prob.shape
+        np.testing.assert_array_equal(got, (prob > 0.5).numpy())
