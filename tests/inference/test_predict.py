@@ -513,6 +513,19 @@ def test_default_threads_leave_the_gpu_driving_thread_room(
     assert predict_module._workers(cfg, torch.device(device)) == threads
 
 
+@pytest.mark.parametrize(("device", "during"), [("cuda", 0.0005), ("cpu", None)])
+def test_the_gil_switch_interval_is_shortened_on_a_gpu_only_while_predicting(device, during):
+    from nailseg.inference.predict import _gil_handoff
+
+    before = sys.getswitchinterval()
+    with _gil_handoff(torch.device(device)):
+        assert sys.getswitchinterval() == pytest.approx(during or before)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(KeyError), _gil_handoff(torch.device(device)):
+        raise KeyError("a failed prediction")
+    assert sys.getswitchinterval() == before
+
+
 def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
     from nailseg.inference.predict import _to_host
 
