@@ -387,8 +387,8 @@ def _gil_handoff(device: torch.device) -> Iterator[None]:
     """On a GPU, Python's GIL switch interval at 0.5 ms (its default 5 ms) while predicting, then
     back. The main thread queues the device's work and the reading/writing threads run Python
     too; a thread waiting for the GIL asks for it only after the interval, so the main thread
-    lost up to 5 ms each time it needed it back (H200, 2,660 photos, 8 threads, one call: 775
-    photos/s at 5 ms, 1,020 at 0.5 ms, 995 at 0.1 ms; docs/BENCHMARKS.md)."""
+    lost up to 5 ms each time it needed it back (H200, 2,660 photos, 8 threads, runs alternated in
+    one call: 913 and 906 photos/s at 5 ms, 1,006 and 1,009 at 0.5 ms; docs/BENCHMARKS.md)."""
     if device.type != "cuda":
         yield
         return

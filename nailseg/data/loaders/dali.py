@@ -358,23 +358,14 @@ def _build_pipeline(
     )
 
 
-def _to_torch(outputs: Any, device: torch.device, stream: int | None) -> torch.Tensor:
-    """A DALI batch as a torch tensor. On the CPU a zero-copy view through DLPack (the dynamic
-    executor keeps an output buffer alive while a tensor references it; a copy here was 60% of a
-    CPU pipeline's time). On the GPU a copy into a tensor of torch's allocator, queued on
-    `stream` (torch's, after the batch's own work, see `_consumer_stream`), as DALI's PyTorch
-    iterator does outside the dynamic executor: a DLPack view there hands its buffer back through
-    a DALI thread that synchronises the whole device each time (DALI 2.4, `DLTensorGraveyard`),
-    once per batch, and such a step then took ~15-20 ms longer on the H200; copied, train.py
-    went 0.93 -> 0.97 of the bench ceiling (docs/BENCHMARKS.md)."""
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-    tensor = outputs.as_tensor()
-    if stream is None:
-        with device:
-            return torch.from_dlpack(tensor)
-    copy = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-    return feed_ndarray(tensor, copy, cuda_stream=stream)
+def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
+    """A DALI batch as a torch tensor, zero-copy through DLPack, as DALI's own PyTorch iterator
+    does: the dynamic executor (the default since DALI 2) keeps an output buffer alive while a
+    tensor references it, so the next batch cannot overwrite it, and DLPack orders the GPU data
+    before the consumer's stream. A copy here was 60% of a CPU pipeline's time, and on the GPU the
+    copies and allocations took launch time from launch-bound models."""
+    with device:
+        return torch.from_dlpack(outputs.as_tensor())
 
 
 _CUDA_STREAM_LEGACY = 1  # cudaStreamLegacy, the legacy default stream's explicit handle
@@ -456,8 +447,7 @@ class DaliLoader(PlannedLoader):
         while self._is_current(pass_id):  # a pass started later (or close) supersedes this one
             pipe = self._require_pipe()  # no local reference survives a yield: close() frees it
             try:
-                stream = self._consumer_stream()
-                image, mask, group, row = pipe.outputs(cuda_stream=stream)
+                image, mask, group, row = pipe.outputs(cuda_stream=self._consumer_stream())
             except StopIteration:
                 pipe.reset()
                 self._in_flight = False
@@ -467,10 +457,10 @@ class DaliLoader(PlannedLoader):
             pipe.schedule_run()  # keeps `prefetch` batches in flight; a no-op past the plan
             del pipe
             yield {
-                "image": _to_torch(image, self.device, stream),
-                "mask": _to_torch(mask, self.device, stream),
-                "group": _to_torch(group, self.device, stream),
-                "index": _to_torch(row, self.device, stream),
+                "image": _to_torch(image, self.device),
+                "mask": _to_torch(mask, self.device),
+                "group": _to_torch(group, self.device),
+                "index": _to_torch(row, self.device),
             }
 
     def _consumer_stream(self) -> int | None:
