@@ -1,0 +1,178 @@
+"""How a plain fit's training epochs spend the device's time, from timestamps at the loop's hooks.
+
+    python train.py ... '+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline'
+
+On a GPU the timestamps are CUDA events recorded on the training stream: an event completes when
+the GPU reaches it, so the time between one step's end event and the next step's start event is
+time the GPU had none of the loop's work queued (or waited there for the loader's batch). Nothing
+is profiled and nothing waits for the device: the events are read once, when the fit ends, so the
+run is timed as it runs. On the CPU, where every step runs as it is called, they are host clocks.
+
+Writes `RUN/timeline.csv` (one row per training epoch) and `RUN/timeline.txt` (the same as a table,
+with the medians of the epochs after the first two, where cuDNN autotuning and first allocations
+fall). Columns, in ms unless named otherwise:
+
+- `train_ms`: epoch start to epoch end, validation excluded (the span `train/images_per_s` times)
+- `steps_ms`, `step_median_ms`, `step_max_ms`: the steps (training batch start to end), summed,
+  median, longest; a step longer than the others on the device is one the host fell behind in
+- `between_ms` = `train_ms` - `steps_ms`: the loop's own time on the device, of which `ramp_ms`
+  is epoch start to the first step (epoch-start hooks, the first batch)
+- `host_wait_ms`: host time from a step's end to the next step's start (`train/data_wait_frac`'s
+  numerator): the host may wait there while the device still runs queued steps, so this is not
+  the device's idle time; `between_ms` is
+- `images_per_s`: images / `train_ms`
+
+Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pandas as pd
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+
+from nailseg.atomic import write_text
+
+COLUMNS = [
+    "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
+    "between_ms", "ramp_ms", "validation_ms", "host_wait_ms", "images_per_s",
+]  # fmt: skip
+WARMUP_EPOCHS = 2  # left out of the medians
+
+
+@dataclass
+class EpochMarks:
+    """One training epoch's timestamps in ms from its start: steps and validations as
+    (start, end), the epoch's end, host waits between steps, images trained on."""
+
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    validations: list[tuple[float, float]] = field(default_factory=list)
+    end: float = 0.0
+    host_waits: list[float] = field(default_factory=list)
+    images: int = 0
+
+
+def epoch_row(epoch: int, marks: EpochMarks) -> dict[str, float]:
+    """The epoch's row of `timeline.csv` (see the module docstring)."""
+    spans = [end - start for start, end in marks.steps]
+    train = marks.end - sum(end - start for start, end in marks.validations)
+    return {
+        "epoch": epoch,
+        "steps": len(spans),
+        "images": marks.images,
+        "train_ms": train,
+        "steps_ms": sum(spans),
+        "step_median_ms": statistics.median(spans) if spans else 0.0,
+        "step_max_ms": max(spans, default=0.0),
+        "between_ms": train - sum(spans),
+        "ramp_ms": marks.steps[0][0] if marks.steps else 0.0,
+        "validation_ms": marks.end - train,
+        "host_wait_ms": sum(marks.host_waits),
+        "images_per_s": 1000.0 * marks.images / train if train > 0 else 0.0,
+    }
+
+
+def table(rows: pd.DataFrame, clock: str) -> str:
+    """The rows as text, then the medians over the epochs after the warm-up ones."""
+    settled = rows[rows.epoch >= WARMUP_EPOCHS] if len(rows) > WARMUP_EPOCHS else rows
+    median = settled.median(numeric_only=True).to_frame().T.assign(epoch="median")
+    shown = pd.concat([rows.astype({"epoch": object}), median], ignore_index=True)
+    first, last = settled.epoch.min(), settled.epoch.max()
+    title = f"training epochs, ms ({clock}; median: epochs {first}-{last})"
+    return f"{title}\n{shown.to_string(index=False, float_format=lambda v: f'{v:.1f}')}\n"
+
+
+class GpuTimeline(L.Callback):
+    """Timestamps at the training loop's hooks, summarised per epoch at the end of the fit
+    (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._epochs: list[tuple[int, list[tuple[str, Any]], int, list[float]]] = []
+        self._marks: list[tuple[str, Any]] = []
+        self._images = 0
+        self._waits: list[float] = []
+        self._host_end: float | None = None
+        self._device = torch.device("cpu")
+
+    def _mark(self, name: str) -> None:
+        if self._device.type == "cuda":
+            stamp: Any = torch.cuda.Event(enable_timing=True)
+            stamp.record(torch.cuda.current_stream(self._device))
+        else:
+            stamp = time.perf_counter()
+        self._marks.append((name, stamp))
+
+    def _in_training_epoch(self, trainer: L.Trainer) -> bool:
+        return bool(self._marks) and trainer.state.fn == TrainerFn.FITTING
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._device = pl_module.device
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._marks, self._images, self._waits, self._host_end = [], 0, [], None
+        self._mark("epoch")
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._host_end is not None:
+            self._waits.append(1000.0 * (time.perf_counter() - self._host_end))
+        self._mark("step")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        self._mark("step_end")
+        self._images += len(batch["image"])
+        self._host_end = time.perf_counter()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._in_training_epoch(trainer) and not trainer.sanity_checking:
+            self._mark("validation")
+            self._host_end = None  # the wait after validation is not a wait between steps
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._in_training_epoch(trainer) and not trainer.sanity_checking:
+            self._mark("validation_end")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark("end")
+        self._epochs.append((trainer.current_epoch, self._marks, self._images, self._waits))
+        self._marks = []
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or not self._epochs:
+            return
+        rows = pd.DataFrame(
+            [epoch_row(epoch, self._read(*rest)) for epoch, *rest in self._epochs],
+            columns=COLUMNS,
+        )
+        run_dir = Path(trainer.default_root_dir)
+        write_text(run_dir / "timeline.csv", rows.to_csv(index=False, float_format="%.3f"))
+        clock = "CUDA events" if self._device.type == "cuda" else "host clock"
+        write_text(run_dir / "timeline.txt", table(rows, clock))
+
+    def _read(self, marks: list[tuple[str, Any]], images: int, waits: list[float]) -> EpochMarks:
+        """One epoch's timestamps as ms from its start (on a GPU, this waits for the events)."""
+        (_, start), *rest = marks
+        if self._device.type == "cuda":
+            rest[-1][1].synchronize()
+            times = [(name, start.elapsed_time(stamp)) for name, stamp in rest]
+        else:
+            times = [(name, 1000.0 * (stamp - start)) for name, stamp in rest]
+        epoch = EpochMarks(images=images, host_waits=waits, end=times[-1][1])
+        opened: dict[str, float] = {}
+        for name, ms in times[:-1]:
+            if name in ("step", "validation"):
+                opened[name] = ms
+            else:  # step_end or validation_end closes what its name opened
+                kind = name.removesuffix("_end")
+                (epoch.steps if kind == "step" else epoch.validations).append(
+                    (opened.pop(kind), ms)
+                )
+        return epoch

@@ -1,0 +1,43 @@
+"""GpuTimeline: the per-epoch arithmetic on known timestamps, and a real fit through train.py's path."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from support.train import train
+
+from nailseg.training.timeline import COLUMNS, GpuTimeline, epoch_row
+
+
+def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
+    """Host clocks in seconds (the CPU's stamps): ramp 2 ms, steps of 10 and 14 ms, a validation
+    of 30 ms between them, 1 ms after the last step."""
+    stamps = [("epoch", 1.000), ("step", 1.002), ("step_end", 1.012), ("validation", 1.013),
+              ("validation_end", 1.043), ("step", 1.045), ("step_end", 1.059), ("end", 1.060)]  # fmt: skip
+    marks = GpuTimeline()._read(stamps, images=8, waits=[0.5])
+    assert [pytest.approx(span) for span in marks.steps] == [(2, 12), (45, 59)]
+    assert [pytest.approx(span) for span in marks.validations] == [(13, 43)]
+    row = epoch_row(3, marks)
+    assert row["train_ms"] == pytest.approx(30)  # 60 ms, less the validation's 30
+    assert row["steps_ms"] == pytest.approx(24) and row["step_max_ms"] == pytest.approx(14)
+    assert row["between_ms"] == pytest.approx(6) and row["ramp_ms"] == pytest.approx(2)
+    assert row["validation_ms"] == pytest.approx(30) and row["host_wait_ms"] == 0.5
+    assert row["images_per_s"] == pytest.approx(8 / 0.030)
+
+
+def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        prepared,
+        run_dir,
+        "trainer.max_epochs=3",
+        "+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline",
+    )
+    rows = pd.read_csv(run_dir / "timeline.csv")
+    assert list(rows.columns) == COLUMNS and rows.epoch.tolist() == [0, 1, 2]
+    assert (rows.steps == 3).all() and (rows.images == 12).all()  # the fixture's 12 photos
+    assert (rows.validation_ms > 0).all() and (rows.between_ms >= 0).all()
+    assert (rows.ramp_ms <= rows.between_ms).all()
+    assert (rows.step_median_ms <= rows.step_max_ms).all()
+    text = (run_dir / "timeline.txt").read_text()
+    assert "host clock; median: epochs 2-2" in text and text.splitlines()[-1].split()[0] == "median"
