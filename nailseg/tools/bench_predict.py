@@ -211,12 +211,18 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _size(path: Path) -> tuple[int, int]:
+    """A photo's (width, height) from its header, the file closed after."""
+    with Image.open(path) as image:
+        return image.size
+
+
 def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "photos"
     photos = make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
-    sizes = np.array([Image.open(p).size for p in photos])
+    sizes = np.array([_size(p) for p in photos])
     rows = pd.DataFrame(predict_rows(cfg, folder, photos), columns=COLUMNS)
     onnx = onnx_vs_torch(cfg, photos) if cfg.onnx else {}
     extra = {

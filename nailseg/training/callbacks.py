@@ -35,8 +35,11 @@ class TrainSpeedMonitor(L.Callback):
     start and end, validation start and end), so the CPU keeps queueing steps ahead of the GPU as
     in any run (a sync per batch would drain that queue every step) and the figure is exact.
     `data_wait_frac` = time blocked between one batch's end and the next one's start (pulling the
-    batch from the loader) / that wall time: the definition `make bench` uses. Under DDP
-    `images_per_s` is summed over ranks (whole-job throughput) and `data_wait_frac` averaged.
+    batch from the loader) / that wall time: the definition `make bench` uses. It is the host's
+    time: on a GPU the host can wait there while the device still runs the steps queued before
+    (10-15% on the H200 while the GPU idled between steps ~1% of the epoch); the device's own
+    idle time is `GpuTimeline`'s (training/timeline.py). Under DDP `images_per_s` is summed over
+    ranks (whole-job throughput) and `data_wait_frac` averaged.
     """
 
     def __init__(self) -> None:
