@@ -7,7 +7,11 @@ value differs between jobs, so a loader comparison shows `loader` and `aug`, an 
 `optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
 job without one, or with `failed.json`, is reported as failed, with its error). Writes
 `compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
-the final evaluation's Dice per job) into the sweep folder. `target_s` / `target_epoch` /
+the final evaluation's Dice per job) into the sweep folder. `train_img_s` / `data_wait_frac`: the
+medians over the epochs after the first two (`metrics.json` `throughput`; the last epoch's value
+for runs written before it). `world_size`: the job's processes; `scaling`: a multi-GPU job's
+images/s ÷ (its GPUs × the one-GPU job's of the same setting); `ledger`: with `callbacks=audit`,
+whether every training row was seen once per epoch across ranks. `target_s` / `target_epoch` /
 `startup_s`: when validation first reached `callbacks.time_to_target.target`, in seconds since the
 job started (its process's start for a process's first job; empty where it never did).
 """
@@ -28,6 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.atomic import save_figure, write_text
 from nailseg.config import CONF_DIR
+from nailseg.training.ledger import train_rows_once
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -36,6 +41,9 @@ RESULTS = [
     "status",
     "train_img_s",
     "data_wait_frac",
+    "world_size",
+    "scaling",
+    "ledger",
     "best",
     "final_dice",
     "evaluated_on",
@@ -44,6 +52,10 @@ RESULTS = [
     "target_epoch",
     "startup_s",
 ]
+
+
+# the overrides that set a job's number of processes (the rest must match for a scaling ratio)
+SCALING_KEYS = frozenset({"trainer", "trainer.devices", "trainer.num_nodes", "trainer.strategy"})
 
 
 @dataclass
@@ -68,10 +80,16 @@ def _results(job: Path) -> dict:
     metrics = json.loads(metrics_file.read_text())
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
     reached = metrics.get("time_to_target") or {}
+    speed = metrics.get("throughput") or {  # runs before the per-epoch summary: the last epoch
+        "images_per_s": fit.get("train/images_per_s"),
+        "data_wait_frac": fit.get("train/data_wait_frac"),
+    }
     return {
         "status": "ok",
-        "train_img_s": fit.get("train/images_per_s"),
-        "data_wait_frac": fit.get("train/data_wait_frac"),
+        "train_img_s": speed["images_per_s"],
+        "data_wait_frac": speed["data_wait_frac"],
+        "world_size": metrics.get("world_size"),
+        "ledger": train_rows_once(job / "ledger"),
         "best": (metrics.get("best") or {}).get("value"),
         "final_dice": next((v for k, v in final.items() if k.endswith("/dice")), None),
         "evaluated_on": metrics.get("evaluated_on"),
@@ -98,13 +116,30 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
             for job, o in zip(jobs, overrides, strict=True)
         ],
         columns=["job", *varied, *RESULTS],
-    ).astype({"epochs": "Int64", "target_epoch": "Int64"})
+    ).astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
+    rows["scaling"] = _scaling(rows, overrides)
     write_text(sweep_dir / "compare.md", _markdown(rows))
     write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
     ok = rows[rows["status"] == "ok"]
     if not ok.empty:
         _plot(ok, varied, sweep_dir / "compare.png")
     return rows
+
+
+def _scaling(rows: pd.DataFrame, overrides: list[dict[str, str]]) -> list[float | None]:
+    """Each multi-process job's images/s ÷ (its processes × the images/s of the one-process job
+    whose overrides are the same but for the `trainer` keys that set the processes): 1.0 is
+    perfect scaling. Empty for one-process jobs and where no such job ran."""
+    same = [{k: v for k, v in o.items() if k not in SCALING_KEYS} for o in overrides]
+    speeds = [float(v) if pd.notna(v) else None for v in rows["train_img_s"]]
+    worlds = [int(v) if pd.notna(v) else None for v in rows["world_size"]]
+    single = [i for i, world in enumerate(worlds) if world == 1 and speeds[i] is not None]
+    scaling: list[float | None] = []
+    for i, (speed, world) in enumerate(zip(speeds, worlds, strict=True)):
+        base = [speeds[j] for j in single if same[j] == same[i]]
+        many = speed is not None and world is not None and world > 1
+        scaling.append(speed / (world * base[0]) if many and base else None)
+    return scaling
 
 
 def _cell(value) -> str:
@@ -126,7 +161,7 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
     labels = ["\n".join(f"{k}={row[k]}" for k in varied) for _, row in rows.iterrows()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4.5))
     left.bar(labels, rows["train_img_s"].astype(float))
-    left.set_ylabel("training images/s (last epoch)")
+    left.set_ylabel("training images/s (median epoch)")
     at, width = np.arange(len(rows)), 0.4
     right.bar(at - width / 2, rows["best"].astype(float), width, label="best (optimized metric)")
     final = rows["final_dice"].astype(float)

@@ -25,6 +25,7 @@ from nailseg.model.checkpoint import CARD_KEY
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
 
 log = logging.getLogger(__name__)
+WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, first allocations
 
 
 class TrainSpeedMonitor(L.Callback):
@@ -43,6 +44,7 @@ class TrainSpeedMonitor(L.Callback):
     """
 
     def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []  # this process's epochs, values over all ranks
         self._reset()
 
     def _reset(self) -> None:
@@ -97,10 +99,28 @@ class TrainSpeedMonitor(L.Callback):
         self._pause(pl_module)
         if self._elapsed <= 0.0:
             return
-        pl_module.log(
-            "train/images_per_s", self._images / self._elapsed, sync_dist=True, reduce_fx="sum"
+        local = torch.tensor([self._images / self._elapsed, self._wait / self._elapsed])
+        total = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
+        images_per_s, wait = float(total[0]), float(total[1]) / trainer.world_size
+        pl_module.log("train/images_per_s", images_per_s)
+        pl_module.log("train/data_wait_frac", wait)
+        self.epochs.append(
+            {"epoch": trainer.current_epoch, "images_per_s": images_per_s, "data_wait_frac": wait}
         )
-        pl_module.log("train/data_wait_frac", self._wait / self._elapsed, sync_dist=True)
+
+    def summary(self) -> dict[str, Any] | None:
+        """For metrics.json: the median images/s and data-wait over the epochs after the first
+        `WARMUP_EPOCHS` (all of them in a shorter fit), and every epoch's values. One epoch is
+        half a second on the H200, so its value alone moves by 10-40%; None before any epoch."""
+        if not self.epochs:
+            return None
+        settled = self.epochs[WARMUP_EPOCHS:] or self.epochs
+        return {
+            "images_per_s": float(np.median([e["images_per_s"] for e in settled])),
+            "data_wait_frac": float(np.median([e["data_wait_frac"] for e in settled])),
+            "epochs_counted": [e["epoch"] for e in settled],
+            "per_epoch": self.epochs,
+        }
 
 
 def process_start_time() -> float:

@@ -100,3 +100,24 @@ class SampleLedger(L.Callback):
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "test")
+
+
+def train_rows_once(dirpath: Path) -> str | None:
+    """The ledger's verdict on training: "every row once in each of N epochs", or the first epoch
+    where a rank is missing or a row was seen twice (across ranks or within one); None where the
+    folder holds no training entries. Rows a `drop_last` pass leaves out are not an error here:
+    the `*/samples` counts say how many were seen."""
+    entries = [json.loads(p.read_text()) for p in sorted(Path(dirpath).glob("train_*.json"))]
+    if not entries:
+        return None
+    epochs: dict[int, list[dict[str, Any]]] = {}
+    for entry in entries:
+        epochs.setdefault(entry["epoch"], []).append(entry)
+    for epoch, ranks in sorted(epochs.items()):
+        world = ranks[0]["world_size"]
+        if sorted(e["rank"] for e in ranks) != list(range(world)):
+            return f"epoch {epoch}: ranks {sorted(e['rank'] for e in ranks)} of {world} wrote rows"
+        rows = [row for e in ranks for row in e["rows"]]
+        if len(set(rows)) != len(rows):
+            return f"epoch {epoch}: {len(rows) - len(set(rows))} rows seen twice"
+    return f"every row once in each of {len(epochs)} epochs"

@@ -5,6 +5,9 @@ The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`
 
     resumed_from  the checkpoint `ckpt_path` named (train=false: the one evaluated), or null
     fit           the last epoch's metrics
+    throughput    training images/s (all ranks) and data-wait: the medians over the epochs after
+                  the first two, and each epoch's values (`TrainSpeedMonitor`); null without it
+    world_size    the fit's number of processes (GPUs)
     time_to_target  when validation first reached `callbacks.time_to_target.target` (epoch, step,
                   seconds since the process started, and its start-up / train / val split), or
                   null when it never did
@@ -32,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.atomic import write_text
 from nailseg.prep.prepare import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
-from nailseg.training.callbacks import TimeToTarget
+from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
 from nailseg.training.jobs import isolated_job
 
@@ -128,8 +131,11 @@ def run(cfg: DictConfig) -> float | None:
             best = _best(built)
             checkpoint = best["checkpoint"]
             timers = [c for c in trainer.callbacks if isinstance(c, TimeToTarget)]
+            speed = [c for c in trainer.callbacks if isinstance(c, TrainSpeedMonitor)]
             report |= {
                 "fit": _plain_metrics(trainer.callback_metrics),
+                "throughput": speed[0].summary() if speed else None,
+                "world_size": trainer.world_size,
                 "time_to_target": timers[0].reached if timers else None,
                 "best": best,
                 "global_step": trainer.global_step,

@@ -39,12 +39,12 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.atomic import write_text
+from nailseg.training.callbacks import WARMUP_EPOCHS
 
 COLUMNS = [
     "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
     "between_ms", "ramp_ms", "validation_ms", "host_wait_ms", "images_per_s",
 ]  # fmt: skip
-WARMUP_EPOCHS = 2  # left out of the medians
 
 
 @dataclass

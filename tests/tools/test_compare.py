@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from nailseg.tools.compare import summarise
 
@@ -42,3 +44,37 @@ def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
         text=True,
     ).stdout
     assert "sweep_dir=DIR" in help_text and "dataset" not in help_text
+
+
+def _job(sweep: Path, name: str, overrides: list[str], metrics: dict) -> Path:
+    """A job folder as train.py leaves it: its overrides and metrics.json."""
+    job = sweep / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (job / "metrics.json").write_text(json.dumps(metrics))
+    return job
+
+
+def test_multi_gpu_jobs_are_scaled_against_the_one_gpu_job_of_their_setting(tmp_path):
+    def speed(img_s: float, world_size: int) -> dict:
+        summary = {"images_per_s": img_s, "data_wait_frac": 0.1}
+        return {"fit": {"train/images_per_s": 1.0}, "throughput": summary, "world_size": world_size}
+
+    _job(tmp_path, "0", ["trainer=gpu", "aug=light"], speed(100.0, 1))
+    ddp = _job(tmp_path, "1", ["trainer=ddp", "trainer.devices=2", "aug=light"], speed(190.0, 2))
+    _job(tmp_path, "2", ["trainer=ddp", "trainer.devices=2", "aug=heavy"], speed(150.0, 2))
+    last_epoch_only = {"fit": {"train/images_per_s": 80.0, "train/data_wait_frac": 0.2}}
+    _job(tmp_path, "3", ["trainer=gpu", "aug=none"], last_epoch_only)  # before the summary
+    (ddp / "ledger").mkdir()
+    for rank, rows in enumerate([[0, 2], [1, 3]]):
+        entry = {"stage": "train", "epoch": 0, "rank": rank, "world_size": 2, "rows": rows}
+        (ddp / "ledger" / f"train_epoch000_step0000002_rank{rank}.json").write_text(
+            json.dumps(entry)
+        )
+    rows = summarise(tmp_path)
+    assert rows["train_img_s"].tolist() == [100.0, 190.0, 150.0, 80.0]
+    scaling = rows["scaling"]
+    assert pd.isna(scaling[0]) and scaling[1] == pytest.approx(0.95)
+    assert pd.isna(scaling[2])  # no one-GPU job with aug=heavy ran
+    assert pd.isna(rows["ledger"][0]) and rows["ledger"][1] == "every row once in each of 1 epochs"
+    assert "| 0.950 | every row once in each of 1 epochs |" in (tmp_path / "compare.md").read_text()

@@ -24,6 +24,7 @@ from support.wandb_records import history
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
 from nailseg.training.build import build
+from nailseg.training.ledger import train_rows_once
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
@@ -113,6 +114,14 @@ def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep):
         assert len(set(rank0) | set(rank1)) == 2 * share <= N_TRAIN  # no row twice on one rank
         assert set(rank0) | set(rank1) <= set(range(N_TRAIN))
     assert logged(run_dir, "train/samples") == [2 * share] * EPOCHS
+    # the verdict `python -m nailseg.compare` reports for a job's ledger
+    assert train_rows_once(ddp_sweep.ledger) == f"every row once in each of {EPOCHS} epochs"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    per_epoch = metrics["throughput"]["per_epoch"]  # summed over the ranks, as logged
+    assert [e["images_per_s"] for e in per_epoch] == pytest.approx(
+        logged(run_dir, "train/images_per_s")
+    )
 
 
 def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_sweep):

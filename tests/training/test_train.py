@@ -302,6 +302,12 @@ def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_pat
     assert list(run_dir.glob("overlays/epoch_*.png"))
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["best"]["value"] == pytest.approx(max(dice))
+    # throughput: each epoch's logged value, and the median of those after the first two
+    speeds = [r["train/images_per_s"] for r in rows if "train/images_per_s" in r]
+    throughput = metrics["throughput"]
+    assert [e["images_per_s"] for e in throughput["per_epoch"]] == pytest.approx(speeds)
+    assert throughput["epochs_counted"] == [2] and throughput["images_per_s"] == speeds[2]
+    assert metrics["world_size"] == 1
 
 
 def test_resume_continues_its_run_folder_keeping_the_best(prepared, tmp_path):
