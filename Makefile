@@ -20,7 +20,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench compare cross-source time-to-target gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench bench-ddp compare cross-source time-to-target gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -81,6 +81,15 @@ compare: install  ## train once per loader x aug (one W&B group), then a table a
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
 		hydra.sweep.dir=$(COMPARE_DIR) $(ARGS)
 	$(PY) -m nailseg.compare sweep_dir=$(COMPARE_DIR)
+
+ifndef DDP_DIR
+DDP_DIR := multirun/ddp-$(shell date +%Y%m%d-%H%M%S)
+endif
+bench-ddp: install  ## DDP scaling on REAL_DATA: one GPU, then DDP on every GPU (ledger on), a table with scaling efficiency (GPUs)
+	$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=outputs/bench-ddp/data
+	$(PY) train.py -m experiment=gpu_384 dataset=nails dataset.root=outputs/bench-ddp/data \
+		trainer=gpu,ddp callbacks=audit test=false logger=csv hydra.sweep.dir=$(DDP_DIR) $(ARGS)
+	$(PY) -m nailseg.compare sweep_dir=$(DDP_DIR)
 
 cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group x dataset x aug, a table + plot (GPU: ARGS=experiment=gpu_384)
 	for g in $(HOLDOUT); do \
