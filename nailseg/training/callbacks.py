@@ -102,8 +102,9 @@ class TrainSpeedMonitor(L.Callback):
         local = torch.tensor([self._images / self._elapsed, self._wait / self._elapsed])
         total = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
         images_per_s, wait = float(total[0]), float(total[1]) / trainer.world_size
-        pl_module.log("train/images_per_s", images_per_s)
-        pl_module.log("train/data_wait_frac", wait)
+        # the values are reduced already; sync_dist only marks them as global (as in the module)
+        pl_module.log("train/images_per_s", images_per_s, sync_dist=True)
+        pl_module.log("train/data_wait_frac", wait, sync_dist=True)
         self.epochs.append(
             {"epoch": trainer.current_epoch, "images_per_s": images_per_s, "data_wait_frac": wait}
         )
