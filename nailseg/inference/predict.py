@@ -193,6 +193,10 @@ class PhotoWriter:
         )
 
 
+# the names of `PredictSummary.stages` (bench_predict reports them as columns)
+STAGES = ("read_wait", "device_queue", "device_wait", "write_wait")
+
+
 class _Stopwatch:
     """Seconds spent per named stage."""
 
@@ -229,7 +233,7 @@ def _predict_all(
     results: list[ImageScore | Skipped | None] = []
     depth = max(2 * batch_size, num_workers)
     gpu_jpeg = gpu_decode and device.type == "cuda"
-    clock = _Stopwatch("read_wait", "device_queue", "device_wait", "write_wait")
+    clock = _Stopwatch(*STAGES)
     columns = (
         TextColumn("predicting"),
         BarColumn(),

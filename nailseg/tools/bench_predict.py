@@ -39,6 +39,7 @@ from rich.table import Table
 from nailseg.atomic import save_figure, write_atomic, write_bytes, write_text
 from nailseg.config import CONF_DIR
 from nailseg.inference.photos import image_files
+from nailseg.inference.predict import STAGES
 from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.model.checkpoint import load_net
@@ -49,7 +50,6 @@ import matplotlib.pyplot as plt
 
 MARKER = "photos.json"  # the photo set's manifest
 CREATOR = "nailseg.bench_predict"
-STAGES = ["read_wait", "device_queue", "device_wait", "write_wait"]  # predict's stages_s
 COLUMNS = [
     "run", "device", "engine", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s",
     *STAGES,
