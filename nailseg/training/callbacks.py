@@ -151,10 +151,11 @@ class TimeToTarget(L.Callback):
     optimizer step and the wall seconds since the job started (`job_start_time`), split into
     start-up (until the fit starts: imports, config, data and model built, loaders started),
     training and validation (sanity check included), and epoch 0's training alone
-    (`first_epoch_train_s`: cuDNN's autotuning and any compilation fall there). `reached` holds it (None until then, so also for
-    a target never met); `metrics.json` reports it as `time_to_target`. With `stop`, training
-    ends at that epoch (`make time-to-target` measures settings that way). Under DDP, rank 0's
-    clock; a stop is decided on every rank alike, from the synced metric.
+    (`first_epoch_train_s`: cuDNN's autotuning and any compilation fall there). `reached` holds
+    it (None until then, so also for a target never met); `metrics.json` reports it as
+    `time_to_target`. With `stop`, training ends at that epoch (`make time-to-target` measures
+    settings that way). Under DDP, rank 0's clock; a stop is decided on every rank alike, from the
+    synced metric.
     """
 
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:

@@ -9,8 +9,8 @@ is profiled and nothing waits for the device: the events are read once, when the
 run is timed as it runs. On the CPU, where every step runs as it is called, they are host clocks.
 
 Writes `RUN/timeline.csv` (one row per training epoch) and `RUN/timeline.txt` (the same as a table,
-with the medians of the epochs after the first two, where cuDNN autotuning and first allocations
-fall). Columns, in ms unless named otherwise:
+with the medians of the epochs after this fit's first two, where cuDNN autotuning and first
+allocations fall; a resumed fit's first two as well). Columns, in ms unless named otherwise:
 
 - `train_ms`: epoch start to epoch end, validation excluded (the span `train/images_per_s` times)
 - `steps_ms`, `step_median_ms`, `step_max_ms`: the steps (training batch start to end), summed,
@@ -81,7 +81,7 @@ def epoch_row(epoch: int, marks: EpochMarks) -> dict[str, float]:
 
 def table(rows: pd.DataFrame, clock: str) -> str:
     """The rows as text, then the medians over the epochs after the warm-up ones."""
-    settled = rows[rows.epoch >= WARMUP_EPOCHS] if len(rows) > WARMUP_EPOCHS else rows
+    settled = rows.iloc[WARMUP_EPOCHS:] if len(rows) > WARMUP_EPOCHS else rows  # as the monitor
     median = settled.median(numeric_only=True).to_frame().T.assign(epoch="median")
     shown = pd.concat([rows.astype({"epoch": object}), median], ignore_index=True)
     first, last = settled.epoch.min(), settled.epoch.max()

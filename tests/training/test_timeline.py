@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from support.train import train
 
-from nailseg.training.timeline import COLUMNS, GpuTimeline, epoch_row
+from nailseg.training.timeline import COLUMNS, EpochMarks, GpuTimeline, epoch_row, table
 
 
 def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
@@ -41,3 +41,12 @@ def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
     assert (rows.step_median_ms <= rows.step_max_ms).all()
     text = (run_dir / "timeline.txt").read_text()
     assert "host clock; median: epochs 2-2" in text and text.splitlines()[-1].split()[0] == "median"
+
+
+def test_a_resumed_fit_leaves_its_own_first_two_epochs_out_of_the_medians():
+    rows = pd.DataFrame(
+        [epoch_row(e, EpochMarks(steps=[(1, 1 + e)], end=10 + e)) for e in (5, 6, 7)]
+    )
+    text = table(rows, "host clock")
+    assert "median: epochs 7-7" in text
+    assert text.splitlines()[-1].split()[:2] == ["median", "1.0"]  # epoch 7's one step
