@@ -202,12 +202,19 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         Image.fromarray(smooth(h, w)).save(photos / f"p{i}.jpg", quality=95, exif=exif.tobytes())
     Image.fromarray(smooth(40, 41)).save(photos / "q.png")
     masks = {}
-    for decode in ("true", "false"):
-        out = tmp_path / decode
-        overrides = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", f"gpu_decode={decode}"]
+    runs = {
+        "true": ["gpu_decode=true"],
+        "false": ["gpu_decode=false"],
+        "eager": ["cuda_graphs=false"],
+    }
+    for name, options in runs.items():
+        out = tmp_path / name
+        overrides = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", *options]
         summary = predict(compose_cli("predict", [*overrides, "device=cuda", "batch_size=2"]))
         assert summary.images == 4 and not summary.skipped
-        masks[decode] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
+        masks[name] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
+    for name, eager in masks["eager"].items():  # the net as a CUDA graph (the default) and eager
+        assert (masks["true"][name] == eager).mean() > 0.999, name
     assert masks["true"]["p1.png"].shape == (75, 100)  # EXIF 6: turned upright
     for name, cpu in masks["false"].items():  # decoders differ by a level or two
         assert masks["true"][name].shape == cpu.shape
@@ -227,6 +234,57 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         # photo turned the wrong way differs by tens of levels
         assert got.shape == expected.shape and np.abs(got - expected).mean() < 4.0, path.name
         assert np.abs(got - np.rot90(expected, 2)).mean() > 20.0, path.name
+
+
+def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch():
+    from nailseg.inference.graphed import GraphedNet
+    from nailseg.inference.spec import probabilities
+    from nailseg.model.net import build_net
+
+    torch.manual_seed(0)
+    net = build_net("unet", "resnet18").cuda().eval().to(memory_format=torch.channels_last)
+    graphed = GraphedNet(net)
+
+    def batch(n: int, seed: int) -> torch.Tensor:
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(n, 3, 64, 64, device="cuda", generator=generator)
+        return x.contiguous(memory_format=torch.channels_last)
+
+    with torch.inference_mode():
+        apart = probabilities(net, batch(4, 1)) - probabilities(net, batch(4, 2))
+        assert apart.abs().max() > 0.05  # so a stale captured input would show
+        # full, new values, a smaller batch (padded), a larger one (captured again), with TTA
+        for n, seed, tta in [
+            (4, 1, False),
+            (4, 2, False),
+            (3, 3, False),
+            (6, 4, False),
+            (2, 5, True),
+        ]:
+            x = batch(n, seed)
+            expected = probabilities(net, x, tta)
+            torch.testing.assert_close(probabilities(graphed, x, tta), expected, rtol=0, atol=5e-3)
+    assert {len(c.inputs) for c in graphed.captured.values()} == {6}  # 6 rows: 6, and 2 x 3 (TTA)
+
+
+def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
+    from nailseg.inference.graphed import GraphedNet
+    from nailseg.inference.predict import PredictError, _capture
+    from nailseg.inference.spec import InferenceSpec
+
+    class Syncing(torch.nn.Module):  # asks the host for a value mid-forward: no graph holds that
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 1, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x) * float(x.sum().item() >= 0)
+
+    spec = InferenceSpec(ckpt=tmp_path / "x.ckpt", model={}, image_size=(32, 32), mean=(0, 0, 0),
+                         std=(1, 1, 1), threshold=0.5, data_root=None)  # fmt: skip
+    with pytest.raises(PredictError, match=r"cannot run as a CUDA graph.*cuda_graphs=false"):
+        _capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
+    assert torch.ones(4, device="cuda").sum().item() == 4  # the device still works
 
 
 def test_a_checkpoint_snapshot_holds_the_values_at_the_save():

@@ -55,6 +55,7 @@ from nailseg.atomic import write_text
 from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
+from nailseg.inference.graphed import CaptureError, GraphedNet
 from nailseg.inference.photos import (
     MaskIndex,
     Photo,
@@ -69,7 +70,9 @@ from nailseg.inference.spec import (
     InferenceSpec,
     Net,
     full_size_probabilities,
+    probabilities,
     resolve_spec,
+    to_batch,
 )
 from nailseg.inference.threshold import ThresholdError, auto_threshold
 from nailseg.model.checkpoint import CheckpointError, load_net
@@ -92,6 +95,7 @@ class PredictConfig(InferenceConfig):
     device: str = MISSING  # auto | cpu | cuda | cuda:N
     gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
     engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
+    cuda_graphs: bool = MISSING  # on a GPU: the net's forward replayed as a CUDA graph
     overlays: bool = MISSING  # also write OUT/overlays/<key>.png
     num_workers: int | None = None  # threads reading and writing files (None: see _workers)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
@@ -417,18 +421,36 @@ def _device(engine: str, device: str) -> torch.device:
     return resolve_device("cpu" if engine == "onnx" else device)
 
 
-def _engine(engine: str, net: nn.Module, spec: InferenceSpec, device: torch.device) -> Net:
-    """What runs the net: PyTorch on `device` (channels-last on a GPU, the layout tensor cores
-    run convolutions fastest in), or ONNX Runtime on the CPU."""
+def _engine(
+    engine: str, net: nn.Module, spec: InferenceSpec, device: torch.device, cuda_graphs: bool
+) -> Net:
+    """What runs the net: PyTorch on `device` (on a GPU channels-last, the layout tensor cores
+    run convolutions fastest in, and with `cuda_graphs` replayed as CUDA graphs), or ONNX Runtime
+    on the CPU."""
     if engine == "torch":
         net = net.to(device)
-        return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
+        if device.type != "cuda":
+            return net
+        net = net.to(memory_format=torch.channels_last)
+        return GraphedNet(net) if cuda_graphs else net
     from nailseg.inference.export import ExportError, OnnxNet  # onnx: only this engine needs it
 
     try:
         return OnnxNet(net, spec)
     except ExportError as err:
         raise PredictError(f"engine=onnx: {err}") from err
+
+
+def _capture(net: GraphedNet, spec: InferenceSpec, batch_size: int, tta: bool) -> None:
+    """Capture the graph of a full batch now, through the path predicting takes, so a net that
+    cannot be captured fails before anything is written."""
+    device = next(net.net.parameters()).device
+    blank = torch.zeros(3, *spec.image_size, dtype=torch.uint8, device=device)
+    try:
+        with torch.inference_mode():
+            probabilities(net, to_batch([blank] * batch_size, spec), tta)
+    except CaptureError as err:
+        raise PredictError(f"{err}; cuda_graphs=false runs it eagerly") from err
 
 
 def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
@@ -466,7 +488,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         with ThreadPoolExecutor(num_workers) as pool:
             truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
     spec = resolve_spec(cfg)
-    net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device)
+    net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
+    if isinstance(net, GraphedNet):
+        _capture(net, spec, cfg.batch_size, cfg.tta)
     threshold, source = _threshold(cfg, spec, net, device, console)
 
     start = time.perf_counter()

@@ -51,7 +51,8 @@ import matplotlib.pyplot as plt
 MARKER = "photos.json"  # the photo set's manifest
 CREATOR = "nailseg.bench_predict"
 COLUMNS = [
-    "run", "device", "engine", "gpu_decode", "overlays", "photos", "seconds", "photos_per_s",
+    "run", "device", "engine", "gpu_decode", "cuda_graphs", "overlays", "photos", "seconds",
+    "photos_per_s",
     *STAGES,
 ]  # fmt: skip
 
@@ -163,6 +164,7 @@ def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict
                 "device": overrides.get("device", "auto"),
                 "engine": overrides.get("engine", "torch"),
                 "gpu_decode": overrides.get("gpu_decode", True),
+                "cuda_graphs": overrides.get("cuda_graphs", True),
                 "overlays": overrides.get("overlays", True),
                 **measured,
                 "photos_per_s": measured["photos"] / measured["seconds"],
