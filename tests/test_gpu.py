@@ -236,11 +236,15 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert np.abs(got - np.rot90(expected, 2)).mean() > 20.0, path.name
 
 
-def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch():
+def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkeypatch):
     from nailseg.inference.graphed import GraphedNet
     from nailseg.inference.spec import probabilities
     from nailseg.model.net import build_net
 
+    # one cuDNN algorithm for eager and captured convolutions (a fit leaves autotuning on, and
+    # two bf16 algorithms may differ by a rounding step)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     torch.manual_seed(0)
     net = build_net("unet", "resnet18").cuda().eval().to(memory_format=torch.channels_last)
     graphed = GraphedNet(net)
@@ -263,7 +267,7 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch():
         ]:
             x = batch(n, seed)
             expected = probabilities(net, x, tta)
-            torch.testing.assert_close(probabilities(graphed, x, tta), expected, rtol=0, atol=5e-3)
+            torch.testing.assert_close(probabilities(graphed, x, tta), expected, rtol=0, atol=1e-3)
     assert {len(c.inputs) for c in graphed.captured.values()} == {6}  # 6 rows: 6, and 2 x 3 (TTA)
 
 
@@ -282,8 +286,11 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
 
     spec = InferenceSpec(ckpt=tmp_path / "x.ckpt", model={}, image_size=(32, 32), mean=(0, 0, 0),
                          std=(1, 1, 1), threshold=0.5, data_root=None)  # fmt: skip
-    with pytest.raises(PredictError, match=r"cannot run as a CUDA graph.*cuda_graphs=false"):
+    with pytest.raises(PredictError, match="cannot run as a CUDA graph") as raised:
         _capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
+    assert "\n" not in str(raised.value) and str(raised.value).endswith(
+        "cuda_graphs=false runs it eagerly"
+    )
     assert torch.ones(4, device="cuda").sum().item() == 4  # the device still works
 
 

@@ -66,6 +66,7 @@ class GraphedNet:
             torch.cuda.current_stream(batch.device).wait_stream(side)
             with autocast, torch.cuda.graph(graph):
                 logits = self.net(inputs)
-        except RuntimeError as err:
-            raise CaptureError(f"the net cannot run as a CUDA graph: {err}") from err
+        except RuntimeError as err:  # CUDA's message runs on with hints: its first line says it
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CaptureError(f"the net cannot run as a CUDA graph: {reason}") from err
         return _Captured(graph, inputs, logits)
