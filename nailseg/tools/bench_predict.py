@@ -5,8 +5,9 @@ PyTorch on the CPU; not a timed test.
 
 The photo set, `DIR/photos`, is made once from the images under `input_dir` (searched recursively):
 each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats and
-sizes); `DIR/photos/photos.json`, its manifest, marks it as this benchmark's and lists its files,
-the only ones it ever replaces; a `DIR/photos` without it is refused. Each run of `runs` predicts
+sizes); `DIR/photos/photos.json`, its manifest, marks it as this benchmark's, lists its files and
+the modification time they were all stamped with: it only ever replaces a listed file that still
+bears that stamp; a `DIR/photos` without it is refused. Each run of `runs` predicts
 the whole set (or its first `limit` photos) into a folder made for it and removed after it; the
 first run is preceded by a short warm-up; runs on `cuda` are skipped, and said so, where there is
 no GPU. The ONNX comparison times the net alone on one batch of the photos at the input size:
@@ -36,7 +37,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from nailseg.atomic import save_figure, write_atomic, write_bytes, write_text
+from nailseg.atomic import save_figure, write_atomic, write_text
 from nailseg.config import CONF_DIR
 from nailseg.inference.photos import image_files
 from nailseg.inference.predict import STAGES
@@ -59,22 +60,32 @@ COLUMNS = [
 
 def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int) -> list[Path]:
     """The photo set (see the module docstring): the files its manifest (`MARKER`) lists, made
-    now or reused when the manifest records the same settings and a finished set. A folder
-    without this benchmark's manifest is refused; in one with it, only the listed files are ever
-    replaced (a file of anyone else's there stays, and is not part of the set)."""
+    now or reused when the manifest records the same settings, a finished set and every file
+    still as it wrote it. A folder without this benchmark's manifest is refused; in one with it,
+    only the listed files that still bear the set's stamp are ever replaced: a file of anyone
+    else's there stays (and is not part of the set), and one saved under a listed name is refused."""
     settings = {"input_dir": str(input_dir.resolve()), "jpeg_scales": scales, "quality": quality}
     marker = folder / MARKER
-    ours: list[str] = []  # the files an earlier set of this benchmark listed
+    ours: list[str] = []  # the files an earlier set of this benchmark stamped
     if folder.exists():
         manifest = _manifest(marker)
         if manifest is None:
             raise FileExistsError(
                 f"{folder} exists and is not this benchmark's photo set (no {MARKER} written by "
-                f"{CREATOR}): choose another output_dir"
+                f"{CREATOR} of this version): choose another output_dir"
             )
-        if manifest["finished"] and manifest["settings"] == settings:
+        listed = {name: _stamp_of(folder / name) for name in manifest["files"]}
+        intact = all(stamp == manifest["stamp_ns"] for stamp in listed.values())
+        if manifest["finished"] and manifest["settings"] == settings and intact:
             return [folder / name for name in manifest["files"]]
-        ours = manifest["files"]  # made with other settings, or interrupted
+        changed = [n for n, t in listed.items() if t is not None and t != manifest["stamp_ns"]]
+        if changed:
+            raise FileExistsError(
+                f"{folder / changed[0]} is listed in {MARKER} but is no longer the file this "
+                "benchmark wrote there (its modification time changed): move it, or choose "
+                "another output_dir"
+            )
+        ours = [name for name, stamp in listed.items() if stamp is not None]
     sources = image_files(input_dir)
     if not sources:
         raise FileNotFoundError(f"input_dir={input_dir}: no images found")
@@ -90,20 +101,39 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
             f"listed in {MARKER}): move it, or choose another output_dir"
         )
     for name in ours:
-        (folder / name).unlink(missing_ok=True)
-    manifest = {"created_by": CREATOR, "settings": settings, "files": files, "finished": False}
+        (folder / name).unlink()
+    # whole even seconds: kept exactly by every filesystem's timestamps, FAT's included
+    stamp = time.time_ns() // 2_000_000_000 * 2_000_000_000
+    manifest = {
+        "created_by": CREATOR,
+        "settings": settings,
+        "files": files,
+        "stamp_ns": stamp,
+        "finished": False,
+    }
     write_text(marker, json.dumps(manifest, indent=2))  # first: an interrupted set is ours too
     for source, (original, *copies) in zip(sources, names, strict=True):
         image = Image.fromarray(read_rgb(source))
-        write_bytes(folder / original, source.read_bytes())
+        data = source.read_bytes()
+        write_atomic(folder / original, lambda f, data=data: f.write(data), stamp)
         for scale, name in zip(scales, copies, strict=True):
             size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
             scaled = image.resize(size, Image.Resampling.BILINEAR)
             write_atomic(
-                folder / name, lambda f, im=scaled: im.save(f, format="JPEG", quality=quality)
+                folder / name,
+                lambda f, im=scaled: im.save(f, format="JPEG", quality=quality),
+                stamp,
             )
     write_text(marker, json.dumps(manifest | {"finished": True}, indent=2))
     return [folder / name for name in files]
+
+
+def _stamp_of(path: Path) -> int | None:
+    """A file's modification time (ns), None when there is none (not a file, or not there)."""
+    try:
+        return path.stat().st_mtime_ns if path.is_file() else None
+    except OSError:
+        return None
 
 
 def _manifest(marker: Path) -> dict | None:
@@ -120,7 +150,8 @@ def _manifest(marker: Path) -> dict | None:
         isinstance(name, str) and name not in ("", ".", "..", MARKER) and Path(name).name == name
         for name in files
     )
-    return manifest if plain else None
+    stamped = type(manifest.get("stamp_ns")) is int
+    return manifest if plain and stamped else None
 
 
 def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: dict) -> dict:

@@ -513,6 +513,18 @@ def test_default_threads_leave_the_gpu_driving_thread_room(
     assert predict_module._workers(cfg, torch.device(device)) == threads
 
 
+def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
+    """From predict's real config: on the CPU the net runs as it is (tests/test_gpu.py checks the
+    graphs against the eager net on a GPU)."""
+    from nailseg.inference.predict import _engine
+
+    cfg = compose_cli("predict", [f"ckpt={trained}", "input=y", "output=z"])
+    assert cfg.cuda_graphs is True
+    spec = resolve_spec(cfg)
+    net = load_net(spec.ckpt, spec.model)
+    assert _engine(cfg.engine, net, spec, torch.device("cpu"), cfg.cuda_graphs) is net
+
+
 @pytest.mark.parametrize(("device", "during"), [("cuda", 0.0005), ("cpu", None)])
 def test_the_gil_switch_interval_is_shortened_on_a_gpu_only_while_predicting(device, during):
     from nailseg.inference.predict import _gil_handoff

@@ -17,7 +17,7 @@ from support.image_files import save_image
 from support.inference import make_run
 from support.prepared import write_prepared
 
-from nailseg.atomic import write_bytes
+from nailseg.atomic import write_atomic
 from nailseg.tools import bench_predict
 from nailseg.tools.bench_predict import MARKER, make_photos
 
@@ -47,8 +47,13 @@ def test_the_photo_set_mixes_sizes_and_formats_and_is_reused(sources: Path, tmp_
     assert (folder / "00000.png").stat().st_mtime_ns == stamp
 
 
+OLDER = json.dumps({"created_by": bench_predict.CREATOR, "files": ["mine.png"], "finished": True})
+
+
 @pytest.mark.parametrize(
-    "marker", ["no marker", '{"photos": 3}', "not json"], ids=["none", "someone's", "broken"]
+    "marker",
+    ["no marker", '{"photos": 3}', "not json", OLDER],
+    ids=["none", "someone's", "broken", "unstamped (older nailseg)"],
 )
 def test_a_folder_it_did_not_make_is_refused(sources: Path, tmp_path: Path, marker: str) -> None:
     folder = tmp_path / "photos"
@@ -88,6 +93,29 @@ def test_a_user_file_in_the_way_of_a_new_set_is_refused_and_kept(
     assert all(p.is_file() for p in earlier) and theirs.is_file()
 
 
+@pytest.mark.parametrize("scales", [[1.0], [3.0]], ids=["same settings", "new settings"])
+def test_a_user_file_saved_under_a_listed_name_is_refused_and_kept(
+    sources: Path, tmp_path: Path, scales: list[float]
+) -> None:
+    """The manifest lists `00001_x1.jpg`; someone saves their own photo under that name: the set
+    is neither reused with it nor made again over it (nothing removed or written)."""
+    folder = tmp_path / "photos"
+    make_photos(sources, folder, [1.0], 90)
+    theirs = save_image(folder / "00001_x1.jpg", np.full((4, 4, 3), 7, np.uint8))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(FileExistsError, match=r"00001_x1.jpg is listed in .* no longer the file"):
+        make_photos(sources, folder, scales, 90)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert (np.asarray(Image.open(theirs)) == 7).all()
+
+
+def test_a_missing_file_of_a_finished_set_is_made_again(sources: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    photos = make_photos(sources, folder, [1.0], 90)
+    photos[1].unlink()
+    assert make_photos(sources, folder, [1.0], 90) == photos and photos[1].is_file()
+
+
 @pytest.mark.parametrize("listed", ["../outside.png", "/abs/outside.png", "sub/x.png", MARKER])
 def test_a_manifest_listing_files_outside_the_set_is_not_followed(
     sources: Path, tmp_path: Path, listed: str
@@ -106,13 +134,13 @@ def test_an_interrupted_set_is_made_again(sources: Path, tmp_path: Path, monkeyp
     folder = tmp_path / "photos"
     calls = []
 
-    def dies_on_the_third(path, data):
+    def dies_on_the_third(path, write, mtime_ns=None):
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return write_bytes(path, data)
+        return write_atomic(path, write, mtime_ns)
 
-    monkeypatch.setattr(bench_predict, "write_bytes", dies_on_the_third)
+    monkeypatch.setattr(bench_predict, "write_atomic", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         make_photos(sources, folder, [1.0], 90)
     monkeypatch.undo()
