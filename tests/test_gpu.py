@@ -212,6 +212,7 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         overrides = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", *options]
         summary = predict(compose_cli("predict", [*overrides, "device=cuda", "batch_size=2"]))
         assert summary.images == 4 and not summary.skipped
+        assert (summary.capture_seconds > 0) == (name != "eager")
         masks[name] = {p.name: np.asarray(Image.open(p)) for p in (out / "masks").glob("*.png")}
     for name, eager in masks["eager"].items():  # the net as a CUDA graph (the default) and eager
         assert (masks["true"][name] == eager).mean() > 0.999, name

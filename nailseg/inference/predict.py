@@ -121,6 +121,7 @@ class PredictSummary:
     # device work (decode, resize, net, full-size maps), thresholding the maps and waiting for
     # the masks to come back from the device, waiting for the writing threads
     stages: dict[str, float] = field(default_factory=dict)
+    capture_seconds: float = 0.0  # capturing the net's CUDA graph, before `seconds` start
 
     @property
     def images_per_s(self) -> float:
@@ -441,9 +442,10 @@ def _engine(
         raise PredictError(f"engine=onnx: {err}") from err
 
 
-def _capture(net: GraphedNet, spec: InferenceSpec, batch_size: int, tta: bool) -> None:
+def _capture(net: GraphedNet, spec: InferenceSpec, batch_size: int, tta: bool) -> float:
     """Capture the graph of a full batch now, through the path predicting takes, so a net that
-    cannot be captured fails before anything is written."""
+    cannot be captured fails before anything is written; returns the seconds it took."""
+    start = time.perf_counter()
     device = next(net.net.parameters()).device
     blank = torch.zeros(3, *spec.image_size, dtype=torch.uint8, device=device)
     try:
@@ -451,6 +453,8 @@ def _capture(net: GraphedNet, spec: InferenceSpec, batch_size: int, tta: bool) -
             probabilities(net, to_batch([blank] * batch_size, spec), tta)
     except CaptureError as err:
         raise PredictError(f"{err}; cuda_graphs=false runs it eagerly") from err
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
@@ -489,8 +493,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
     spec = resolve_spec(cfg)
     net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
-    if isinstance(net, GraphedNet):
-        _capture(net, spec, cfg.batch_size, cfg.tta)
+    capture_seconds = (
+        _capture(net, spec, cfg.batch_size, cfg.tta) if isinstance(net, GraphedNet) else 0.0
+    )
     threshold, source = _threshold(cfg, spec, net, device, console)
 
     start = time.perf_counter()
@@ -517,6 +522,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         skipped=skipped + unreadable,
         unscored=unscored,
         stages={name: round(seconds, 3) for name, seconds in stages.items()},
+        capture_seconds=round(capture_seconds, 3),
     )
     if scores:
         table = score_table(scores)
@@ -541,6 +547,7 @@ def _summary_json(
         "seconds": round(summary.seconds, 3),
         "images_per_s": round(summary.images_per_s, 3),
         "stages_s": summary.stages,
+        "capture_s": summary.capture_seconds,
         "checkpoint": str(spec.ckpt),
         "image_size": list(spec.image_size),
         "tta": tta,

@@ -55,6 +55,7 @@ COLUMNS = [
     "run", "device", "engine", "gpu_decode", "cuda_graphs", "overlays", "photos", "seconds",
     "photos_per_s",
     *STAGES,
+    "capture_s",
 ]  # fmt: skip
 
 
@@ -175,7 +176,12 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
         summary = predict(compose("predict", overrides=args), console=Console(quiet=True))
     finally:
         shutil.rmtree(scratch)
-    return {"photos": summary.images, "seconds": summary.seconds, **summary.stages}
+    return {
+        "photos": summary.images,
+        "seconds": summary.seconds,
+        **summary.stages,
+        "capture_s": summary.capture_seconds,
+    }
 
 
 def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict]:
