@@ -11,9 +11,10 @@ The output folder may not overlap the photos or the true masks (in either direct
 case, through links), and every true mask is read before the first write: a prediction can never
 replace a file it is scored against. Photos are read and written by a thread pool while the net
 runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
-bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there and its
-mask brought back to full size and thresholded there, and one batch's masks are copied back and
-written while the next batch runs. An unreadable photo is reported and skipped; the run fails only
+bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
+is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
+back to full size and thresholded there, and one batch's masks are copied back and written while
+the next batch runs. An unreadable photo is reported and skipped; the run fails only
 when no photo could be read.
 """
 
