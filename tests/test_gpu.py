@@ -295,6 +295,22 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
     assert torch.ones(4, device="cuda").sum().item() == 4  # the device still works
 
 
+def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
+    """predict queues a batch's copy to the host before the next batch's work and waits for the
+    copy only: what is queued after it (here: changing the tensor) must not reach it."""
+    from nailseg.inference.predict import _to_host
+
+    maps = [torch.rand(300, 400, device="cuda"), torch.rand(50, 70, device="cuda")]
+    expected = [(m > 0.5).cpu().numpy() for m in maps]
+    copy = _to_host(maps, lambda flat: flat > 0.5)
+    for m in maps:
+        m.sub_(1.0)  # every value below 0.5 once this has run
+    assert copy.flat.is_pinned()
+    for got, want in zip(copy.arrays(), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert not (maps[0] > 0.5).any()  # the later work did run
+
+
 def test_a_checkpoint_snapshot_holds_the_values_at_the_save():
     from nailseg.training.checkpoint_io import host_snapshot
 

@@ -119,8 +119,8 @@ class PredictSummary:
     unscored: list[Skipped] = field(default_factory=list)  # predicted, but with no usable mask
     scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
     # where the main thread's time went (seconds): waiting for photos to be read, queueing the
-    # device work (decode, resize, net, full-size maps), thresholding the maps and waiting for
-    # the masks to come back from the device, waiting for the writing threads
+    # device work (decode, resize, net, full-size maps, thresholds, copies to the host), waiting
+    # for the masks to come back from the device, waiting for the writing threads
     stages: dict[str, float] = field(default_factory=dict)
     capture_seconds: float = 0.0  # capturing the net's CUDA graph, before `seconds` start
 
@@ -249,6 +249,7 @@ def _predict_all(
         TimeRemainingColumn(),
     )
     Launched = list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]
+    Fetched = tuple[Launched, HostCopy, HostCopy | None]
     with ThreadPoolExecutor(num_workers) as pool, Progress(*columns, console=console) as progress:
         task = progress.add_task("predicting", total=len(photos))
         writes: deque[Future] = deque()
@@ -278,15 +279,23 @@ def _predict_all(
                 for (photo, shown), prob in zip(kept, probs, strict=True)
             ]
 
-        def finish(work: Launched) -> None:
-            """Bring a launched batch's masks back (one copy; the GPU-decoded photos its
-            overlays need, another) and hand them to the writers."""
+        def fetch(work: Launched) -> Fetched | None:
+            """Queue the copy of a launched batch's masks to the host (one copy, thresholded in
+            one call; the GPU-decoded photos its overlays need, another)."""
             if not work:
+                return None
+            masks = _to_host([prob for _, _, prob in work], lambda flat: flat > threshold)
+            decoded = [s for _, s, _ in work if isinstance(s, torch.Tensor)]
+            return work, masks, _to_host(decoded) if decoded else None
+
+        def finish(fetched: Fetched | None) -> None:
+            """Wait for a fetched batch's copies (only them) and hand its masks to the writers."""
+            if fetched is None:
                 return
+            work, masks, decoded = fetched
             with clock("device_wait"):
-                preds = _to_host([prob for _, _, prob in work], lambda flat: flat > threshold)
-                decoded = [s for _, s, _ in work if isinstance(s, torch.Tensor)]
-                hosted = iter(_to_host(decoded) if decoded else [])
+                preds = masks.arrays()
+                hosted = iter(decoded.arrays() if decoded else [])
                 shown = [  # C×H×W back to H×W×C (a view)
                     next(hosted).transpose(1, 2, 0) if isinstance(s, torch.Tensor) else s
                     for _, s, _ in work
@@ -298,6 +307,16 @@ def _predict_all(
             with clock("write_wait"):
                 while len(writes) > depth:
                     results.append(writes.popleft().result())
+
+        def advance(next_batch: bool) -> None:
+            """The last launched batch's copies are queued before the next batch's work, so
+            waiting for them does not wait for that work: the device runs it while the host
+            writes the last batch and reads the next."""
+            nonlocal launched
+            with clock("device_queue"):
+                fetched = fetch(launched)
+                launched = launch() if next_batch else []
+            finish(fetched)
 
         reads = _read_ahead(photos, pool, depth, gpu_jpeg)
         while True:
@@ -311,14 +330,9 @@ def _predict_all(
                 continue
             batch.append((photo, item))
             if len(batch) == batch_size:
-                with clock("device_queue"):
-                    following = launch()  # queued on the device while the last batch is written
-                finish(launched)
-                launched = following
-        finish(launched)
-        with clock("device_queue"):
-            launched = launch() if batch else []
-        finish(launched)
+                advance(next_batch=True)
+        advance(next_batch=bool(batch))
+        advance(next_batch=False)
         with clock("write_wait"):
             results += [f.result() for f in writes]
     scores = [r for r in results if isinstance(r, ImageScore)]
@@ -326,16 +340,40 @@ def _predict_all(
     return len(results), unreadable, scores, unscored, clock.seconds
 
 
+@dataclass(frozen=True)
+class HostCopy:
+    """Tensors on their way to the host as one flat buffer: on a GPU a pinned one, filled by an
+    asynchronous copy that completes at `done`."""
+
+    flat: torch.Tensor
+    shapes: list[torch.Size]
+    done: torch.cuda.Event | None
+
+    def arrays(self) -> list[np.ndarray]:
+        """The tensors as host arrays of their shapes, once the copy is done (only it)."""
+        if self.done is not None:
+            self.done.synchronize()
+        ends = np.cumsum([shape.numel() for shape in self.shapes])[:-1]
+        parts = np.split(self.flat.numpy(), ends)
+        return [part.reshape(shape) for part, shape in zip(parts, self.shapes, strict=True)]
+
+
 def _to_host(
     parts: list[torch.Tensor],
     on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat,
-) -> list[np.ndarray]:
-    """Tensors of any shapes (one device, one dtype) as host arrays of their shapes, brought back
-    in one copy (one wait for the device) and split on the host; `on_device` is applied to all
-    of them at once, flattened together, first (masks: one threshold call a batch)."""
-    flat = on_device(torch.cat([p.flatten() for p in parts])).cpu().numpy()
-    ends = np.cumsum([p.numel() for p in parts])[:-1]
-    return [part.reshape(p.shape) for part, p in zip(np.split(flat, ends), parts, strict=True)]
+) -> HostCopy:
+    """Tensors of any shapes (one device, one dtype) queued for the host in one copy;
+    `on_device` is applied to all of them at once, flattened together, first (masks: one
+    threshold call a batch). Waiting for the copy (`arrays()`) waits for no work queued after it."""
+    flat = on_device(torch.cat([p.flatten() for p in parts]))
+    shapes = [p.shape for p in parts]
+    if flat.device.type != "cuda":
+        return HostCopy(flat, shapes, None)
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    host.copy_(flat, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return HostCopy(host, shapes, done)
 
 
 def _threshold(

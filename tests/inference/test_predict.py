@@ -544,10 +544,14 @@ def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
 
     rng = np.random.default_rng(0)
     images = [torch.from_numpy(rng.integers(0, 256, s, np.uint8)) for s in [(3, 5, 4), (3, 2, 7)]]
-    for got, image in zip(_to_host(images), images, strict=True):
-        np.testing.assert_array_equal(got, image.numpy())
-        np.testing.assert_array_equal(got.transpose(1, 2, 0), image.permute(1, 2, 0).numpy())
+    expected = [image.numpy().copy() for image in images]
+    copy = _to_host(images)
+    for image in images:  # work queued after the copy does not reach it
+        image.add_(1)
+    for got, image in zip(copy.arrays(), expected, strict=True):
+        np.testing.assert_array_equal(got, image)
+        np.testing.assert_array_equal(got.transpose(1, 2, 0), image.transpose(1, 2, 0))
     maps = [torch.rand(4, 6), torch.rand(3, 3)]
-    for got, prob in zip(_to_host(maps, lambda flat: flat > 0.5), maps, strict=True):
+    for got, prob in zip(_to_host(maps, lambda flat: flat > 0.5).arrays(), maps, strict=True):
         assert got.dtype == bool and got.shape == prob.shape
         np.testing.assert_array_equal(got, (prob > 0.5).numpy())
