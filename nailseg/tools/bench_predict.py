@@ -53,9 +53,7 @@ MARKER = "photos.json"  # the photo set's manifest
 CREATOR = "nailseg.bench_predict"
 COLUMNS = [
     "run", "device", "engine", "gpu_decode", "cuda_graphs", "overlays", "photos", "seconds",
-    "photos_per_s",
-    *STAGES,
-    "capture_s",
+    "photos_per_s", *STAGES, "capture_s",
 ]  # fmt: skip
 
 
