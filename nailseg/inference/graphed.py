@@ -39,11 +39,12 @@ class GraphedNet:
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         n, shape = len(batch), batch.shape[1:]
-        captured = self.captured.get(shape)
-        if captured is None or len(captured.inputs) < n:
-            captured = self.captured[shape] = self._capture(batch)
-        captured.inputs[:n].copy_(batch)
-        captured.graph.replay()
+        with torch.cuda.device(batch.device):  # graphs run on the current device's stream
+            captured = self.captured.get(shape)
+            if captured is None or len(captured.inputs) < n:
+                captured = self.captured[shape] = self._capture(batch)
+            captured.inputs[:n].copy_(batch)
+            captured.graph.replay()
         return captured.logits[:n]
 
     def _capture(self, batch: torch.Tensor) -> _Captured:

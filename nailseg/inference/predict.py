@@ -372,7 +372,7 @@ def _to_host(
     host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
     host.copy_(flat, non_blocking=True)
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(flat.device))
     return HostCopy(host, shapes, done)
 
 
