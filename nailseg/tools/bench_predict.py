@@ -13,7 +13,8 @@ first run is preceded by a short warm-up; runs on `cuda` are skipped, and said s
 no GPU. The ONNX comparison times the net alone on one batch of the photos at the input size:
 PyTorch, and ONNX Runtime on the model predict's `engine=onnx` runs (built and checked in memory,
 nothing written), each with torch's CPU threads, median of `repeats`. Writes
-`DIR/bench_predict.csv`, `.json` and `.png` and prints a table.
+`DIR/bench_predict.csv`, `.json` (with the config) and `.png` and prints a table. DIR may not
+overlap `input_dir`; nothing is written before that is checked.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from nailseg.inference.predict import STAGES
 from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.model.checkpoint import load_net
+from nailseg.paths import overlap
 from nailseg.prep.imageio import read_rgb
 
 matplotlib.use("Agg")
@@ -256,6 +258,11 @@ def _size(path: Path) -> tuple[int, int]:
 
 def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     out = Path(cfg.output_dir)
+    if overlap(out, Path(cfg.input_dir)):  # the set and the runs' folders would land among the
+        raise ValueError(  # photos, and the next run would take them for photos
+            f"output_dir={out} and input_dir={cfg.input_dir} overlap (one is, or is inside, the "
+            "other): nothing was written; choose an output folder apart from the photos"
+        )
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "photos"
     photos = make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
@@ -271,6 +278,7 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
         },
         "onnx_cpu": onnx,
         "cpus": os.cpu_count(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
     }
     write_text(out / "bench_predict.csv", rows.to_csv(index=False, float_format="%.4f"))
     write_text(out / "bench_predict.json", json.dumps(extra, indent=2))
