@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from support.image_files import save_image
-from support.inference import make_run
+from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
 from nailseg.atomic import write_atomic
@@ -148,6 +148,31 @@ def test_an_interrupted_set_is_made_again(sources: Path, tmp_path: Path, monkeyp
     assert len(photos) == 6 and all(p.is_file() for p in photos)
 
 
+@pytest.mark.parametrize("inside", ["output in the photos", "photos in the output"])
+def test_an_output_overlapping_the_photos_is_refused_before_anything_is_written(
+    sources: Path, tmp_path: Path, inside: str
+) -> None:
+    """From bench_predict's real config, as `python -m nailseg.bench_predict` composes it."""
+    out = sources / "bench" if inside == "output in the photos" else sources.parent
+    before = sorted(tmp_path.rglob("*"))
+    cfg = compose_cli("bench_predict", ["ckpt=x.ckpt", f"input_dir={sources}", f"output_dir={out}"])
+    with pytest.raises(ValueError, match=r"overlap .* nothing was written"):
+        bench_predict.run(cfg)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_every_run_of_the_real_config_composes_into_predicts_config() -> None:
+    """Each run's overrides (`gpu_eager`'s `cuda_graphs=false` among them) are keys predict's
+    schema has, with the values given: on a machine without a GPU the cuda runs are skipped, so
+    a misspelt key would otherwise first fail on the GPU machine."""
+    runs = compose_cli("bench_predict", ["ckpt=x.ckpt"]).runs
+    assert "gpu_eager" in runs and runs.gpu_eager.cuda_graphs is False
+    for run in runs.values():
+        overrides = [f"{key}={value}" for key, value in run.items()]
+        composed = compose_cli("predict", ["ckpt=x.ckpt", "input=y", "output=z", *overrides])
+        assert {key: composed[key] for key in run} == dict(run)
+
+
 @pytest.mark.slow
 def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "run")
@@ -172,11 +197,6 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     assert report["onnx_cpu"]["onnx_logits_difference"] < 1e-3
     assert report["onnx_cpu"]["onnxruntime_img_s"] > 0 and report["onnx_cpu"]["torch_img_s"] > 0
     assert len(list((out / "photos").glob("*.*g"))) == 6  # the set, whole after its links went
+    assert report["config"]["input_dir"] == str(sources)
     written = sorted(p.name for p in out.iterdir())  # every run's folder removed, no model file
-    assert written == [
-        "bench_predict.csv",
-        "bench_predict.json",
-        "bench_predict.png",
-        "hydra",
-        "photos",
-    ]
+    assert written == ["bench_predict.csv", "bench_predict.json", "bench_predict.png", "photos"]
