@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from torch.autograd.profiler import record_function
 
-from nailseg.atomic import write_atomic, write_text
+from nailseg.atomic import write_bytes, write_text
 
 PHASE = "phase:"  # the host-phase annotations' prefix
 GPU_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -137,8 +137,9 @@ class StepTrace(L.Callback):
         with tempfile.TemporaryDirectory() as scratch:
             exported = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(exported))
-            events = json.loads(exported.read_text())["traceEvents"]
-            write_atomic(run_dir / "trace.json", lambda f: f.write(exported.read_bytes()))
+            data = exported.read_bytes()  # read once: a trace runs to hundreds of MB
+        events = json.loads(data)["traceEvents"]
+        write_bytes(run_dir / "trace.json", data)
         write_text(run_dir / "trace.txt", summarize(events, self.stacks))
 
 
