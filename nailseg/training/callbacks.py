@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, first allocations
 
 
+def settled(epochs: Any) -> Any:
+    """A fit's epochs (a list, or a frame's rows) after its first `WARMUP_EPOCHS`, all of them in
+    a shorter fit: what the throughput summaries (the monitor's, `GpuTimeline`'s) take medians of."""
+    return epochs[WARMUP_EPOCHS:] if len(epochs) > WARMUP_EPOCHS else epochs
+
+
 class TrainSpeedMonitor(L.Callback):
     """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
 
@@ -115,11 +121,11 @@ class TrainSpeedMonitor(L.Callback):
         half a second on the H200, so its value alone moves by 10-40%; None before any epoch."""
         if not self.epochs:
             return None
-        settled = self.epochs[WARMUP_EPOCHS:] or self.epochs
+        counted = settled(self.epochs)
         return {
-            "images_per_s": float(np.median([e["images_per_s"] for e in settled])),
-            "data_wait_frac": float(np.median([e["data_wait_frac"] for e in settled])),
-            "epochs_counted": [e["epoch"] for e in settled],
+            "images_per_s": float(np.median([e["images_per_s"] for e in counted])),
+            "data_wait_frac": float(np.median([e["data_wait_frac"] for e in counted])),
+            "epochs_counted": [e["epoch"] for e in counted],
             "per_epoch": self.epochs,
         }
 

@@ -39,7 +39,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.atomic import write_text
-from nailseg.training.callbacks import WARMUP_EPOCHS
+from nailseg.training.callbacks import settled
 
 COLUMNS = [
     "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
@@ -81,10 +81,10 @@ def epoch_row(epoch: int, marks: EpochMarks) -> dict[str, float]:
 
 def table(rows: pd.DataFrame, clock: str) -> str:
     """The rows as text, then the medians over the epochs after the warm-up ones."""
-    settled = rows.iloc[WARMUP_EPOCHS:] if len(rows) > WARMUP_EPOCHS else rows  # as the monitor
-    median = settled.median(numeric_only=True).to_frame().T.assign(epoch="median")
+    counted = settled(rows)
+    median = counted.median(numeric_only=True).to_frame().T.assign(epoch="median")
     shown = pd.concat([rows.astype({"epoch": object}), median], ignore_index=True)
-    first, last = settled.epoch.min(), settled.epoch.max()
+    first, last = counted.epoch.min(), counted.epoch.max()
     title = f"training epochs, ms ({clock}; median: epochs {first}-{last})"
     return f"{title}\n{shown.to_string(index=False, float_format=lambda v: f'{v:.1f}')}\n"
 
