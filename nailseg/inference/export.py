@@ -176,8 +176,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
     if cfg.format not in FORMATS:
         raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
     spec = resolve_spec(cfg)
-    net = load_net(spec.ckpt, spec.model)
     path = Path(cfg.output) if cfg.output else spec.ckpt.with_suffix(".onnx")
+    _refuse_to_replace(path, spec.ckpt)
+    net = load_net(spec.ckpt, spec.model)
     diff = export_onnx(net, spec, path, opset=cfg.opset, verify=cfg.verify)
     h, w = spec.image_size
     checked = (
@@ -193,6 +194,27 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
         soft_wrap=True,
     )
     return path
+
+
+def _refuse_to_replace(path: Path, ckpt: Path) -> None:
+    """Raise ExportError, before any work, when `path` holds anything but a model nailseg
+    exported (the checkpoint itself, a folder, a user's file): only those are replaced."""
+    if not path.exists():
+        return
+    if path.resolve() == ckpt.resolve() or path.samefile(ckpt):
+        raise ExportError(f"output={path} is the checkpoint being exported: choose another output")
+    try:
+        ours = path.is_file() and any(
+            prop.key.startswith("nailseg.")
+            for prop in onnx.load_model(str(path), load_external_data=False).metadata_props
+        )
+    except Exception:  # protobuf's DecodeError, and others, for a file that is not ONNX
+        ours = False
+    if not ours:
+        raise ExportError(
+            f"output={path} exists and is not an ONNX model nailseg exported (no nailseg.* "
+            "metadata), so it is not replaced: nothing was written; choose another output"
+        )
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")

@@ -92,7 +92,27 @@ def list_inputs(
         else:
             names = ", ".join(map(str, paths))
             skipped += [Skipped(p, f"{DUPLICATE_STEM}: {names}") for p in paths]
-    return photos, skipped
+    return _without_name_clashes(photos, skipped)
+
+
+def _without_name_clashes(
+    photos: list[Photo], skipped: list[Skipped]
+) -> tuple[list[Photo], list[Skipped]]:
+    """Photos whose output file `<key>.png` would be a folder that other photos' outputs need
+    (`x.jpg` beside a folder `x.png/`) left out with that reason, before anything is written."""
+    folders: dict[str, Photo] = {}
+    for photo in photos:
+        for parent in PurePosixPath(photo.key).parents[:-1]:
+            folders.setdefault(parent.as_posix(), photo)
+    kept = []
+    for photo in photos:
+        other = folders.get(f"{photo.key}.png")
+        if other is None:
+            kept.append(photo)
+        else:
+            reason = f"its output {photo.key}.png would be the folder that {other.path}'s needs"
+            skipped.append(Skipped(photo.path, reason))
+    return kept, skipped
 
 
 class MaskIndex:

@@ -7,20 +7,22 @@ Writes, for each photo with key `k` (its path relative to the input folder, with
 `OUT/summary.json` (counts, timing, threshold, every skipped file, score totals, the config).
 Every file is written under a temporary name and renamed.
 
-The output folder may not overlap the photos or the true masks (in either direction, ignoring
-case, through links), and every true mask is read before the first write: a prediction can never
-replace a file it is scored against. Photos are read and written by a thread pool while the net
+The output folder must be new, empty or an earlier predict's (output.py: it may not overlap the
+photos or the true masks, in either direction, ignoring case, through links, nor hold a link), and
+every true mask is read before the first write: a prediction can never replace a file it is scored
+against, nor a file of the user's. `summary.json` is written first, unfinished, and rewritten
+finished at the end. Photos are read and written by a thread pool while the net
 runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
 bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
 is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
 back to full size and thresholded there, and one batch's masks are copied back and written while
-the next batch runs. An unreadable photo is reported and skipped; the run fails only
-when no photo could be read.
+the next batch runs. An unreadable photo, or one whose output name the filesystem refuses, is
+reported and skipped; the run fails only when no photo could be read.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import sys
 import time
@@ -57,6 +59,7 @@ from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
+from nailseg.inference.output import SCORES, OutputError, check_output, claim, write_summary
 from nailseg.inference.photos import (
     MaskIndex,
     Photo,
@@ -77,7 +80,6 @@ from nailseg.inference.spec import (
 )
 from nailseg.inference.threshold import ThresholdError, auto_threshold
 from nailseg.model.checkpoint import CheckpointError, load_net
-from nailseg.paths import overlap
 from nailseg.prep.imageio import UnreadableImage
 from nailseg.viz import overlay, save_png_atomic
 
@@ -163,6 +165,16 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:.1f} img/s" if speed else "… img/s", style="progress.data.speed")
 
 
+# what a filesystem answers to an output name it cannot hold (any other error fails the run)
+_NAME_REFUSED = frozenset(
+    {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EINVAL}
+)
+
+
+class NotWritten(Skipped):
+    """A photo predicted but not written: the filesystem refused its output name."""
+
+
 @dataclass(frozen=True)
 class PhotoWriter:
     """Writes one photo's mask and overlay and scores the mask: run on the thread pool, off the
@@ -175,11 +187,18 @@ class PhotoWriter:
     def __call__(
         self, photo: Photo, image: np.ndarray | None, pred: np.ndarray
     ) -> ImageScore | Skipped | None:
-        """`image`: the photo (HxWx3) for its overlay, None to write no overlay."""
+        """`image`: the photo (HxWx3) for its overlay, None to write no overlay. A name the
+        filesystem refuses (too long, a folder in the way) leaves that photo out, named: the
+        other photos are still written."""
         mask = pred.astype(np.uint8) * 255  # zlib's fastest level: a 0/255 mask barely differs
-        save_png_atomic(self.output / "masks" / f"{photo.key}.png", mask, compress_level=1)
-        if image is not None:
-            save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
+        try:
+            save_png_atomic(self.output / "masks" / f"{photo.key}.png", mask, compress_level=1)
+            if image is not None:
+                save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
+        except OSError as err:
+            if err.errno not in _NAME_REFUSED:
+                raise
+            return NotWritten(photo.path, f"cannot write {err.filename}: {err.strerror}")
         if self.truths is None:
             return None
         truth = self.truths[photo.key]
@@ -336,8 +355,9 @@ def _predict_all(
         with clock("write_wait"):
             results += [f.result() for f in writes]
     scores = [r for r in results if isinstance(r, ImageScore)]
-    unscored = [r for r in results if isinstance(r, Skipped)]
-    return len(results), unreadable, scores, unscored, clock.seconds
+    unwritten = [r for r in results if isinstance(r, NotWritten)]
+    unscored = [r for r in results if isinstance(r, Skipped) and not isinstance(r, NotWritten)]
+    return len(results) - len(unwritten), unreadable + unwritten, scores, unscored, clock.seconds
 
 
 @dataclass(frozen=True)
@@ -496,19 +516,6 @@ def _capture(net: GraphedNet, spec: InferenceSpec, batch_size: int, tta: bool) -
     return time.perf_counter() - start
 
 
-def _refuse_overlap(output: Path, inputs: list[Path], masks: Path | None) -> None:
-    """The output folder shares no file or folder with the photos or the true masks: a mask
-    written over a true mask would be scored against itself (Dice 1.0), a photo overwritten
-    lost."""
-    named = [("input", path) for path in inputs] + ([("masks", masks)] if masks else [])
-    for name, path in named:
-        if overlap(output, path):
-            raise PredictError(
-                f"output={output} and {name}={path} overlap (one is, or is inside, the other): "
-                "nothing was written; choose an output folder apart from the photos and masks"
-            )
-
-
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     """Predict `cfg.input` into `cfg.output` (see the module docstring)."""
     console = console or Console()
@@ -517,7 +524,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
     device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
-    _refuse_overlap(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
+    try:
+        check_output(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
+    except OutputError as err:
+        raise PredictError(str(err)) from err
     num_workers = _workers(cfg, device)
     try:
         photos, skipped = list_inputs(inputs)
@@ -536,6 +546,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         _capture(net, spec, cfg.batch_size, cfg.tta) if isinstance(net, GraphedNet) else 0.0
     )
     threshold, source = _threshold(cfg, spec, net, device, console)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    claim(output, {"checkpoint": str(spec.ckpt), "config": config})
 
     start = time.perf_counter()
     with _gil_handoff(device):
@@ -565,13 +577,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     )
     if scores:
         table = score_table(scores)
-        write_text(output / "scores.csv", table.to_csv(index=False, lineterminator="\n"))
+        write_text(output / SCORES, table.to_csv(index=False, lineterminator="\n"))
         summary.scores = totals(table)
-    else:  # a scores.csv left by an earlier run would describe other predictions
-        (output / "scores.csv").unlink(missing_ok=True)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
-    report["config"] = OmegaConf.to_container(cfg, resolve=True)
-    write_text(output / "summary.json", json.dumps(report, indent=2))
+    write_summary(output, report | {"config": config}, finished=True)
     print_summary(summary, output, console)
     if not written:
         raise PredictError(f"none of the {len(summary.skipped)} input files could be read")

@@ -14,6 +14,7 @@ setting (TTA, input size, normalisation, data root) that changes it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -73,7 +74,11 @@ def auto_threshold(
 
 
 def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
+    """What the choice depends on: the checkpoint file, the settings, and the validation split's
+    rows by content (data prepared again, with other masks or pairs, gives another key)."""
     stat = spec.ckpt.stat()
+    split = Path(root) / f"{SPLIT}.csv"
+    rows = hashlib.sha256(split.read_bytes()).hexdigest() if split.is_file() else None
     return {
         "checkpoint": spec.ckpt.name,
         "checkpoint_bytes": stat.st_size,
@@ -84,6 +89,7 @@ def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
         "std": list(spec.std),
         "data_root": str(Path(root).resolve()),
         "split": SPLIT,
+        "split_sha256": rows,
     }
 
 

@@ -108,7 +108,8 @@ def legacy_card(run_dir: Path) -> dict[str, Any]:
         "threshold": (raw.get("module") or {}).get("threshold"),
         "data_root": (raw.get("dataset") or {}).get("root"),
     }
-    return {key: value for key, value in card.items() if _is_plain(value)}
+    # a key the old config lacks (or sets to null) is left out: the caller's default applies
+    return {key: value for key, value in card.items() if value is not None and _is_plain(value)}
 
 
 def plain_model(model: Any, where: str) -> dict[str, Any]:

@@ -192,7 +192,9 @@ class TestTorchLoaderWithWorkers(LoaderContract):
         del loader
         start = time.perf_counter()
         gc.collect()
-        assert time.perf_counter() - start < 2.5
+        # the fault waits >= 5 s (one worker's timeout); a prompt stop is well under a second,
+        # so the bound only needs to tell the two apart, also on a machine under load
+        assert time.perf_counter() - start < 4.5
 
 
 class TestKorniaLoader(LoaderContract):

@@ -3,6 +3,8 @@ the true masks, and the order of reads and writes. docs/FAULTS.md lists the case
 
 from __future__ import annotations
 
+import errno
+import json
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +103,84 @@ def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, mo
     summary = _predict(ckpt, data / "photos", tmp_path / "out", data / "DATA" / "masks")
     assert summary.scores["overall"]["images"] == 6
     assert events[:6] == ["read"] * 6 and events.count("read") == 6  # then only writes
+
+
+def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
+    output = data / "mine"
+    (output / "masks").mkdir(parents=True)
+    (output / "scores.csv").write_text("my own scores\n")
+    (output / "masks" / "x.png").write_bytes(b"my own mask")
+    before = _files(data)
+    with pytest.raises(PredictError, match=r"has no summary\.json, so nailseg did not make it"):
+        _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
+    assert _files(data) == before
+
+
+@pytest.mark.parametrize("linked", ["masks", "overlays", "masks/deeper"])
+def test_a_link_inside_predicts_own_output_is_refused_before_any_write(
+    ckpt, data, tmp_path, linked
+):
+    """A link under the output could lead the writes into the true masks or the photos."""
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)  # predict's own folder
+    link = output / linked
+    if link.exists():
+        for path in sorted(link.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        link.rmdir()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(data / "DATA" / "masks")
+    before = _files(data)
+    with pytest.raises(PredictError, match=rf"holds a symbolic link, {link} \(to "):
+        _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
+    assert _files(data) == before
+
+
+def test_a_run_that_stops_part_way_leaves_no_earlier_scores_and_says_unfinished(
+    ckpt, data, tmp_path, monkeypatch
+):
+    output = tmp_path / "out"
+    for i in range(3):
+        save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
+    assert _predict(ckpt, data / "photos", output, data / "DATA" / "masks").images == 4
+    assert (output / "scores.csv").exists()
+    write = nailseg.inference.predict.save_png_atomic
+
+    def disk_full_after_two(path, *args, **kwargs):
+        if len(list((output / "masks").glob("*.png"))) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write(path, *args, **kwargs)
+
+    monkeypatch.setattr(nailseg.inference.predict, "save_png_atomic", disk_full_after_two)
+    for old in (output / "masks").glob("*.png"):
+        old.unlink()
+    with pytest.raises(OSError, match="No space left"):
+        _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
+    assert not (output / "scores.csv").exists()
+    assert json.loads((output / "summary.json").read_text())["finished"] is False
+    monkeypatch.undo()
+    assert _predict(ckpt, data / "photos", output).images == 4  # its own folder: rerun
+    assert json.loads((output / "summary.json").read_text())["finished"] is True
+
+
+def test_a_photo_whose_output_name_the_filesystem_refuses_is_skipped_and_named(
+    ckpt, data, tmp_path
+):
+    """A name of 250 characters is a legal file name; its mask's temporary name is not."""
+    long = data / "photos" / f"{'n' * 246}.png"
+    save_image(long, np.full((20, 24, 3), 60, np.uint8))
+    summary = _predict(ckpt, data / "photos", tmp_path / "out")
+    assert summary.images == 1 and (tmp_path / "out" / "masks" / "x.png").exists()
+    [skipped] = summary.skipped
+    assert skipped.path == long and "cannot write" in skipped.reason
+    assert "File name too long" in skipped.reason
+
+
+def test_a_photo_whose_mask_would_be_another_photos_folder_is_left_out_first(ckpt, data, tmp_path):
+    """`q.jpg` beside a folder `q.png/`: the mask of one would be the folder of the other's."""
+    save_image(data / "photos" / "q.png" / "y.png", np.full((20, 24, 3), 60, np.uint8))
+    save_image(data / "photos" / "q.jpg", np.full((20, 24, 3), 90, np.uint8))
+    summary = _predict(ckpt, data / "photos", tmp_path / "out")
+    assert summary.images == 2 and (tmp_path / "out" / "masks" / "q.png" / "y.png").exists()
+    [skipped] = summary.skipped
+    assert skipped.path == data / "photos" / "q.jpg" and "would be the folder" in skipped.reason

@@ -68,6 +68,22 @@ def test_output_path_and_entry_point(trained, tmp_path, monkeypatch, capsys):
     assert "ONNX Runtime matches PyTorch" in capsys.readouterr().out
 
 
+def test_only_an_earlier_export_is_replaced(trained, tmp_path):
+    """The checkpoint itself, a user's file or a folder at `output` stay as they are."""
+    kept = trained.read_bytes()
+    with pytest.raises(ExportError, match="is the checkpoint being exported"):
+        export(trained, f"output={trained}")
+    assert trained.read_bytes() == kept
+    (tmp_path / "mine.onnx").write_bytes(b"a model of mine")
+    (tmp_path / "folder.onnx").mkdir()
+    for name in ("mine.onnx", "folder.onnx"):
+        with pytest.raises(ExportError, match="is not an ONNX model nailseg exported"):
+            export(trained, f"output={tmp_path / name}")
+    assert (tmp_path / "mine.onnx").read_bytes() == b"a model of mine"
+    export(trained, f"output={tmp_path / 'ours.onnx'}")
+    export(trained, f"output={tmp_path / 'ours.onnx'}")  # a rerun replaces its own export
+
+
 def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
     with pytest.raises(ExportError, match="format=tflite: supported formats are onnx"):
         export(trained, "format=tflite")

@@ -31,6 +31,7 @@ from nailseg.inference.spec import (
 )
 from nailseg.inference.threshold import CACHE_FILE, ThresholdError
 from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
+from nailseg.prep.format import write_table
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +348,18 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
         monkey.undo()
     assert again.threshold == summary.threshold
 
+    # the same data root prepared again (one validation pair fewer) is swept again
+    copy = tmp_path / "prepared"
+    shutil.copytree(root, copy)
+    for rows in (valid, valid.iloc[1:]):
+        write_table(copy / "valid.csv", rows)
+        predict(
+            trained, photos / "top.jpeg", tmp_path / "out3", "threshold=auto", f"data_root={copy}"
+        )
+    entries = json.loads((trained.parent / CACHE_FILE).read_text())["entries"]
+    swept = [e["choice"]["samples"] for e in entries if e["key"]["data_root"] == str(copy)]
+    assert swept == [len(valid), len(valid) - 1]
+
 
 def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_path):
     """Every threshold scores the same for a constant net: the tie goes to the run's 0.5."""
@@ -410,14 +423,14 @@ def _without_card(ckpt: Path, out: Path) -> Path:
     return out
 
 
-def _old_run(tmp_path: Path, trained: Path, model: dict) -> Path:
+def _old_run(tmp_path: Path, trained: Path, model: dict, module: dict | None = None) -> Path:
     """A run folder as earlier versions wrote it (normalisation under `aug`), holding `model`."""
     run_dir = tmp_path / "old_run"
     config = {
         "model": model,
         "dataset": {"image_size": [32, 32], "root": "data/nowhere"},
         "aug": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
-        "module": {"threshold": 0.4},
+        "module": {"threshold": 0.4} if module is None else module,
     }
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
@@ -429,6 +442,10 @@ def test_a_checkpoint_older_than_cards_is_read_from_its_run_folder(trained, phot
     model["options"] = {"encoder_depth": 3, "decoder_channels": [16, 8, 4]}
     summary = predict(_old_run(tmp_path, trained, model), photos / "top.jpeg", tmp_path / "out")
     assert summary.images == 1 and summary.threshold == 0.4
+    shutil.rmtree(tmp_path / "old_run")
+    older = _old_run(tmp_path, trained, model, module={"threshold": None})  # no threshold kept
+    summary = predict(older, photos / "top.jpeg", tmp_path / "out")
+    assert summary.images == 1 and summary.threshold == 0.5  # the default
 
     lone = _without_card(trained, tmp_path / "lone" / "lone.ckpt")
     with pytest.raises(CheckpointError, match=r"model=.*image_size=.*mean="):
