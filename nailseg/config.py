@@ -4,8 +4,8 @@ Schemas carry types only; every value lives in a YAML file under `conf/` (one so
 A field is MISSING (the YAML must set it) or None ("not set": the code's documented meaning, such
 as Lightning's own default for a trainer key, or a schedule as long as the whole fit). Each YAML
 file lists its schema first in its defaults, so an unknown key or a value of the wrong type fails
-when the config is composed, naming the key — not at epoch 3. `tests/test_config.py` holds every
-schema to this rule.
+when the config is composed, naming the key — not at epoch 3. `tests/training/test_config.py`
+holds every schema to this rule.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -180,6 +180,9 @@ class OneCycleConfig:
     pct_start: float = MISSING
     div_factor: float = MISSING
     final_div_factor: float = MISSING
+    cycle_momentum: bool = MISSING  # true: the schedule drives momentum / beta1 (see the YAML)
+    base_momentum: float = MISSING
+    max_momentum: float = MISSING
 
 
 @dataclass
@@ -293,11 +296,24 @@ SCHEMAS: dict[str | None, dict[str, type]] = {
 }
 
 
+# optimized_mode as an Optuna study direction: `${nailseg.direction:${optimized_mode}}`
+DIRECTIONS = {"max": "maximize", "min": "minimize"}
+
+
+def study_direction(mode: str) -> str:
+    """The direction that improves `optimized_metric`, so a search never optimizes it backwards."""
+    if mode not in DIRECTIONS:
+        raise ValueError(f"optimized_mode={mode}: must be max or min")
+    return DIRECTIONS[mode]
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     for group, schemas in SCHEMAS.items():
         for name, node in schemas.items():
             cs.store(group=group, name=name, node=node)
+    # every entry point imports this module before Hydra composes (and a sweeper resolves)
+    OmegaConf.register_new_resolver("nailseg.direction", study_direction)
 
 
 register()

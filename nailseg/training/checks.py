@@ -18,8 +18,10 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from nailseg.config import DIRECTIONS
+
 EVAL_SPLITS = ("auto", "train", "valid", "test")
-MODES = ("max", "min")
+MODES = tuple(DIRECTIONS)
 
 
 class ConfigError(ValueError):

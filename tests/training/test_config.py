@@ -14,10 +14,13 @@ import warnings
 from pathlib import Path
 
 import lightning as L
+import optuna
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from omegaconf import MISSING
+from omegaconf.errors import InterpolationResolutionError
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 
@@ -39,6 +42,8 @@ LOADERS = {"dali": "DaliLoader", "torch": "TorchLoader", "kornia": "KorniaLoader
 MODELS = {"unet": "Unet", "segformer": "Segformer"}
 OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
 CUDA = torch.cuda.is_available()
+# the GPU presets (skipped below without CUDA) with only the device swapped: the rest is built
+ON_CPU = ["trainer.accelerator=cpu", "trainer.precision=32-true", "loader.device=cpu"]
 
 
 def _schemas() -> list[type]:
@@ -113,14 +118,16 @@ def dry_fit(built: Built) -> _Probe:
     return probe
 
 
-def lrs_per_step(scheduler, steps: int) -> list[float]:
-    """The learning rate each optimizer step of the fit runs with, stepping the schedule as
-    Lightning does (after every optimizer step)."""
+def per_step(scheduler, steps: int) -> list[dict[str, float]]:
+    """The learning rate and momentum (SGD's momentum, AdamW's beta1) each optimizer step of the
+    fit runs with, stepping the schedule as Lightning does (after every optimizer step)."""
     used = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
         for step in range(steps):
-            used.append(scheduler.optimizer.param_groups[0]["lr"])
+            group = scheduler.optimizer.param_groups[0]
+            momentum = group["betas"][0] if "betas" in group else group["momentum"]
+            used.append({"lr": group["lr"], "momentum": momentum})
             if step < steps - 1:
                 scheduler.step()
     return used
@@ -156,7 +163,7 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
         return
     (scheduler,) = probe.schedulers
     assert schedule_length(scheduler) == probe.steps
-    lrs = lrs_per_step(scheduler, probe.steps)
+    lrs = [step["lr"] for step in per_step(scheduler, probe.steps)]
     assert all(lr > lrs[-1] for lr in lrs[:-1]), "the schedule's minimum must be its last step"
 
 
@@ -164,10 +171,8 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
     ("experiment", "aug", "epochs"), [("gpu_384", "heavy", 50), ("fast_384", "light", 30)]
 )
 def test_a_gpu_preset_builds_its_settings_on_any_machine(experiment, aug, epochs, data, tmp_path):
-    # the presets train on a GPU (skipped above without one); here only the device is swapped,
-    # so what the preset sets reaches the built objects and the schedule spans its fit
-    cpu = ["trainer.accelerator=cpu", "trainer.precision=32-true", "loader.device=cpu"]
-    built = build(_compose(data, tmp_path, f"experiment={experiment}", *cpu))
+    # what the preset sets reaches the built objects and the schedule spans its fit
+    built = build(_compose(data, tmp_path, f"experiment={experiment}", *ON_CPU))
     alone = _compose(data, tmp_path / "aug", f"aug={aug}")
     assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in alone.aug.ops]
     assert built.trainer.max_epochs == epochs and built.datamodule.image_size == (384, 384)
@@ -177,10 +182,80 @@ def test_a_gpu_preset_builds_its_settings_on_any_machine(experiment, aug, epochs
     assert schedule_length(scheduler) == probe.steps == epochs * (40 // 32)
 
 
+def _encoder(net: torch.nn.Module) -> tuple[str, int]:
+    return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
+
+
+@pytest.mark.parametrize("experiment", ["gpu_384", "fast_384"])
+@pytest.mark.parametrize(("model", "encoder"), [("unet", "resnet34"), ("segformer", None)])
+def test_a_preset_gives_its_encoder_to_unet_only(experiment, model, encoder, data, tmp_path):
+    # "override model=segformer for SegFormer": SegFormer keeps its own encoder, not the ResNet
+    chosen = [f"model={model}"] + ([f"model.encoder_name={encoder}"] if encoder else [])
+    alone = _compose(data, tmp_path / "alone", *chosen)
+    built = build(_compose(data, tmp_path, f"experiment={experiment}", f"model={model}", *ON_CPU))
+    assert built.cfg.model == alone.model
+    assert _encoder(built.module.net) == _encoder(instantiate(alone.model))
+
+
+@pytest.mark.parametrize("experiment", ["gpu_384", "fast_384"])
+def test_debug_overfit_wins_over_an_experiment_and_the_command_line_over_both(
+    experiment, data, tmp_path
+):
+    overfit = [f"experiment={experiment}", "debug=overfit", *ON_CPU]
+    built = build(_compose(data, tmp_path, *overfit))
+    assert built.datamodule.aug.ops == ()  # aug=none: one batch seen exactly, again and again
+    assert built.trainer.overfit_batches == 1 and built.trainer.max_epochs == 100
+    built = build(_compose(data, tmp_path / "heavy", *overfit, "aug=heavy"))
+    heavy = _compose(data, tmp_path / "alone", "aug=heavy")
+    assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in heavy.aug.ops]
+
+
+@pytest.mark.parametrize(
+    ("metric", "mode", "direction"),
+    [("val/dice", "max", "maximize"), ("val/loss", "min", "minimize")],
+)
+def test_optuna_optimizes_the_metric_in_its_mode(metric, mode, direction):
+    overrides = ["hparams_search=optuna", f"optimized_metric={metric}", f"optimized_mode={mode}"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    assert cfg.hydra.sweeper.direction == direction
+    # what the sweeper hands Optuna: a study that keeps the trial best in optimized_mode
+    study = optuna.create_study(direction=cfg.hydra.sweeper.direction)
+    assert study.direction.name == direction.upper()
+
+
+def test_optuna_refuses_an_unknown_mode_naming_it():
+    overrides = ["hparams_search=optuna", "optimized_mode=mx"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with pytest.raises(InterpolationResolutionError, match="optimized_mode=mx"):
+        cfg.hydra.sweeper.direction  # noqa: B018 (resolving is the test)
+
+
 def test_a_schedule_length_set_explicitly_is_kept(data, tmp_path):
     probe = dry_fit(build(_compose(data, tmp_path, "scheduler.T_max=7")))
     (scheduler,) = probe.schedulers
     assert schedule_length(scheduler) == 7 != probe.steps
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_onecycle_keeps_the_optimizers_momentum_unless_told_to_cycle_it(optimizer, data, tmp_path):
+    # 0.5: outside OneCycleLR's momentum range, so a schedule that touched it would show
+    momentum = "optimizer.betas=[0.5,0.999]" if optimizer == "adamw" else "optimizer.momentum=0.5"
+    chosen = [f"optimizer={optimizer}", momentum, "scheduler=onecycle"]
+    probe = dry_fit(build(_compose(data, tmp_path / "kept", *chosen)))
+    (scheduler,) = probe.schedulers
+    assert {step["momentum"] for step in per_step(scheduler, probe.steps)} == {0.5}
+
+    cfg = _compose(data, tmp_path / "cycled", *chosen, "scheduler.cycle_momentum=true")
+    probe = dry_fit(build(cfg))
+    (scheduler,) = probe.schedulers
+    steps = per_step(scheduler, probe.steps)
+    used = [step["momentum"] for step in steps]
+    peak = max(range(len(steps)), key=lambda i: steps[i]["lr"])
+    # down to base_momentum while the LR rises to its peak, back up to max_momentum as it anneals
+    assert used[0] == used[-1] == pytest.approx(cfg.scheduler.max_momentum)
+    assert used[peak] == min(used) == pytest.approx(cfg.scheduler.base_momentum)
 
 
 def _compose_app(app: str, overrides: list[str]):
