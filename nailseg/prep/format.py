@@ -26,8 +26,17 @@ MANIFEST_FILE = "manifest.csv"  # every pair whose outputs nailseg wrote and sti
 JOURNAL_FILE = "manifest.journal"  # pairs claimed and converted since the last complete run
 EXCLUDED_FILE = "excluded.csv"
 LOCK_FILE = ".prepare.lock"
+BUILTIN_LOCK_FILE = ".builtin.lock"  # held while a built-in dataset is generated and prepared
+SOURCE_FILE = "synthetic_source.json"  # the synthetic set (n, seed, version) the root was made of
 ROOT_FILES = frozenset(
-    {MARKER_FILE, MANIFEST_FILE, JOURNAL_FILE, EXCLUDED_FILE, *(f"{s}.csv" for s in SPLITS)}
+    {
+        MARKER_FILE,
+        MANIFEST_FILE,
+        JOURNAL_FILE,
+        EXCLUDED_FILE,
+        SOURCE_FILE,
+        *(f"{s}.csv" for s in SPLITS),
+    }
 )
 NUMERIC_DTYPES = {
     "height": "int64",

@@ -3,8 +3,10 @@
 Images become RGB uint8 HxWx3 (grey, RGBA, palette and deep converted; EXIF orientation applied).
 Deep (more than 8-bit) images are scaled by their real bit depth: the PNG's `sBIT` chunk when it
 has one, else the smallest of 10/12/14/16 bits that holds the image's maximum, so a 12-bit camera
-image in a 16-bit file is not scaled by 16 bits into near black. PIL cuts 16-bit colour to 8 bits
-itself, so such files are decoded by OpenCV.
+image in a 16-bit file is not scaled by 16 bits into near black. The PNG spec stores sBIT samples
+scaled up to the file's depth (the value in the top bits), yet some writers store the raw values:
+a maximum above what the significant bits hold tells the spec's form, whose top bits are taken.
+PIL cuts 16-bit colour to 8 bits itself, so such files are decoded by OpenCV.
 
 Masks become one integer channel HxW of their raw label values, whatever their depth (binarised
 later, by `binarise`), so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an
@@ -22,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 DEPTHS = (10, 12, 14, 16, 32)  # candidate bit depths of deep images, smallest first
+MASK_VALUE_MAX = 65535  # of a 16-bit mask: a threshold at or above it leaves every mask empty
 _INT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L"})
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -61,16 +64,16 @@ def _file_depth(im: Image.Image, path: Path) -> tuple[int, int | None]:
     return 8, None
 
 
-def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int | None]:
-    """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; and the
-    significant bits the file declares."""
+def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
+    """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; the bits per
+    sample in the file and the significant bits it declares."""
     try:
         with Image.open(path) as im:
             depth, significant = _file_depth(im, path)
             if depth > 8 and im.mode in ("RGB", "RGBA", "LA"):
-                return _deep_colour(path), significant
+                return _deep_colour(path), depth, significant
             im.load()  # decode now: a truncated file fails here, not later
-            return ImageOps.exif_transpose(im), significant
+            return ImageOps.exif_transpose(im), depth, significant
     except (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError) as err:
         raise UnreadableImage(path, f"cannot decode image: {err}") from err
 
@@ -83,12 +86,16 @@ def _deep_colour(path: Path) -> np.ndarray:
     return np.ascontiguousarray(bgr[..., ::-1])
 
 
-def _bits(array: np.ndarray, significant: int | None) -> int:
-    """The bit depth deep data is scaled by: declared, else the smallest that holds the max."""
-    if significant:
-        return significant
+def _significant(array: np.ndarray, depth: int, significant: int | None) -> tuple[np.ndarray, int]:
+    """Deep data as values of the bit depth it is scaled by, and that depth: the declared
+    significant bits, else the smallest depth that holds the max. Declared data above what the
+    significant bits hold is scaled to the file's depth (the PNG spec's sBIT): its top bits."""
     top = int(array.max(initial=0))
-    return next((bits for bits in DEPTHS if top < 1 << bits), DEPTHS[-1])
+    if not significant:
+        return array, next((bits for bits in DEPTHS if top < 1 << bits), DEPTHS[-1])
+    if significant < depth and top >= 1 << significant:
+        return array >> (depth - significant), significant
+    return array, significant
 
 
 def _to_uint8(array: np.ndarray, bits: int) -> np.ndarray:
@@ -100,15 +107,15 @@ def _to_uint8(array: np.ndarray, bits: int) -> np.ndarray:
 
 def decode_rgb(path: Path) -> tuple[np.ndarray, int]:
     """RGB uint8 HxWx3, C-order, and the bit depth it was scaled from (8: not scaled)."""
-    decoded, significant = _decode(path)
+    decoded, depth, significant = _decode(path)
     if isinstance(decoded, np.ndarray):
         deep = decoded
     elif decoded.mode in _INT_MODES:
         deep = np.repeat(np.asarray(decoded)[..., None], 3, axis=2)
     else:
         return np.ascontiguousarray(np.asarray(decoded.convert("RGB"), dtype=np.uint8)), 8
-    bits = _bits(deep, significant)
-    return np.ascontiguousarray(_to_uint8(deep, bits)), bits
+    values, bits = _significant(deep, depth, significant)
+    return np.ascontiguousarray(_to_uint8(values, bits)), bits
 
 
 def read_rgb(path: Path) -> np.ndarray:
@@ -118,7 +125,7 @@ def read_rgb(path: Path) -> np.ndarray:
 
 def read_mask_values(path: Path) -> np.ndarray:
     """The mask's raw label values as one integer channel HxW (see the module docstring)."""
-    decoded, _ = _decode(path)
+    decoded, *_ = _decode(path)
     if isinstance(decoded, np.ndarray):
         array = decoded
     else:

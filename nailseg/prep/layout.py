@@ -33,6 +33,7 @@ NOT_UTF8 = "name not valid UTF-8"
 FOLDER_TWICE = "folder reached twice (symlink loop or second link)"
 UNLISTABLE = "folder cannot be listed"
 OUTPUT_TAKEN = "output path holds a file nailseg did not write"
+OUTPUT_CLASH = "output paths clash (a file and a folder of one name)"
 UNSUPPORTED = "not an image file"
 EXCLUSION_KINDS = (
     NO_MASK,
@@ -46,6 +47,7 @@ EXCLUSION_KINDS = (
     FOLDER_TWICE,
     UNLISTABLE,
     OUTPUT_TAKEN,
+    OUTPUT_CLASH,
     UNSUPPORTED,
 )
 

@@ -16,10 +16,12 @@ Safe to interrupt, to rerun and to run twice: every file is written under a temp
 renamed; each converted pair is journaled (flushed and fsync'd) as it completes, so a killed run,
 even the first, resumes where it stopped; a lock file makes a second prepare on one root fail at
 once. A pair is up to date when its outputs and its manifest row carry its sources' modification
-times and its row the current settings; a rerun converts only the rest. A rerun that finds no
-usable pair, or misses more than `MAX_VANISHED_SHARE` of the pairs it prepared before (an
-unmounted share?), fails and changes nothing; outputs of pairs that left the input are kept on
-disk (and dropped from the CSVs) unless `prune=true`.
+times (taken before the sources were decoded, and unchanged after) and its row the current
+settings, and no run claimed its outputs without recording them since (`_load_owned`); a rerun
+converts only the rest. A rerun that finds no usable pair, or misses more than
+`MAX_VANISHED_SHARE` of the pairs it prepared before (an unmounted share?), fails and changes
+nothing; outputs of pairs that left the input are kept on disk (and dropped from the CSVs) unless
+`prune=true`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,6 +52,7 @@ from nailseg.atomic import write_atomic, write_text
 from nailseg.config import CONF_DIR
 from nailseg.paths import overlap
 from nailseg.prep.format import (
+    BUILTIN_LOCK_FILE,
     CSV_COLUMNS,
     EXCLUDED_FILE,
     JOURNAL_FILE,
@@ -56,6 +60,7 @@ from nailseg.prep.format import (
     MANIFEST_FILE,
     MARKER_FILE,
     ROOT_FILES,
+    SOURCE_FILE,
     SPLITS,
     TEMP_NAME,
     ForeignFolderError,
@@ -65,10 +70,17 @@ from nailseg.prep.format import (
     split_file,
     write_table,
 )
-from nailseg.prep.imageio import UnreadableImage, binarise, decode_rgb, read_mask_values
+from nailseg.prep.imageio import (
+    MASK_VALUE_MAX,
+    UnreadableImage,
+    binarise,
+    decode_rgb,
+    read_mask_values,
+)
 from nailseg.prep.layout import (
     EMPTY_MASK,
     EXCLUSION_KINDS,
+    OUTPUT_CLASH,
     OUTPUT_TAKEN,
     SIZE_MISMATCH,
     UNREADABLE,
@@ -81,9 +93,25 @@ from nailseg.prep.splits import assign_splits, check_split_settings, holdout_nam
 
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
+BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
+_READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
+_LOCK_POLL_S = 0.2  # how often a waiting process tries the lock again
 _MARKER_KEYS = frozenset({"format"})
-_OURS_IN_NEW_ROOT = re.compile(rf"{re.escape(LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp")
-_LEGACY_COLUMNS = {"settings": "", "listed": 1}  # manifests of format 1 lack them
+_OURS_IN_NEW_ROOT = re.compile(
+    rf"{re.escape(LOCK_FILE)}|{re.escape(BUILTIN_LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp"
+)
+_NO_SETTINGS = ""  # a record's settings when its outputs' are unknown: never up to date
+_LEGACY_COLUMNS = {"settings": _NO_SETTINGS, "listed": 1}  # manifests of format 1 lack them
+# check_request's share of prepare()'s options
+_CHECKED = (
+    "mask_threshold",
+    "valid_fraction",
+    "test_fraction",
+    "group_regex",
+    "folds",
+    "fold",
+    "holdout_groups",
+)
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +201,36 @@ def save_npy_atomic(path: Path, array: np.ndarray, mtime_ns: int | None = None) 
     )
 
 
+def _signature(path: Path) -> tuple[int, int, int, int]:
+    """What changes when a file is saved: its identity, size and modification time."""
+    try:
+        stat = path.stat()
+    except OSError as err:  # vanished since the scan, or a link to nothing
+        raise UnreadableImage(path, f"cannot read it: {err.strerror or err}") from err
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _read_sources(pair: Pair) -> tuple[np.ndarray, int, np.ndarray, tuple[int, int]]:
+    """The decoded image, its bit depth, the mask's values, and the sources' modification times
+    of that content. Each source is stat'ed before it is decoded and again after; one saved in
+    between is read again, so the outputs never carry a newer time than their content's."""
+    for _ in range(_READ_ATTEMPTS):
+        before = _signature(pair.image), _signature(pair.mask)
+        image, bits = decode_rgb(pair.image)
+        values = read_mask_values(pair.mask)
+        after = _signature(pair.image), _signature(pair.mask)
+        if before == after:
+            return image, bits, values, (before[0][3], before[1][3])
+    changed = pair.image if before[0] != after[0] else pair.mask
+    raise UnreadableImage(
+        changed, f"it changed while being read, {_READ_ATTEMPTS} times: rerun once it is saved"
+    )
+
+
 def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> Outcome:
     """Decode, check and write one pair (runs in a worker process)."""
     try:
-        image, bits = decode_rgb(pair.image)
-        values = read_mask_values(pair.mask)
+        image, bits, values, mtimes = _read_sources(pair)
     except UnreadableImage as err:
         return Outcome(exclusion=Exclusion(err.path, UNREADABLE, err.reason))
     if image.shape[:2] != values.shape:
@@ -192,7 +245,6 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
         exclusion = Exclusion(pair.mask, EMPTY_MASK, detail)
         return Outcome(exclusion=exclusion, nonbinary_values=nonbinary, image_bits=bits)
     rel_image, rel_mask = _output_paths(pair)
-    mtimes = pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns
     save_npy_atomic(out_root / rel_image, image, mtimes[0])
     save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
     record = Record(
@@ -201,17 +253,24 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
     return Outcome(record=record, nonbinary_values=nonbinary, image_bits=bits)
 
 
-def _check_request(
+def check_request(
     input_dir: Path,
     out_root: Path,
+    *,
+    mask_threshold: int,
     valid_fraction: float,
     test_fraction: float,
+    group_regex: str | None,
     folds: int,
     fold: int,
-) -> None:
-    """Refuse, before the first write, a request that cannot end well."""
+    holdout_groups: Iterable[str | int],
+) -> list[str]:
+    """Refuse, before the first write, a request that cannot end well; returns the held-out
+    group names. Needs nothing of the input but its path, so `run` checks before it generates
+    the input: what depends on the input's files is checked by `prepare`, still before a write."""
     try:
-        check_split_settings(valid_fraction, test_fraction, folds, fold)
+        held = holdout_names(holdout_groups)
+        check_split_settings(valid_fraction, test_fraction, folds, fold, group_regex=group_regex)
     except ValueError as err:
         raise PrepareError(str(err)) from err
     if folds == 1 and valid_fraction == 0:
@@ -219,42 +278,84 @@ def _check_request(
             "split.valid_fraction=0 leaves no validation split, and training needs one (it "
             "validates every epoch and keeps the best checkpoint by val/dice): set e.g. 0.2"
         )
-    if not input_dir.is_dir():
-        raise PrepareError(f"input_dir={input_dir} does not exist")
+    if not 0 <= mask_threshold < MASK_VALUE_MAX:  # binarise: a value above it is nail
+        raise PrepareError(
+            f"mask_threshold={mask_threshold} is outside 0..{MASK_VALUE_MAX - 1}: a mask value "
+            "above it is nail, so below 0 every pixel would be, and at the top none (8-bit masks "
+            "hold 0..255, 16-bit ones 0..65535)"
+        )
     if overlap(input_dir, out_root):
         raise PrepareError(
             f"input_dir={input_dir} and output_dir={out_root} overlap (one is, or is inside, the "
             "other, comparing names without case): choose an output_dir outside the input"
         )
+    _check_creatable(out_root)
     try:
         require_owned(out_root, MARKER_FILE, _MARKER_KEYS, _OURS_IN_NEW_ROOT)
     except ForeignFolderError as err:
         raise PrepareError(f"output_dir: {err}") from err
+    return held
+
+
+def _check_creatable(out_root: Path) -> None:
+    """Refuse an output_dir that is, or lies below, a link to nothing or a file: it could not be
+    made a folder."""
+    for path in (out_root, *out_root.parents):
+        if path.is_dir():
+            return
+        if path.is_symlink():
+            raise PrepareError(
+                f"output_dir={out_root}: {path} is a symlink to {os.readlink(path)}, which does "
+                "not exist: create that folder, or choose another output_dir"
+            )
+        if os.path.lexists(path):
+            raise PrepareError(f"output_dir={out_root}: {path} is a file, not a folder")
 
 
 @contextmanager
-def _locked(out_root: Path) -> Iterator[None]:
-    """Hold the root's lock file, or fail at once when another prepare holds it.
+def _locked(out_root: Path, name: str = LOCK_FILE, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the root's lock file `name`, waiting up to `wait_s` for another process holding it
+    (0: fail at once).
 
     A POSIX record lock (`lockf`), not `flock`: it belongs to this process alone, so worker
     processes forked while it is held never inherit it, and it dies with the process, so even
-    `kill -9` leaves no stale lock.
+    `kill -9` leaves no stale lock. A process holds each lock file once: closing any descriptor
+    of it would drop the lock, hence a separate file for the built-in dataset's lock.
     """
     out_root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = out_root / name
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            raise PrepareError(
-                f"another prepare is writing {out_root} (it holds {out_root / LOCK_FILE}): wait "
-                "for it to finish, or choose another output_dir"
-            ) from err
+        if not _try_lock(fd):
+            _wait_for_lock(fd, f"another prepare is writing {out_root} (it holds {lock})", wait_s)
         yield
     finally:
         os.close(fd)
+
+
+def _wait_for_lock(fd: int, held: str, wait_s: float) -> None:
+    """Try the lock until it is free, up to `wait_s`; then (at once when 0) fail saying `held`."""
+    if not wait_s:
+        raise PrepareError(f"{held}: wait for it to finish, or choose another output_dir")
+    log.info("%s: waiting for it, up to %g s", held, wait_s)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(_LOCK_POLL_S)
+        if _try_lock(fd):
+            return
+    raise PrepareError(
+        f"{held} and has not finished after {wait_s:g} s: if it is stuck, stop it, then rerun"
+    )
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        return False
+    return True
 
 
 def _journal_entries(path: Path) -> Iterator[dict]:
@@ -287,12 +388,24 @@ def _read_records(path: Path) -> dict[str, Record]:
 
 
 def _load_owned(out_root: Path) -> Owned:
-    """The manifest of the last complete run, updated by the journal of any run since."""
+    """The manifest of the last complete run, updated by the journal of any run since.
+
+    A run journals its claim on the outputs of the pairs it converts before it writes any of
+    them, and a pair's record only once both its outputs are written (each line fsync'd before
+    the next step). So outputs written since a pair's last record always follow a claim on them:
+    a claim voids the settings of the records it names, and only a later record makes the pair
+    up to date again. Outputs a killed run rewrote (under other settings, from newer sources)
+    are thus never taken as current, whatever their modification times say.
+    """
     records = _read_records(out_root / MANIFEST_FILE)
     claims: set[str] = set()
     for entry in _journal_entries(out_root / JOURNAL_FILE):
         if "claim" in entry:
-            claims.update(entry["claim"])
+            claimed = set(entry["claim"])
+            claims |= claimed
+            for key, record in records.items():
+                if claimed.intersection(record.outputs):
+                    records[key] = replace(record, settings=_NO_SETTINGS)
         elif "record" in entry:
             record = Record(**entry["record"])
             records[record.key] = record
@@ -333,13 +446,14 @@ def _refuse_mass_vanishing(
 
 
 def _up_to_date(pair: Pair, out_root: Path, record: Record | None, settings: str) -> Record | None:
-    """The record of a pair whose outputs are current, else None."""
+    """The record of a pair whose outputs are current, else None (also when a source or an
+    output cannot be stat'ed: converting the pair then says why)."""
     if record is None or record.settings != settings:
         return None
-    sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
     try:
+        sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
         outputs = tuple((out_root / p).stat().st_mtime_ns for p in record.outputs)
-    except FileNotFoundError:
+    except OSError:
         return None
     current = sources == outputs == (record.image_mtime_ns, record.mask_mtime_ns)
     return replace(record, listed=True) if current else None
@@ -349,15 +463,57 @@ def _claimable(pairs: list[Pair], out_root: Path, owned: Owned, summary: Summary
     """The pairs whose output paths are free or ours; the rest are excluded, never overwritten."""
     free = []
     for pair in pairs:
-        taken = [
-            p for p in _output_paths(pair) if p not in owned.paths and os.path.lexists(out_root / p)
-        ]
-        if taken:
-            path = out_root / taken[0]
-            summary.excluded.append(Exclusion(path, OUTPUT_TAKEN, "move it away to prepare this"))
-        else:
+        blocked = next(
+            filter(None, (_blocker(out_root, p, owned) for p in _output_paths(pair))), None
+        )
+        if blocked is None:
             free.append(pair)
+        else:
+            summary.excluded.append(blocked)
     return free
+
+
+def _blocker(out_root: Path, rel: str, owned: Owned) -> Exclusion | None:
+    """Why output `rel` cannot be written: a file nailseg did not write on its path, or a file
+    (even one nailseg kept for a pair gone from the input) where one of its folders must be."""
+    path = out_root / rel
+    if rel not in owned.paths and os.path.lexists(path):
+        return Exclusion(path, OUTPUT_TAKEN, "move it away to prepare this")
+    for parent in PurePosixPath(rel).parents:
+        folder = out_root / parent
+        if folder.is_dir():
+            return None
+        if os.path.lexists(folder):
+            detail = (
+                f"a file where {rel} needs a folder: move it away, or prune=true if nailseg "
+                "kept it for a pair gone from the input"
+            )
+            return Exclusion(folder, OUTPUT_CLASH, detail)
+    return None
+
+
+def _output_clashes(pairs: list[Pair], input_dir: Path) -> tuple[list[Pair], list[Exclusion]]:
+    """Pairs whose output would be a folder of another pair's output (`g/x.png` and
+    `g/x.npy/y.png`, names compared without case) are both excluded, each naming the other; the
+    other pairs are returned."""
+    outputs = {_output_paths(pair)[0].casefold(): pair for pair in pairs}
+    clashes: dict[str, str] = {}  # pair key -> detail
+    for pair in pairs:
+        for parent in PurePosixPath(_output_paths(pair)[0]).parents:
+            other = outputs.get(parent.as_posix().casefold())
+            if other is not None:
+                names = " and ".join(
+                    p.image.relative_to(input_dir).as_posix() for p in (other, pair)
+                )
+                detail = f"{names} would write {parent}, as a file and as a folder"
+                clashes[pair.key] = clashes[other.key] = detail
+    excluded = [
+        Exclusion(path, OUTPUT_CLASH, clashes[pair.key])
+        for pair in pairs
+        if pair.key in clashes
+        for path in (pair.image, pair.mask)
+    ]
+    return [pair for pair in pairs if pair.key not in clashes], excluded
 
 
 def _convert_all(
@@ -553,15 +709,25 @@ def prepare(
     """
     start = time.perf_counter()
     input_dir, out_root = Path(input_dir), Path(output_dir)
-    try:
-        holdout_groups = holdout_names(holdout_groups)
-    except ValueError as err:
-        raise PrepareError(str(err)) from err
-    _check_request(input_dir, out_root, valid_fraction, test_fraction, folds, fold)
+    holdout_groups = check_request(
+        input_dir,
+        out_root,
+        mask_threshold=mask_threshold,
+        valid_fraction=valid_fraction,
+        test_fraction=test_fraction,
+        group_regex=group_regex,
+        folds=folds,
+        fold=fold,
+        holdout_groups=holdout_groups,
+    )
+    if not input_dir.is_dir():
+        raise PrepareError(f"input_dir={input_dir} does not exist")
     try:
         pairs, excluded = find_pairs(input_dir)
     except FileNotFoundError as err:
         raise PrepareError(str(err)) from err
+    pairs, clashing = _output_clashes(pairs, input_dir)
+    excluded += clashing
     if not pairs:
         raise PrepareError(_nothing_usable(input_dir, pairs, excluded))
     try:  # held-out groups against the input's groups: still before the first write
@@ -573,7 +739,8 @@ def prepare(
     settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
 
     with _locked(out_root):
-        if not has_marker(out_root, MARKER_FILE, _MARKER_KEYS):
+        new_root = not has_marker(out_root, MARKER_FILE, _MARKER_KEYS)
+        if new_root:
             write_text(out_root / MARKER_FILE, settings + "\n")  # the first write: the root is ours
         owned = _load_owned(out_root)
         _refuse_mass_vanishing(owned, pairs, prune, input_dir, out_root)
@@ -591,7 +758,8 @@ def prepare(
         records += _convert(stale, out_root, owned, mask_threshold, settings, num_workers, summary)
         if not records:
             _truncate(out_root / JOURNAL_FILE, journal_size)  # nothing was written: no trace
-            raise PrepareError(_nothing_usable(input_dir, pairs, summary.excluded))
+            kept = f"{out_root} holds only its marker and lock file" if new_root else None
+            raise PrepareError(_nothing_usable(input_dir, pairs, summary.excluded, kept))
         records.sort(key=lambda r: (r.group, r.stem))
         split_settings = dict(
             valid_fraction=valid_fraction,
@@ -612,15 +780,16 @@ def prepare(
     return summary
 
 
-def _nothing_usable(input_dir: Path, pairs: list[Pair], excluded: list[Exclusion]) -> str:
+def _nothing_usable(
+    input_dir: Path, pairs: list[Pair], excluded: list[Exclusion], made: str | None = None
+) -> str:
+    """The error of a run without a usable pair; `made`: what it created, if anything."""
     if not pairs and not excluded:
         return f"no image files found under {input_dir}/Images and {input_dir}/Masks"
     reasons = Counter(e.kind for e in excluded)
     listed = ", ".join(f"{n} {kind}" for kind, n in reasons.most_common())
-    return (
-        f"no usable image/mask pair in {input_dir}: {listed}; first: {excluded[0]}. "
-        "Nothing was changed"
-    )
+    outcome = f"Nothing was converted: {made}" if made else "Nothing was changed"
+    return f"no usable image/mask pair in {input_dir}: {listed}; first: {excluded[0]}. {outcome}"
 
 
 def print_summary(summary: Summary, console: Console | None = None, max_listed: int = 50) -> None:
@@ -657,57 +826,111 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
         console.print(f"  ... {len(summary.excluded) - max_listed} more in {EXCLUDED_FILE}")
 
 
-def run(cfg) -> Summary:
-    """`prepare.py` body: make the synthetic photos when the dataset asks for them, then prepare."""
-    dataset = cfg.dataset
-    input_dir = Path(cfg.input_dir)
-    if dataset.synthetic is not None and dataset.raw_dir and input_dir == Path(dataset.raw_dir):
-        from nailseg.prep.synthetic import generate
-
-        try:
-            generate(
-                input_dir,
-                n=dataset.synthetic.n,
-                seed=dataset.synthetic.seed,
-                num_workers=cfg.num_workers or 0,
-            )
-        except ForeignFolderError as err:
-            raise PrepareError(f"dataset.raw_dir: {err}") from err
-    summary = prepare(
-        input_dir,
-        Path(cfg.output_dir),
+def _options(cfg: DictConfig) -> dict[str, Any]:
+    """prepare()'s keyword arguments from a composed conf/prepare.yaml."""
+    split = cfg.split
+    return dict(
         mask_threshold=cfg.mask_threshold,
         strict=cfg.strict,
         prune=cfg.prune,
         num_workers=cfg.num_workers,
-        valid_fraction=cfg.split.valid_fraction,
-        test_fraction=cfg.split.test_fraction,
-        seed=cfg.split.seed,
-        group_regex=cfg.split.group_regex,
-        folds=cfg.split.folds,
-        fold=cfg.split.fold,
-        holdout_groups=list(cfg.split.holdout_groups),
+        valid_fraction=split.valid_fraction,
+        test_fraction=split.test_fraction,
+        seed=split.seed,
+        group_regex=split.group_regex,
+        folds=split.folds,
+        fold=split.fold,
+        holdout_groups=list(split.holdout_groups),
     )
+
+
+def _check(cfg: DictConfig) -> None:
+    """`check_request` on a composed conf/prepare.yaml: what `run` checks before it generates."""
+    options = _options(cfg)
+    check_request(Path(cfg.input_dir), Path(cfg.output_dir), **{k: options[k] for k in _CHECKED})
+
+
+def _generates(cfg: DictConfig) -> bool:
+    """Whether `run` makes its input: a synthetic dataset read from its own raw_dir."""
+    dataset = cfg.dataset
+    return (
+        dataset.synthetic is not None
+        and bool(dataset.raw_dir)
+        and Path(cfg.input_dir) == Path(dataset.raw_dir)
+    )
+
+
+def run(cfg: DictConfig) -> Summary:
+    """`prepare.py` body: check the request, make the synthetic photos when the dataset asks for
+    them, then prepare; a root prepared from a synthetic set records which (`SOURCE_FILE`)."""
+    input_dir, output_dir = Path(cfg.input_dir), Path(cfg.output_dir)
+    synthetic = cfg.dataset.synthetic if _generates(cfg) else None
+    if synthetic is not None:
+        from nailseg.prep.synthetic import generate, manifest_text
+
+        _check(cfg)  # before the generator writes the input
+        try:
+            generate(input_dir, synthetic.n, synthetic.seed, num_workers=cfg.num_workers or 0)
+        except ForeignFolderError as err:
+            raise PrepareError(f"dataset.raw_dir: {err}") from err
+    summary = prepare(input_dir, output_dir, **_options(cfg))
+    if synthetic is not None:
+        write_text(output_dir / SOURCE_FILE, manifest_text(synthetic.n, synthetic.seed))
     print_summary(summary)
     return summary
 
 
-def prepare_builtin(dataset: DictConfig) -> bool:
-    """On first use of a built-in (synthetic) dataset, generate and prepare it with the settings
-    of conf/prepare.yaml; returns whether it did. Other datasets are the user's to prepare."""
-    if dataset.synthetic is None or (Path(dataset.root) / split_file("train")).is_file():
-        return False
+def _builtin_current(dataset: DictConfig) -> bool:
+    """Whether the dataset's root was prepared from the synthetic set its options ask for, and
+    that set is what its raw_dir holds."""
+    from nailseg.prep.synthetic import is_current
+
+    n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
+    return (
+        is_current(Path(dataset.raw_dir), n, seed)
+        and is_current(root, n, seed, SOURCE_FILE)
+        and (root / split_file("train")).is_file()
+    )
+
+
+def _compose_prepare(dataset: DictConfig) -> DictConfig:
+    """conf/prepare.yaml for `dataset`, composed inside a Hydra app (train.py) or outside one."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    log.info(
-        "first use of dataset=%s: generating and preparing it in %s", dataset.name, dataset.root
-    )
-    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (train.py)
+    if GlobalHydra.instance().is_initialized():
         cfg = compose("prepare")
     else:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("prepare")
     cfg.dataset = dataset
-    run(cfg)
+    return cfg
+
+
+def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
+    """Generate and prepare a built-in (synthetic) dataset with the settings of
+    conf/prepare.yaml, unless its root was prepared from the set its options (n, seed) ask for;
+    returns whether it did. Other datasets are the user's to prepare. prune=true: the root is
+    nailseg's alone, and a smaller set must not fail as pairs gone missing.
+
+    Safe in many processes at once (the DDP ranks of a job, each running train.py): one does the
+    work holding the root's BUILTIN_LOCK_FILE; the others wait for it, up to `wait_s` (then fail
+    saying so), and use what it made.
+    """
+    if dataset.synthetic is None or not dataset.raw_dir or _builtin_current(dataset):
+        return False
+    cfg = _compose_prepare(dataset)
+    cfg.prune = True
+    _check(cfg)  # before the lock file: the first write
+    with _locked(Path(cfg.output_dir), BUILTIN_LOCK_FILE, wait_s):
+        if _builtin_current(dataset):  # made by another process while this one waited
+            return False
+        log.info(
+            "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
+            dataset.name,
+            dataset.synthetic.n,
+            dataset.synthetic.seed,
+            dataset.root,
+        )
+        run(cfg)
     return True

@@ -46,12 +46,21 @@ def check_split_settings(
     fold: int,
     holdout_groups: Iterable[object] | None = (),
     groups: Iterable[str] | None = None,
+    group_regex: str | None = None,
 ) -> None:
-    """Raise ValueError naming the `split.` key and value that is out of range.
+    """Raise ValueError naming the `split.` key and value that is out of range, or the
+    `group_regex` that does not compile (and why).
 
     With `groups` (the groups of the input), also a held-out group that is not one of them, and
     holding out every group (nothing would be left to train on).
     """
+    if group_regex:
+        try:
+            re.compile(group_regex)
+        except re.error as err:
+            raise ValueError(
+                f"split.group_regex={group_regex!r} is not a valid regular expression: {err}"
+            ) from err
     for key, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= value < 1:
             raise ValueError(f"split.{key}={value} is outside [0, 1)")
@@ -158,7 +167,9 @@ def assign_splits(
     "test" too (use 0 for a test split of the held-out groups only). A held-out name that is not
     among `groups`, or holding out every group, is a ValueError.
     """
-    check_split_settings(valid_fraction, test_fraction, folds, fold, holdout_groups, groups)
+    check_split_settings(
+        valid_fraction, test_fraction, folds, fold, holdout_groups, groups, group_regex
+    )
     held = set(holdout_names(holdout_groups))
     pattern = re.compile(group_regex) if group_regex else None
     units = [(g, subject_of(s, pattern)) for g, s in zip(groups, stems, strict=True)]

@@ -414,10 +414,16 @@ def _manifest(n: int, seed: int) -> dict[str, int]:
     return {"n": n, "seed": seed, "version": VERSION}
 
 
-def is_current(out_dir: Path, n: int = 200, seed: int = 0) -> bool:
-    """Whether `out_dir` already holds the complete set for (n, seed) of this generator version."""
+def manifest_text(n: int, seed: int) -> str:
+    """The manifest of the complete set for (n, seed); a prepared root keeps a copy as its source."""
+    return json.dumps(_manifest(n, seed)) + "\n"
+
+
+def is_current(out_dir: Path, n: int = 200, seed: int = 0, name: str = MANIFEST) -> bool:
+    """Whether `out_dir/name` is the manifest of the complete set for (n, seed) of this generator
+    version: `out_dir` holds that set (or, for a prepared root's copy, was prepared from it)."""
     try:
-        return json.loads((Path(out_dir) / MANIFEST).read_text()) == _manifest(n, seed)
+        return json.loads((Path(out_dir) / name).read_text()) == _manifest(n, seed)
     except (OSError, ValueError):
         return False
 
@@ -428,7 +434,8 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
     Raises ForeignFolderError, before writing, when `out_dir` holds files but not our manifest.
     The manifest is first rewritten as unfinished (it still marks the folder as ours) and written
     complete last, so an interrupted run is redone next time; our files (`sNNNN.png`) that are
-    not part of the new set are removed, other files are kept.
+    not part of the new set are removed, other files are kept. One process per folder at a time:
+    another's temporary files would look stale (`prepare_builtin` lets one process at a time in).
     """
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:
@@ -459,7 +466,7 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
             stale = _NAME.fullmatch(path.name) and path.name not in keep
             if stale or _TEMP.fullmatch(path.name):
                 path.unlink()
-    write_text(out_dir / MANIFEST, json.dumps(_manifest(n, seed)) + "\n")
+    write_text(out_dir / MANIFEST, manifest_text(n, seed))
     return out_dir
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from PIL import Image
+from PIL import Image, PngImagePlugin
 from support.image_files import box_mask, photo, save_image
 
 from nailseg.prep.format import JOURNAL_FILE, LOCK_FILE, MARKER_FILE, read_table
@@ -149,6 +149,23 @@ def test_image_modes_and_exif_orientation(tmp_path):
     assert np.array_equal(_load(out, "images/g/deep.npy")[..., 0], rgb[..., 0])
     assert _load(out, "images/g/rot.npy").shape == (30, 20, 3)
     assert _load(out, "masks/g/red.npy").sum() == 25
+
+
+@pytest.mark.parametrize("layout", ["bit-replicated", "zero-padded"])
+def test_sbit_image_scaled_to_16_bits_as_the_png_spec_says(tmp_path, layout):
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    grey = np.random.default_rng(0).integers(0, 4096, (24, 32))
+    grey[0, 0] = 4095
+    stored = grey << 4 | (grey >> 8 if layout == "bit-replicated" else 0)  # 12 significant bits
+    info = PngImagePlugin.PngInfo()
+    info.add(b"sBIT", bytes([12]))
+    save_image(raw / "Images" / "g" / "deep.png", stored.astype(np.uint16), pnginfo=info)
+    save_image(raw / "Masks" / "g" / "deep.png", box_mask())
+    _pair(raw, "g", "plain")
+    summary = prepare(raw, out, num_workers=1)
+    assert summary.written == 2 and summary.rescaled == {12: 1}
+    expected = np.round(grey * 255 / 4095).astype(np.uint8)
+    assert np.array_equal(_load(out, "images/g/deep.npy"), np.repeat(expected[..., None], 3, 2))
 
 
 def test_every_exclusion_names_file_and_fault(tmp_path):
