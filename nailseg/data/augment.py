@@ -28,7 +28,8 @@ Parameter meaning (all ranges are closed intervals sampled uniformly, once per s
 * `jpeg`: `quality` [lo, hi], integers in 1..100 drawn uniformly; JPEG compression artefacts
   (encode and decode at that quality, 4:2:0 chroma).
 * `gaussian_noise`: `sigma` [lo, hi]; adds N(0, sigma^2) to the normalised image.
-* `gaussian_blur`: `sigma` [lo, hi] in pixels of the resized image.
+* `gaussian_blur`: `sigma` [lo, hi] > 0 in pixels of the resized image (Kornia and DALI refuse a
+  sigma of 0 mid-epoch, so it is refused up front).
 * `brightness`: `factor` [lo, hi]; multiplies the normalised image.
 * `contrast`: `factor` [lo, hi]; `mean + (x - mean) * factor` per image, clamped to the image's
   own min and max before the op.
@@ -67,6 +68,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "saturation": ("factor", 0.0, float("inf")),
     "gamma": ("gamma", 1e-3, float("inf")),
     "jpeg": ("quality", 1.0, 100.0),
+    "gaussian_blur": ("sigma", 1e-3, float("inf")),
 }
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -213,7 +213,10 @@ class NailDataModule(L.LightningDataModule):
 
     @property
     def overfitting(self) -> bool:
-        """`trainer.overfit_batches`: train and validate on the same fixed, unaugmented batches."""
+        """`trainer.overfit_batches`: train and validate on the same fixed, unaugmented batches
+        of the train split. Training takes them unshuffled in equal shares (every rank the same
+        number of steps, or DDP's gradient sync would wait forever); evaluation, as always,
+        every row once (the first batches of a rank's share are its first evaluation batches)."""
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
     def _build(self, stage: str, split: str, train: bool):
@@ -221,7 +224,7 @@ class NailDataModule(L.LightningDataModule):
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
         if self.overfitting:
-            split, train = "train", False
+            split = "train"
         if not train and len(self.splits[split]) < world:
             raise ValueError(
                 f"the {split} split has {len(self.splits[split])} rows for {world} ranks: every "
@@ -231,8 +234,9 @@ class NailDataModule(L.LightningDataModule):
         loader = self.loader(
             records=self.splits[split],
             root=self.root,
-            spec=self.aug if train else self.eval_spec,
+            spec=self.aug if train and not self.overfitting else self.eval_spec,
             train=train,
+            shuffle=not self.overfitting,
             image_size=self.image_size,
             group_ids=self.group_ids,
             rank=rank,

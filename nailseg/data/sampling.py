@@ -14,6 +14,14 @@ with one source) the plan is exactly the plain one.
 
 Eval: no shuffle; rank r takes rows r, r + world_size, ...; nothing is padded or dropped, so
 across ranks every row is seen exactly once and metrics are not skewed by duplicates.
+
+Unshuffled train (`shuffle=False`, e.g. `trainer.overfit_batches`): eval's rows cut to the equal
+share, so every rank still runs the same number of steps, and its batches are the first eval
+batches of the rank: training and validating see the same fixed batches. No mix: rows are rows.
+
+Draws (`draws=True`): under each batch's rows, how often each row was drawn earlier in the whole
+epoch, counted over the plan before it is sharded. A repeated row (a tiled source) is then told
+apart on every rank, and a sample's (row, draw) does not depend on the number of ranks.
 """
 
 from __future__ import annotations
@@ -37,30 +45,48 @@ def epoch_batches(
     drop_last: bool = True,
     sources: np.ndarray | None = None,
     weights: Sequence[float] | None = None,
+    shuffle: bool = True,
+    draws: bool = False,
 ) -> list[np.ndarray]:
     """The batches (int64 arrays of row indices) this rank yields this epoch.
 
     `drop_last` only applies to train; eval always keeps its last, partial batch. `sources` and
-    `weights` (both or neither) mix the train rows by source; eval ignores them.
+    `weights` (both or neither) mix the shuffled train rows by source; eval and an unshuffled
+    train plan ignore them. With `draws` each batch is a 2 x B array: its rows, then each row's
+    earlier draws in the epoch (see the module docstring).
     """
     _check(n, batch_size, seed, epoch, rank, world_size)
     mixed = sources is not None or weights is not None
     if mixed:
         sources = check_sources(n, sources, weights)
-    if train:
+    share = n // world_size
+    if train and shuffle:
         rng = np.random.default_rng((seed, epoch))
         if mixed and len(weights) > 1:
             order = _mixed_order(rng, sources, weights)
         else:
             order = rng.permutation(n)
-        share = n // world_size
-        rows = order[rank * share : (rank + 1) * share]
+        mine = slice(rank * share, (rank + 1) * share)
+        rows, drawn = order[mine], _earlier_draws(order)[mine]
     else:
-        rows = np.arange(rank, n, world_size)
-    batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
-    if train and drop_last and batches and len(batches[-1]) < batch_size:
+        rows = np.arange(rank, n, world_size)[: share if train else None]
+        drawn = np.zeros_like(rows)  # each row at most once
+    columns = np.stack([rows, drawn]) if draws else rows
+    batches = [columns[..., i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    if train and drop_last and batches and batches[-1].shape[-1] < batch_size:
         batches.pop()
     return [b.astype(np.int64) for b in batches]
+
+
+def _earlier_draws(order: np.ndarray) -> np.ndarray:
+    """For each position of `order`, how many earlier positions hold the same row."""
+    by_row = np.argsort(order, kind="stable")  # each row's positions, in epoch order
+    sorted_rows = order[by_row]
+    first = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+    runs = np.diff(np.r_[first, len(order)])
+    drawn = np.empty(len(order), dtype=np.int64)
+    drawn[by_row] = np.arange(len(order)) - np.repeat(first, runs)
+    return drawn
 
 
 def source_shares(total: int, weights: Sequence[float]) -> np.ndarray:
@@ -110,8 +136,8 @@ def num_batches(
     world_size: int = 1,
     drop_last: bool = True,
 ) -> int:
-    """How many batches `epoch_batches` gives this rank (the same every epoch, mixed or not: a
-    mixed epoch has as many samples as rows)."""
+    """How many batches `epoch_batches` gives this rank (the same every epoch, mixed, shuffled
+    or not: a mixed epoch has as many samples as rows)."""
     _check(n, batch_size, 0, 0, rank, world_size)
     rows = n // world_size if train else len(range(rank, n, world_size))
     if train and drop_last:

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from nailseg.prep.imageio import UnreadableImage, binarise, read_mask_values
-from nailseg.prep.layout import DUPLICATE_STEM, FLAT_GROUP, IMAGE_EXTENSIONS
+from nailseg.prep.layout import DUPLICATE_STEM, FLAT_GROUP, IMAGE_EXTENSIONS, files_under
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,13 @@ def _key(path: Path, folder: Path) -> str:
     return PurePosixPath(path.relative_to(folder).as_posix()).with_suffix("").as_posix()
 
 
-def image_files(folder: Path) -> list[Path]:
-    """Image files under `folder` (recursive, any case of a known extension), dotfiles ignored."""
-    return [
-        path
-        for path in sorted(folder.rglob("*"))
-        if path.suffix.lower() in IMAGE_EXTENSIONS
-        and path.is_file()
-        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-    ]
+def find_images(folder: Path) -> tuple[list[Path], list[Skipped]]:
+    """Image files under `folder` (any case of a known extension) found as prepare finds them:
+    recursively, links to folders followed (each real folder once), dotfiles ignored, a link to
+    nothing kept (reading it says why); and the folders that could not be listed, with why."""
+    names, excluded = files_under(folder)
+    images = [folder / name for name in names if Path(name).suffix.lower() in IMAGE_EXTENSIONS]
+    return images, [Skipped(e.path, f"{e.kind} ({e.detail})") for e in excluded]
 
 
 def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
@@ -77,15 +75,17 @@ def list_inputs(
     """
     if isinstance(inputs, str | Path):
         inputs = [inputs]
-    entries = []
+    entries, skipped = [], []
     for item in map(Path, inputs):
         if item.is_dir():
-            entries += [(_key(path, item), path) for path in image_files(item)]
+            images, unlisted = find_images(item)
+            entries += [(_key(path, item), path) for path in images]
+            skipped += unlisted
         elif item.is_file():
             entries.append((item.stem, item))
         else:
             raise FileNotFoundError(f"input {item} does not exist")
-    photos, skipped = [], []
+    photos = []
     for key, paths in sorted(_by_key(entries).items()):
         if len(paths) == 1:
             photos.append(Photo(paths[0], key))
@@ -122,7 +122,8 @@ class MaskIndex:
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise FileNotFoundError(f"masks={self.folder} is not a folder")
-        self._masks = _by_key((_key(p, self.folder), p) for p in image_files(self.folder))
+        masks, _ = find_images(self.folder)  # a mask in a folder it cannot list: "no mask"
+        self._masks = _by_key((_key(p, self.folder), p) for p in masks)
 
     def find(self, key: str) -> tuple[Path | None, str | None]:
         """(mask, None) for the one mask with this key, else (None, why there is none)."""

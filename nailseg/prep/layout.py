@@ -91,7 +91,7 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-def _files(folder: Path) -> tuple[list[str], list[Exclusion]]:
+def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
     """POSIX paths of the files under `folder`, relative to it, sorted (dot files and folders
     skipped), and the folders left out. Symlinked folders are followed, each real folder once:
     os.walk reads file types from the directory listing, so this costs one stat per folder."""
@@ -131,7 +131,7 @@ def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusi
     """Map (group, stem) → files under `folder`; files and folders that cannot be used are
     reported, dotfiles ignored."""
     found: dict[tuple[str, str], list[Path]] = defaultdict(list)
-    names, excluded = _files(folder)
+    names, excluded = files_under(folder)
     for name in names:
         rel, path = PurePosixPath(name), folder / name
         if not _is_utf8(name):

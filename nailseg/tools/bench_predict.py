@@ -40,7 +40,7 @@ from rich.table import Table
 
 from nailseg.atomic import save_figure, write_atomic, write_text
 from nailseg.config import CONF_DIR
-from nailseg.inference.photos import image_files
+from nailseg.inference.photos import find_images
 from nailseg.inference.predict import STAGES
 from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
@@ -87,7 +87,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
                 "another output_dir"
             )
         ours = [name for name, stamp in listed.items() if stamp is not None]
-    sources = image_files(input_dir)
+    sources, _ = find_images(input_dir)
     if not sources:
         raise FileNotFoundError(f"input_dir={input_dir}: no images found")
     names = [
@@ -161,7 +161,7 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
     scratch = Path(tempfile.mkdtemp(prefix=".run-", dir=cfg.output_dir))
     try:
         source = folder
-        if len(photos) < len(image_files(folder)):
+        if len(photos) < len(find_images(folder)[0]):
             source = scratch / "in"
             source.mkdir()
             for photo in photos:

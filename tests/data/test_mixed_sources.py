@@ -19,7 +19,12 @@ import pytest
 from support.prepared import write_prepared, write_split
 from support.train import compose_train, small_overrides
 
+from nailseg.data.augment import AugSpec
+from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
+from nailseg.data.loaders.dali import DaliLoader
+from nailseg.data.loaders.kornia_batch import KorniaLoader
+from nailseg.data.loaders.torch_workers import TorchLoader
 from nailseg.data.sampling import epoch_batches, num_batches, source_shares
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
@@ -358,3 +363,73 @@ def test_a_row_drawn_twice_in_an_epoch_is_augmented_afresh(loader, roots, tmp_pa
     for first, *others in repeated:
         assert all(np.abs(first - other).max() > 0.1 for other in others)
     dm.datamodule.teardown("fit")
+
+
+# --- a row drawn twice, its copies on different ranks --------------------------------------------
+
+# 12 rows, the last 3 a source weighted 3: 9 of an epoch's 12 samples, each of its rows drawn thrice
+TILED_SOURCES = np.array([0] * 9 + [1] * 3)
+TILED_WEIGHTS = [1.0, 3.0]
+NOISE = AugSpec.from_config([{"op": "gaussian_noise", "p": 1.0, "sigma": [0.2, 0.3]}])
+
+
+def _keys(world: int, rank: int, epoch: int) -> list[tuple[int, int]]:
+    """(row, draw) of each sample this rank yields, in order."""
+    batches = _plan(
+        world, rank, epoch=epoch, sources=TILED_SOURCES, weights=TILED_WEIGHTS, draws=True
+    )
+    return [(int(r), int(d)) for rows, draws in batches for r, d in zip(rows, draws, strict=True)]
+
+
+def test_draws_are_counted_over_the_whole_epoch_plan():
+    for epoch in range(4):
+        single = _keys(1, 0, epoch)
+        rows = [row for row, _ in single]
+        # one rank: each row's earlier draws in the order batches yield them, as it always was
+        assert [draw for _, draw in single] == [rows[:i].count(row) for i, row in enumerate(rows)]
+        assert max(draw for _, draw in single) == 2  # the tiled source: thrice
+        for world in (2, 3, 4):
+            sharded = [key for rank in range(world) for key in _keys(world, rank, epoch)]
+            assert sharded == single  # the ranks' parts of the one plan, keys unchanged
+            assert len(set(sharded)) == len(sharded)  # no (row, draw) twice, on any ranks
+    for rank in range(2):  # eval: every row once
+        for rows, draws in epoch_batches(20, 4, train=False, rank=rank, world_size=2, draws=True):
+            assert (draws == 0).all() and len(rows) == len(draws)
+
+
+def _samples(backend: type, root: Path, rank: int, world: int) -> list[tuple[int, np.ndarray]]:
+    """(row, augmented image) of each sample rank `rank` of `world` yields in epoch 2."""
+    records = read_split(root, "train").assign(
+        **{SOURCE: TILED_SOURCES, SOURCE_WEIGHT: np.array(TILED_WEIGHTS)[TILED_SOURCES]}
+    )
+    workers = {} if backend is DaliLoader else {"num_workers": 0}
+    loader = backend(
+        records, root, NOISE, train=True, batch_size=2, image_size=(32, 32),
+        group_ids={"a": 0, "b": 1}, seed=1, rank=rank, world_size=world, drop_last=False,
+        **workers,
+    )  # fmt: skip
+    loader.set_epoch(2)
+    out = [
+        (row, image)
+        for batch in loader
+        for row, image in zip(batch["index"].tolist(), batch["image"].cpu().numpy(), strict=True)
+    ]
+    loader.close()
+    return out
+
+
+@pytest.mark.parametrize("backend", [TorchLoader, KorniaLoader, DaliLoader])
+@pytest.mark.parametrize("world", [2, 3])
+def test_copies_of_a_row_on_any_ranks_are_augmented_afresh(backend, world, prepared):
+    sharded = [s for rank in range(world) for s in _samples(backend, prepared, rank, world)]
+    copies: dict[int, list[np.ndarray]] = {}
+    for row, image in sharded:
+        copies.setdefault(row, []).append(image)
+    assert sorted(len(c) for c in copies.values() if len(c) > 1) == [3, 3, 3]
+    for images in copies.values():
+        for i, first in enumerate(images):
+            assert all(np.abs(first - other).max() > 0.1 for other in images[i + 1 :])
+    if backend is TorchLoader:  # seeded by sample alone: the same images on any number of ranks
+        single = _samples(backend, prepared, 0, 1)
+        assert [row for row, _ in sharded] == [row for row, _ in single]
+        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(sharded, single, strict=True))

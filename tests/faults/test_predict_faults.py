@@ -184,3 +184,18 @@ def test_a_photo_whose_mask_would_be_another_photos_folder_is_left_out_first(ckp
     assert summary.images == 2 and (tmp_path / "out" / "masks" / "q.png" / "y.png").exists()
     [skipped] = summary.skipped
     assert skipped.path == data / "photos" / "q.jpg" and "would be the folder" in skipped.reason
+
+
+def test_photos_are_found_as_prepare_finds_them_links_followed_and_a_dead_link_named(
+    ckpt, data, tmp_path
+):
+    """A linked folder's photos are predicted (prepare follows it too); a link to nothing is
+    reported, not silently passed over."""
+    elsewhere = tmp_path / "elsewhere"
+    save_image(elsewhere / "y.png", np.full((20, 24, 3), 60, np.uint8))
+    (data / "photos" / "linked").symlink_to(elsewhere)
+    (data / "photos" / "gone.jpg").symlink_to(tmp_path / "nothing.jpg")
+    summary = _predict(ckpt, data / "photos", tmp_path / "out")
+    assert summary.images == 2 and (tmp_path / "out" / "masks" / "linked" / "y.png").is_file()
+    [skipped] = summary.skipped
+    assert skipped.path == data / "photos" / "gone.jpg" and "unreadable" in skipped.reason

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
+from support.prepared import write_prepared
 
 from nailseg.config import CONF_DIR
 from nailseg.prep.format import BUILTIN_LOCK_FILE, read_table
@@ -64,6 +65,16 @@ def test_changed_options_make_and_prepare_the_set_again(tmp_path):
         f"images/{GROUPS[i]}/s{i:04d}.npy" for i in range(4)
     )
     assert not (tmp_path / "prepared/images/studio/s0004.npy").exists()
+
+
+def test_a_root_prepared_without_a_synthetic_source_is_used_as_it_is(tmp_path):
+    """Data written by hand (or by a nailseg that recorded no source) under a built-in dataset's
+    root: nothing is generated, nothing in it touched."""
+    root = write_prepared(tmp_path / "prepared")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert not prepare_builtin(_dataset(tmp_path))
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "raw").exists()
 
 
 def _rank(dataset, start: Barrier, results: Queue) -> None:

@@ -7,11 +7,14 @@ plan: `len()` is exact, and evaluation sees every row once across ranks.
 
 Every `iter()` is one full, fresh pass, started at its first `next()` (Lightning probes with an
 unused `iter()`); starting a pass ends any unfinished one, whose iterator then stops. A pass
-shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
+shuffles as the epoch given to `set_epoch`, else as one more than the previous pass. A train
+loader built with `shuffle=False` (`trainer.overfit_batches`) yields the same fixed batches every
+pass, in equal numbers on every rank.
 
 Records that mix sources (datamodule.py, `dataset.mix`) carry two more columns, `source` (an id
 per row, 0 the primary) and `source_weight` (that source's weight): a train plan then draws each
-source's share of every epoch (sampling.py). Without them the plan is the plain one.
+source's share of every epoch (sampling.py). Without them (or unshuffled) the plan is the plain
+one.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class PlannedLoader(ABC):
         rank: int,
         world_size: int,
         drop_last: bool,
+        shuffle: bool,
     ) -> None:
         self.train, self.batch_size, self.seed = train, batch_size, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
@@ -133,12 +137,13 @@ class PlannedLoader(ABC):
         n = len(self.records.images)
         shard = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
         self._len = num_batches(n, batch_size, train=train, **shard)
-        mix = read_sources(records) if train else None  # eval sees every row once, unweighted
+        # eval sees every row once, unweighted; an unshuffled train plan its fixed rows
+        mix = read_sources(records) if train and shuffle else None
         if mix is not None:
             shard |= {"sources": mix[0], "weights": mix[1]}
         # a plain function of the epoch: what holds it (a sampler) does not hold the loader
-        self.plan: Callable[[int], list[np.ndarray]] = functools.partial(
-            epoch_batches, n, batch_size, train=train, seed=seed, **shard
+        self.plan: Callable[..., list[np.ndarray]] = functools.partial(
+            epoch_batches, n, batch_size, train=train, seed=seed, shuffle=shuffle, **shard
         )
         self._pass = 0  # id of the current pass; a generator of an older one stops
         self._epoch = 0

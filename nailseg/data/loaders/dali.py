@@ -393,6 +393,7 @@ class DaliLoader(PlannedLoader):
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = True,
+        shuffle: bool = True,
     ) -> None:
         self._pipe: Pipeline | None = None
         self._in_flight = False  # a pass is scheduled in the pipeline and not yet drained
@@ -408,6 +409,7 @@ class DaliLoader(PlannedLoader):
             rank=rank,
             world_size=world_size,
             drop_last=drop_last,
+            shuffle=shuffle,
         )
         paths = [
             [np.frombuffer(path.encode(), dtype=np.uint8) for path in column]

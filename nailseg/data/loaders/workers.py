@@ -2,9 +2,10 @@
 
 * The plan reaches the DataLoader through a batch sampler (`PlanSampler`). Each sampled index is a
   (row, epoch, draw) triple, `draw` counting the row's earlier draws in the epoch (a mixed-in
-  source may repeat rows), and a sample's randomness is seeded by (seed, epoch, row, draw), so a
-  seed gives the same batches whatever the number of workers, a repeated row gets fresh
-  augmentation, and persistent workers need no epoch pushed to them.
+  source may repeat rows) over the whole epoch's plan, before it is split across ranks, and a
+  sample's randomness is seeded by (seed, epoch, row, draw), so a seed gives the same samples
+  whatever the number of workers or ranks, a repeated row gets fresh augmentation even when its
+  copies land on different ranks, and persistent workers need no epoch pushed to them.
 * The DataLoader and its iterator are owned by a `weakref.finalize`, never only by the loader:
   Lightning keeps loaders in reference cycles, and a DataLoader collected as cyclic garbage has its
   queues closed before its workers are told to stop, so each worker costs a 5 s join timeout.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import weakref
 from abc import abstractmethod
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import Batch, PlannedLoader, Records
 
-Key = tuple[int, int, int]  # (CSV row, epoch, earlier draws of the row in the epoch)
+Key = tuple[int, int, int]  # (CSV row, epoch, earlier draws of the row in the epoch's plan)
 
 
 class SampleTransform(Protocol):
@@ -39,12 +39,6 @@ class SampleTransform(Protocol):
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def worker_init(self, worker_id: int) -> None: ...
-
-
-# The device-side step of a backend: (batch on the device, its CSV rows as a host array, a seed for
-# its random draws) -> the batch. The host rows spare a device-to-host copy, which would wait for
-# the training step still running on the device. The batch's tensors are the step's to modify.
-BatchTransform = Callable[[Batch, np.ndarray, int], Batch]
 
 
 # The device-side step of a backend: (batch on the device, its CSV rows as a host array, a seed for
@@ -79,10 +73,11 @@ class NpyDataset(Dataset):
 
 class PlanSampler(Sampler[list[Key]]):
     """Batch sampler: the loader's plan for `epoch`, each row with the epoch it is drawn in and
-    its earlier draws in that epoch. It holds the plan, never the loader (see the module
-    docstring)."""
+    its earlier draws in that epoch's whole plan (`plan` gives batches with `draws`: the counts
+    of one rank's batches alone would repeat a key on two ranks). It holds the plan, never the
+    loader (see the module docstring)."""
 
-    def __init__(self, plan: Callable[[int], list[np.ndarray]], length: int) -> None:
+    def __init__(self, plan: Callable[..., list[np.ndarray]], length: int) -> None:
         self._plan, self._len = plan, length
         self.epoch = 0
 
@@ -90,13 +85,11 @@ class PlanSampler(Sampler[list[Key]]):
         return self._len
 
     def __iter__(self) -> Iterator[list[Key]]:
-        epoch, draws = self.epoch, Counter()
-        for rows in self._plan(epoch=epoch):
-            keys = []
-            for row in rows.tolist():
-                keys.append((row, epoch, draws[row]))
-                draws[row] += 1
-            yield keys
+        epoch = self.epoch
+        for rows, draws in self._plan(epoch=epoch, draws=True):
+            yield [
+                (row, epoch, draw) for row, draw in zip(rows.tolist(), draws.tolist(), strict=True)
+            ]
 
 
 class _Workers:
@@ -138,6 +131,7 @@ class WorkerLoader(PlannedLoader):
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = True,
+        shuffle: bool = True,
     ) -> None:
         super().__init__(
             records,
@@ -150,6 +144,7 @@ class WorkerLoader(PlannedLoader):
             rank=rank,
             world_size=world_size,
             drop_last=drop_last,
+            shuffle=shuffle,
         )
         size = (int(image_size[0]), int(image_size[1]))
         sample_transform, self._batch_transform = self._transforms(spec, size)
