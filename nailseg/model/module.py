@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -176,12 +176,8 @@ class SegModule(L.LightningModule):
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        kwargs = {}
-        accepted = inspect.signature(self.scheduler_factory.func).parameters
-        for arg in LENGTH_ARGS:
-            if arg in accepted and self.scheduler_factory.keywords.get(arg) is None:
-                kwargs[arg] = self._total_steps()
-        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        length = schedule_length(self.scheduler_factory, self._total_steps)
+        scheduler = self.scheduler_factory(optimizer, **length)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
@@ -196,6 +192,18 @@ class SegModule(L.LightningModule):
                 "or give the scheduler's T_max/total_steps explicitly"
             )
         return int(steps)
+
+
+def schedule_length(factory: functools.partial, fit_steps: Callable[[], float]) -> dict[str, Any]:
+    """The length argument (`T_max`, `total_steps`) of the schedule `factory` builds: the config's
+    value, or when it leaves it None the whole fit (`fit_steps()`); empty for a schedule without
+    one. A resume compares it with the checkpoint's before the fit (`resume.check_schedule`)."""
+    accepted = inspect.signature(factory.func).parameters
+    for arg in LENGTH_ARGS:
+        if arg in accepted:
+            value = factory.keywords.get(arg)
+            return {arg: fit_steps() if value is None else value}
+    return {}
 
 
 def describe_partial(factory: functools.partial) -> dict[str, Any]:

@@ -7,7 +7,11 @@ everything is checked (`checks.py`) before the first file is written, and nothin
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,13 +21,16 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.callbacks import LearningRateMonitor, Timer
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg.atomic import write_text
 from nailseg.data.datamodule import NailDataModule
 from nailseg.model.checkpoint import make_card
-from nailseg.model.module import SegModule
+from nailseg.model.module import SegModule, schedule_length
 from nailseg.model.net import compile_net
 from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
@@ -31,6 +38,10 @@ from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 
 log = logging.getLogger(__name__)
 GPU_ACCELERATORS = ("gpu", "cuda")
+# where W&B keeps its service logs and caches, and stages tables, unless told: under the home
+# folder. A run writes only into its run dir, so they go into `<run>/wandb/<sub>`.
+WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
+_wandb_dirs_set: dict[str, str] = {}  # the values set here, which a sweep's next job moves
 
 
 @dataclass
@@ -59,24 +70,80 @@ def final_prefix(split: str, after_fit: bool) -> str:
     return f"{short}_best" if after_fit else f"{short}_eval"
 
 
-def build_loggers(cfg: DictConfig, wandb_run_id: str | None) -> list[Logger]:
+def build_loggers(cfg: DictConfig, resumed: resume.Resume | None) -> list[Logger]:
     """The `logger=` group's loggers. W&B resumes the checkpoint's run when there is one; in a
     sweep its runs share a group named after the sweep folder and each is named by its own
-    overrides, unless `logger.wandb.group` / `.name` say otherwise."""
+    overrides, unless `logger.wandb.group` / `.name` say otherwise. A resumed fit's CSV log keeps
+    the rows of the steps before its checkpoint."""
     loggers = []
     for name, conf in (cfg.logger or {}).items():
         extra: dict[str, Any] = {}
         if name == "wandb":
-            if wandb_run_id is not None:
-                extra |= {"id": wandb_run_id, "resume": "allow"}
+            keep_wandb_inside(Path(conf.get("save_dir") or cfg.run_dir) / "wandb")
+            if resumed is not None and resumed.card.get("wandb_run_id") is not None:
+                extra |= {"id": resumed.card["wandb_run_id"], "resume": "allow"}
             if sweep_job():
                 hydra = HydraConfig.get()
                 if conf.get("group") is None:
                     extra["group"] = Path(hydra.sweep.dir).name
                 if conf.get("name") is None:
                     extra["name"] = run_name(hydra.overrides.task)
+        if name == "csv" and resumed is not None and cfg.train:
+            extra["keep_steps_before"] = resumed.global_step
         loggers.append(instantiate(conf, **extra))
     return loggers
+
+
+def keep_wandb_inside(folder: Path) -> None:
+    """Point W&B's cache and data folders (else ~/.cache/wandb, ~/.local/share/wandb) into
+    `folder`, before its run starts. A value the user set is kept; one set here for an earlier
+    job of a sweep moves to this job's folder. Its settings folder (WANDB_CONFIG_DIR) is only
+    read during a run, and holds the user's W&B settings: it stays."""
+    for var, sub in WANDB_DIRS.items():
+        if os.environ.get(var) in (None, _wandb_dirs_set.get(var)):
+            _wandb_dirs_set[var] = os.environ[var] = str(folder / sub)
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, which deletes the `metrics.csv` it finds. A resumed fit
+    (`keep_steps_before`: the checkpoint's global step) keeps the rows logged before its
+    checkpoint and appends its own: one file holds the whole fit, each step once."""
+
+    def __init__(self, *args: Any, keep_steps_before: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_steps_before = keep_steps_before
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and self.keep_steps_before is not None:
+            self._experiment = _ContinuedWriter(self.log_dir, self.keep_steps_before)
+        return super().experiment
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Keeps the existing `metrics.csv`'s rows of steps before `keep_steps_before` (a crash may
+    have logged steps after the checkpoint, which the resumed fit runs again) and its columns."""
+
+    def __init__(self, log_dir: str, keep_steps_before: int) -> None:
+        self.keep_steps_before = keep_steps_before
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        with path.open(newline="") as file:
+            reader = csv.DictReader(file)
+            rows = list(reader)
+            self.metrics_keys = sorted(reader.fieldnames or [])  # Lightning's column order
+        kept = [row for row in rows if int(row["step"]) < self.keep_steps_before]
+        if len(kept) < len(rows):
+            text = io.StringIO()
+            writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(kept)
+            write_text(path, text.getvalue())
 
 
 def run_name(overrides: list[str]) -> str:
@@ -89,6 +156,28 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """The trainer group without its unset (None) keys: those take Lightning's own defaults."""
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     return {key: value for key, value in trainer.items() if value is not None}
+
+
+def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
+    """The optimizer steps of the whole fit, known before it starts: Lightning's
+    `trainer.estimated_stepping_batches` (what sizes the LR schedule), which Lightning counts only
+    inside the fit. The train loader is built (and closed) to count its batches, as the fit
+    will. inf: a fit without a finite length."""
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    if max_epochs is None:  # Lightning's default: 1000 epochs, unless steps or time bound the fit
+        timed = any(isinstance(c, Timer) for c in trainer.callbacks)
+        max_epochs = 1000 if max_steps == -1 and not timed else -1
+    if max_epochs == -1:
+        return float("inf") if max_steps == -1 else max_steps
+    datamodule.trainer = trainer  # as the fit attaches it: this rank's loader
+    try:
+        batches = len(datamodule.train_dataloader())
+    finally:
+        datamodule.teardown("fit")
+    limit = trainer.limit_train_batches
+    batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(max_epochs, 1)
+    return steps if max_steps == -1 else min(steps, max_steps)
 
 
 def use_channels_last(setting: bool | None, on_cuda: bool) -> bool:
@@ -145,7 +234,7 @@ def build(cfg: DictConfig) -> Built:
         compile_net(module.net, cfg.module.compile_mode)
 
     wandb_run_id = resumed.card.get("wandb_run_id") if resumed else None
-    loggers = build_loggers(cfg, wandb_run_id)
+    loggers = build_loggers(cfg, resumed)
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
     if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -160,6 +249,9 @@ def build(cfg: DictConfig) -> Built:
         checks.check_train_split(
             len(datamodule.splits["train"]), cfg.loader.batch_size, trainer.world_size
         )
+    if cfg.train and resumed is not None and scheduler is not None:
+        length = schedule_length(scheduler, lambda: fit_steps(trainer, datamodule))
+        resume.check_schedule(resumed, next(iter(length.values()), None), cfg)
     if cfg.trainer.accelerator in GPU_ACCELERATORS:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path
     return Built(cfg, datamodule, module, trainer, loggers, resumed)

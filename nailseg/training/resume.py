@@ -1,15 +1,19 @@
 """Which checkpoint `ckpt_path` means, and which run folder a resumed fit continues in.
 
-* `ckpt_path=last` in a single run: the newest *valid* `last.ckpt` among the runs beside this one
-  (a checkpoint that cannot be read, say truncated by a crash, is skipped, and said so). In a
-  sweep (`-m`): this job's own `last.ckpt` only, never a sibling job's (rerun the sweep with the
-  same `hydra.sweep.dir`); a job without one starts afresh.
+* `ckpt_path=last` in a run folder that holds a `last.ckpt` (a rerun with a fixed
+  `hydra.run.dir`): that one. Otherwise, in a single run, the newest *valid* `last.ckpt` among
+  the runs beside this one (a checkpoint that cannot be read, say truncated by a crash, is
+  skipped, and said so). In a sweep (`-m`): this job's own `last.ckpt` only, never a sibling
+  job's (rerun the sweep with the same `hydra.sweep.dir`); a job without one starts afresh.
 * A fit resumes in the run folder its checkpoint lives in (`<run>/checkpoints/x.ckpt`): the
   checkpoint callback then finds its own folder and keeps the best score and best checkpoint from
   before the resume, and the loggers continue their files. Only a checkpoint kept elsewhere
   resumes into the new run folder.
 * The checkpoint must describe the model and input size the config composes: resuming another
   architecture would fail deep inside Lightning, or silently mix two experiments.
+* A resumed fit restores the checkpoint's LR schedule, whose length is the checkpoint's fit: a fit
+  of another length (a larger `trainer.max_epochs`, ...) would run it past its end (cosine climbs
+  back up, one-cycle fails), so it is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from nailseg.model.checkpoint import (
     plain_model,
     read_checkpoint,
 )
+from nailseg.model.schedules import LENGTH_ARGS
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
@@ -39,6 +44,8 @@ class Resume:
     checkpoint: Path
     run_dir: Path  # where the resumed fit writes: the checkpoint's own run folder
     card: Mapping[str, Any]  # empty for a checkpoint older than cards
+    schedule_steps: int | None = None  # the length of its LR schedule; None without one
+    global_step: int = 0  # optimizer steps done: what the loggers keep of the earlier sessions
 
 
 def _valid(path: Path) -> Mapping[str, Any] | None:
@@ -62,29 +69,50 @@ def resolve(ckpt_path: str | None, run_dir: Path, sweep_job: bool) -> Resume | N
     if ckpt_path is None:
         return None
     if ckpt_path == LAST:
-        if sweep_job:
-            candidates = [p for p in [run_dir / CHECKPOINTS / "last.ckpt"] if p.is_file()]
-        else:
-            candidates = [
-                p
-                for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt")
-                if run_dir.absolute() not in p.absolute().parents
-            ]
+        candidates = _last_candidates(run_dir, sweep_job)
         found = _newest_valid(candidates)
         if found is None and sweep_job:
             log.info("ckpt_path=last: no checkpoint of this job in %s; starting afresh", run_dir)
             return None
         if found is None:
+            unreadable = f" ({len(candidates)} found, none readable)" if candidates else ""
+            if len(candidates) == 1:  # this run's own, or the only one beside it
+                unreadable = f" ({candidates[0]} is not readable)"
             raise CheckpointError(
                 f"ckpt_path=last: no valid */checkpoints/last.ckpt under {run_dir.parent}"
-                + (f" ({len(candidates)} found, none readable)" if candidates else "")
+                + unreadable
             )
         path, checkpoint = found
     else:
         path = Path(ckpt_path)
         checkpoint = read_checkpoint(path)
     log.info("resuming from %s", path)
-    return Resume(path, _run_folder(path) or run_dir, card_of(checkpoint) or {})
+    return Resume(
+        path,
+        _run_folder(path) or run_dir,
+        card_of(checkpoint) or {},
+        _schedule_steps(checkpoint),
+        int(checkpoint.get("global_step", 0)),
+    )
+
+
+def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
+    """What `ckpt_path=last` chooses from: the run folder's own `last.ckpt` when it has one (a
+    rerun in a fixed folder continues itself, never a sibling); in a sweep only that one; else
+    every run's beside it."""
+    own = run_dir / CHECKPOINTS / "last.ckpt"
+    if own.is_file() or sweep_job:
+        return [own] if own.is_file() else []
+    return list(run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt"))
+
+
+def _schedule_steps(checkpoint: Mapping[str, Any]) -> int | None:
+    """The length (`T_max`, `total_steps`) of the checkpoint's LR schedule, from its state."""
+    for state in checkpoint.get("lr_schedulers") or []:
+        for arg in LENGTH_ARGS:
+            if isinstance(state.get(arg), int):
+                return state[arg]
+    return None
 
 
 def _run_folder(checkpoint: Path) -> Path | None:
@@ -110,3 +138,31 @@ def check_matches(resume: Resume, cfg: DictConfig) -> None:
             f"{resume.checkpoint} was trained with another {' and '.join(differ)} ({detail}); "
             "pass the checkpoint's values"
         )
+
+
+# the trainer keys that size a fit (with the batch size, the devices and the train split)
+_FIT_LENGTH_KEYS = ("max_epochs", "max_steps")
+
+
+def check_schedule(resume: Resume, steps: float | None, cfg: DictConfig) -> None:
+    """The resumed fit's LR schedule spans as many steps as the checkpoint's (`steps`: this fit's
+    length; None without a sized schedule, so `scheduler=none` may extend a fit)."""
+    theirs = resume.schedule_steps
+    if theirs is None or steps is None or steps == theirs:
+        return
+    before = _fit_settings((resume.card.get("config") or {}).get("trainer") or {})
+    raise CheckpointError(
+        f"{resume.checkpoint}: its LR schedule spans {theirs} optimizer steps"
+        + (f" ({before})" if before else "")
+        + f", this fit's would span {steps} ({_fit_settings(cfg.trainer)}): resuming would run "
+        "the restored schedule past its end or stop it early. Resume with the checkpoint's "
+        "length (its trainer.max_epochs, trainer.max_steps, loader.batch_size, devices and train "
+        "data), or start a new run from its weights: "
+        f"model.encoder_weights={resume.checkpoint} (the encoder; the decoder starts afresh)"
+    )
+
+
+def _fit_settings(trainer: Mapping[str, Any]) -> str:
+    return " ".join(
+        f"trainer.{key}={trainer[key]}" for key in _FIT_LENGTH_KEYS if trainer.get(key) is not None
+    )

@@ -40,6 +40,7 @@ from nailseg.training.console import print_config_tree, route_library_logs, run_
 from nailseg.training.jobs import isolated_job
 
 log = logging.getLogger(__name__)
+FAILED = "failed.json"  # a sweep job's error (`run_job`); `python -m nailseg.compare` reports it
 
 
 def _choices() -> dict[str, str]:
@@ -152,6 +153,7 @@ def run(cfg: DictConfig) -> float | None:
             }
         if trainer.is_global_zero:
             _write_json(run_dir / "metrics.json", report)
+            (run_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's, now resumed
             if "final" in report:
                 _log_group_table(built, report["final"]["metrics"], module.test_prefix)
         for logger in built.loggers:
@@ -162,7 +164,8 @@ def run(cfg: DictConfig) -> float | None:
 
 def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
-    the sweep goes on (`python -m nailseg.compare` reports it); a single run raises as usual."""
+    the sweep goes on (`python -m nailseg.compare` reports it; a later run that completes in that
+    folder, such as the job resumed, removes it); a single run raises as usual."""
     try:
         # DDP ranks re-run this job only; nothing leaks into the next job
         with isolated_job(cfg.trainer.strategy):
@@ -174,7 +177,7 @@ def run_job(cfg: DictConfig) -> float | None:
         run_dir = Path(cfg.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         _write_json(
-            run_dir / "failed.json",
+            run_dir / FAILED,
             {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()},
         )
         return None

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,6 +30,7 @@ from nailseg.prep.prepare import prepare
 from nailseg.training import callbacks, resume
 from nailseg.training.build import build
 from nailseg.training.checks import ConfigError, check_strategy
+from nailseg.training.jobs import isolated_job
 from nailseg.training.run import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,34 +312,71 @@ def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_pat
     assert metrics["world_size"] == 1
 
 
-def test_resume_continues_its_run_folder_keeping_the_best(prepared, tmp_path):
+class Interrupt(L.Callback):
+    """A crash of a real fit: raises before batch `batch` of epoch `epoch`, after the checkpoints
+    (and log rows) of what ran before it."""
+
+    def __init__(self, epoch: int, batch: int = 0) -> None:
+        self.at = (epoch, batch)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if (trainer.current_epoch, batch_idx) == self.at:
+            raise RuntimeError(f"interrupted at {self.at}")
+
+
+def interrupted(root: Path, run_dir: Path, *extra: str, epoch: int, batch: int = 0) -> None:
+    """`train` crashing at (`epoch`, `batch`), its W&B run closed as a crashed process's is."""
+    crash = f"+callbacks.interrupt={{_target_:{__name__}.Interrupt,epoch:{epoch},batch:{batch}}}"
+    with pytest.raises(RuntimeError, match="interrupted"), isolated_job():
+        train(root, run_dir, *extra, crash)
+
+
+def test_resume_continues_its_run_folder_keeping_the_best_and_the_schedule(prepared, tmp_path):
+    reference = tmp_path / "uninterrupted" / "run"
+    train(prepared, reference, "trainer.max_epochs=4", "logger=csv", "test=false")
     runs = tmp_path / "runs"
     first_dir = runs / "first"
-    train(prepared, first_dir, "trainer.max_epochs=2", "logger=wandb", "test=false")
-    first = json.loads((first_dir / "metrics.json").read_text())
-    assert first["global_step"] == 6 and first["best"]["value"] is not None  # 3 batches x 2
-
-    # nothing left to train: the best is the one restored from the checkpoint
-    train(prepared, runs / "again", "trainer.max_epochs=2", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
-    again = json.loads((first_dir / "metrics.json").read_text())
-    assert again["best"] == first["best"]
-    assert again["resumed_from"] == str(first_dir / "checkpoints" / "last.ckpt")
+    interrupted(prepared, first_dir, "trainer.max_epochs=4", "logger=wandb", epoch=2)
 
     train(prepared, runs / "second", "trainer.max_epochs=4", "logger=wandb", "ckpt_path=last")
     second = json.loads((first_dir / "metrics.json").read_text())  # the run folder it continued
     assert second["global_step"] == 12 and second["epochs"] == 4
+    assert second["resumed_from"] == str(first_dir / "checkpoints" / "last.ckpt")
     assert not (runs / "second" / "checkpoints").exists()
     files = _wandb_files(first_dir)
     assert len(files) == 2 and run_id(files[0]) == run_id(files[1])
     rows = history(files[1])
     assert [r["train/samples"] for r in rows if "train/samples" in r] == [12, 12]
     assert [r["epoch"] for r in rows if "train/samples" in r] == [2, 3]
-    lrs = [r["lr-AdamW"] for r in rows if "lr-AdamW" in r]
-    assert lrs and lrs[0] < 1e-3  # the schedule continued; a restart would log the initial lr
+    # the LR of every step, over both sessions (the crash came after step 6's was logged), is
+    # the uninterrupted fit's: one schedule
+    lrs = {r["trainer/global_step"]: r["lr-AdamW"] for f in files for r in history(f) if "lr-AdamW" in r}  # fmt: skip
+    assert [lrs[step] for step in range(12)] == _metrics_csv(reference)[
+        "lr-AdamW"
+    ].dropna().tolist()
     dice = [r["val/dice"] for f in files for r in history(f) if "val/dice" in r]
     assert len(dice) == 4 and second["best"]["value"] == pytest.approx(max(dice))
+
+    # nothing left to train: the best is the one restored from the checkpoint
+    train(prepared, runs / "again", "trainer.max_epochs=4", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
+    again = json.loads((first_dir / "metrics.json").read_text())
+    assert again["best"] == second["best"]
     with pytest.raises(CheckpointError, match=r"last\.ckpt"):
         train(prepared, tmp_path / "lonely" / "run", "ckpt_path=last")
+
+
+def test_a_resumed_fit_keeps_every_earlier_csv_row_once(prepared, tmp_path):
+    # crashed inside epoch 2 (step 6 ran, step 7's LR was logged): both run again on resume
+    run_dir = tmp_path / "runs" / "a"
+    interrupted(prepared, run_dir, "trainer.max_epochs=4", "logger=csv", epoch=2, batch=1)
+    assert _metrics_csv(run_dir)["step"].max() == 7
+    train(prepared, tmp_path / "runs" / "b", "trainer.max_epochs=4", "logger=csv", "ckpt_path=last")  # fmt: skip
+    frame = _metrics_csv(run_dir)
+    assert frame.dropna(subset=["val/dice"])["epoch"].tolist() == [0, 1, 2, 3]
+    assert _per_epoch(frame, "train/samples") == [12] * 4
+    for key in ("train/loss_step", "lr-AdamW"):
+        assert frame.dropna(subset=[key])["step"].tolist() == list(range(12)), key
+    assert _per_epoch(frame, "val_best/samples") == [5]
 
 
 def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp_path):

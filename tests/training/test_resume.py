@@ -1,0 +1,81 @@
+"""Resuming a fit (`ckpt_path=...`): which checkpoint and folder, a schedule that cannot be
+continued, and a job's earlier failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from support.train import train
+
+from nailseg.model.checkpoint import CheckpointError
+from nailseg.training import resume
+from nailseg.training.run import FAILED
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder`, with its size and modification time."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(("scheduler", "length_key"), [("cosine", "T_max"), ("onecycle", "total_steps")])  # fmt: skip
+def test_a_longer_fit_is_refused_before_anything_is_written(scheduler, length_key, prepared, tmp_path):  # fmt: skip
+    # the schedule restored from the checkpoint spans its 1-epoch fit (3 steps); 2 epochs would
+    # run it past its end: cosine climbs back up, one-cycle fails at step 4
+    runs = tmp_path / "runs"
+    common = [f"scheduler={scheduler}", "logger=csv", "test=false"]
+    train(prepared, runs / "a", "trainer.max_epochs=1", *common)
+    assert torch.load(runs / "a" / "checkpoints" / "last.ckpt")["lr_schedulers"][0][length_key] == 3
+    before = _files(runs / "a")
+    message = (
+        r"a/checkpoints/last.ckpt: its LR schedule spans 3 optimizer steps \(trainer.max_epochs=1"
+        r"\), this fit's would span 6 \(trainer.max_epochs=2\).*Resume with the checkpoint's "
+        r"length.*or start a new run from its weights: model.encoder_weights=.*last.ckpt"
+    )
+    with pytest.raises(CheckpointError, match=message):
+        train(prepared, runs / "b", "trainer.max_epochs=2", "ckpt_path=last", *common)
+    with pytest.raises(CheckpointError, match=r"spans 3 optimizer steps.* would span 2 .*max_steps=2"):  # fmt: skip
+        train(prepared, runs / "b", "trainer.max_steps=2", "ckpt_path=last", *common)
+    assert _files(runs / "a") == before and not (runs / "b").exists()
+
+
+def test_a_constant_lr_fit_may_be_extended(prepared, tmp_path):
+    runs = tmp_path / "runs"
+    common = ["scheduler=none", "logger=none", "test=false"]
+    train(prepared, runs / "a", "trainer.max_epochs=1", *common)
+    train(prepared, runs / "b", "trainer.max_epochs=2", "ckpt_path=last", *common)
+    metrics = json.loads((runs / "a" / "metrics.json").read_text())
+    assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
+
+
+def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepared, tmp_path):
+    # `python train.py hydra.run.dir=runs/a ckpt_path=last`, with a newer run beside it, after
+    # an attempt that failed (a sweep job's failed.json, which compare reports)
+    runs = tmp_path / "runs"
+    common = ["trainer.max_epochs=1", "logger=none", "test=false"]
+    train(prepared, runs / "a", *common)
+    train(prepared, runs / "other", *common)
+    (runs / "a" / FAILED).write_text(json.dumps({"error": "RuntimeError: out of memory"}))
+    other = _files(runs / "other")
+    train(prepared, runs / "a", "ckpt_path=last", *common)
+    metrics = json.loads((runs / "a" / "metrics.json").read_text())
+    assert metrics["resumed_from"] == str(runs / "a" / "checkpoints" / "last.ckpt")
+    assert not (runs / "a" / FAILED).exists()
+    assert _files(runs / "other") == other
+
+
+def test_a_broken_checkpoint_of_its_own_folder_is_refused_not_replaced_by_a_siblings(tmp_path):
+    own = tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt"
+    sibling = tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt"
+    for path in (own, sibling):
+        path.parent.mkdir(parents=True)
+    own.write_bytes(b"truncated")
+    torch.save({"state_dict": {}}, sibling)
+    with pytest.raises(CheckpointError, match=rf"\({own} is not readable\)"):
+        resume.resolve("last", own.parents[1], sweep_job=False)
