@@ -107,7 +107,7 @@ def run(cfg: DictConfig) -> float | None:
     """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
     route_library_logs()
-    prepare_builtin(cfg.dataset)  # the built-in synthetic data, on first use
+    prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
     built = build(cfg)
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
