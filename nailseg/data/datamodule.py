@@ -219,7 +219,8 @@ class NailDataModule(L.LightningDataModule):
         every row once (the first batches of a rank's share are its first evaluation batches)."""
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
-    def _build(self, stage: str, split: str, train: bool):
+    def _make(self, split: str, train: bool, **extra: Any):
+        """This rank's loader of `split` (`extra`: loader options over the config's)."""
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
@@ -230,8 +231,7 @@ class NailDataModule(L.LightningDataModule):
                 f"the {split} split has {len(self.splits[split])} rows for {world} ranks: every "
                 f"rank needs one to evaluate (nothing is padded); use fewer devices or more data"
             )
-        self._close(stage)
-        loader = self.loader(
+        return self.loader(
             records=self.splits[split],
             root=self.root,
             spec=self.aug if train and not self.overfitting else self.eval_spec,
@@ -241,7 +241,22 @@ class NailDataModule(L.LightningDataModule):
             group_ids=self.group_ids,
             rank=rank,
             world_size=world,
+            **extra,
         )
+
+    def train_batches(self) -> int:
+        """len() of this rank's train loader before the fit, counted on a CPU twin of it: the
+        real one would take its device now, before Lightning sets each rank's own (every DDP
+        rank's CUDA context on GPU 0)."""
+        loader = self._make("train", train=True, device="cpu")
+        try:
+            return len(loader)
+        finally:
+            loader.close()
+
+    def _build(self, stage: str, split: str, train: bool):
+        self._close(stage)
+        loader = self._make(split, train)
         if train and self.trainer is not None:
             loader.set_epoch(self.trainer.current_epoch)  # a resumed fit continues the shuffles
         self._loaders[stage] = loader

@@ -23,8 +23,8 @@ from nailseg.prep.format import ForeignFolderError, require_owned
 SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
 CREATOR = "nailseg.predict"
-# every summary.json predict wrote holds these (those of earlier versions included)
-_MARKER_KEYS = frozenset({"checkpoint", "config"})
+# what every summary.json predict wrote holds, unfinished ones and earlier versions' included
+_MARKER_KEYS = frozenset({"checkpoint"})
 _OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp")
 
 

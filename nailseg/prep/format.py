@@ -97,6 +97,7 @@ def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Patt
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise ForeignFolderError(
-            f"{folder} is not empty and has no {marker}, so nailseg did not make it: it holds "
+            f"{folder} is not empty and has no {marker} written by nailseg, so nailseg did not "
+            f"make it: it holds "
             f"{folder / foreign[0]}{more}. Nothing was written; choose a new or empty folder"
         )

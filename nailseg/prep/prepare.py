@@ -881,17 +881,16 @@ def run(cfg: DictConfig) -> Summary:
 
 
 def _builtin_current(dataset: DictConfig) -> bool:
-    """Whether the dataset's root is ready: prepared from the synthetic set its options ask for,
-    that set being what its raw_dir holds, or prepared without recording a synthetic source (by
-    hand, or by a nailseg before it recorded one), which is used as it is."""
+    """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
+    (its raw photos are not needed: a root kept without them, or copied, is used as it is), or
+    prepared without recording a synthetic source (by hand, or by a nailseg before it recorded
+    one), which is used as it is."""
     from nailseg.prep.synthetic import is_current
 
     n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
     if not (root / split_file("train")).is_file():
         return False
-    if not os.path.lexists(root / SOURCE_FILE):
-        return True
-    return is_current(Path(dataset.raw_dir), n, seed) and is_current(root, n, seed, SOURCE_FILE)
+    return not os.path.lexists(root / SOURCE_FILE) or is_current(root, n, seed, SOURCE_FILE)
 
 
 def _compose_prepare(dataset: DictConfig) -> DictConfig:

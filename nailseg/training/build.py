@@ -161,8 +161,8 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
     """The optimizer steps of the whole fit, known before it starts: Lightning's
     `trainer.estimated_stepping_batches` (what sizes the LR schedule), which Lightning counts only
-    inside the fit. The train loader is built (and closed) to count its batches, as the fit
-    will. inf: a fit without a finite length."""
+    inside the fit, from this rank's train batches (`NailDataModule.train_batches`). inf: a fit
+    without a finite length."""
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
     if max_epochs is None:  # Lightning's default: 1000 epochs, unless steps or time bound the fit
         timed = any(isinstance(c, Timer) for c in trainer.callbacks)
@@ -170,10 +170,7 @@ def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
     if max_epochs == -1:
         return float("inf") if max_steps == -1 else max_steps
     datamodule.trainer = trainer  # as the fit attaches it: this rank's loader
-    try:
-        batches = len(datamodule.train_dataloader())
-    finally:
-        datamodule.teardown("fit")
+    batches = datamodule.train_batches()
     limit = trainer.limit_train_batches
     batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
     steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(max_epochs, 1)

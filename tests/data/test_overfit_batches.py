@@ -45,7 +45,13 @@ def test_unshuffled_train_plan_is_an_equal_share_of_eval_rows(drop_last: bool) -
 
 
 def _datamodule(
-    root: Path, backend: type, batch_size: int, drop_last: bool, rank: int, world: int
+    root: Path,
+    backend: type,
+    batch_size: int,
+    drop_last: bool,
+    rank: int,
+    world: int,
+    overfit_batches: int = 2,
 ) -> NailDataModule:
     workers = {} if backend is DaliLoader else {"num_workers": 0}
     loader = functools.partial(
@@ -53,7 +59,7 @@ def _datamodule(
     )
     datamodule = NailDataModule(root, (32, 32), loader, EVERYTHING)
     datamodule.trainer = SimpleNamespace(
-        global_rank=rank, world_size=world, overfit_batches=2, current_epoch=0
+        global_rank=rank, world_size=world, overfit_batches=overfit_batches, current_epoch=0
     )
     return datamodule
 
@@ -72,7 +78,9 @@ def _check_overfit(root: Path, n: int, backend: type, batch_size: int, world: in
         lengths, seen = set(), []
         for rank in range(world):
             datamodule = _datamodule(root, backend, batch_size, drop_last, rank, world)
+            counted = datamodule.train_batches()
             train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
+            assert counted == len(train)
             first, again = _passes(train)
             lengths.add(len(train))
             assert len(train) == len(first) == len(again)
@@ -100,3 +108,16 @@ def test_overfit_train_loader_has_equal_length_on_every_rank(n: int, tmp_path: P
 def test_overfit_on_dali(tmp_path: Path) -> None:
     root = write_prepared(tmp_path / "prepared", n_train=7, n_valid=3)
     _check_overfit(root, 7, DaliLoader, batch_size=2, world=3)
+
+
+@pytest.mark.parametrize("backend", [TorchLoader, DaliLoader])
+def test_train_batches_counted_before_the_fit_are_the_loaders(backend: type, tmp_path: Path):
+    """What sizes a resumed fit's schedule before the fit (build.fit_steps), on any rank."""
+    root = write_prepared(tmp_path / "prepared", n_train=11, n_valid=3)
+    for world in (1, 2, 3):
+        for rank in range(world):
+            for drop_last in (True, False):
+                datamodule = _datamodule(root, backend, 3, drop_last, rank, world, 0)
+                counted = datamodule.train_batches()
+                assert counted == len(datamodule.train_dataloader())
+                datamodule.teardown("fit")

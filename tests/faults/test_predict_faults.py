@@ -111,9 +111,19 @@ def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
     (output / "scores.csv").write_text("my own scores\n")
     (output / "masks" / "x.png").write_bytes(b"my own mask")
     before = _files(data)
-    with pytest.raises(PredictError, match=r"has no summary\.json, so nailseg did not make it"):
+    with pytest.raises(
+        PredictError, match=r"has no summary\.json written by nailseg, so nailseg did not make it"
+    ):
         _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
     assert _files(data) == before
+
+
+def test_a_folder_an_older_predict_wrote_is_predicts_own(ckpt, data, tmp_path):
+    """Its summary.json holds the checkpoint, without the keys later versions added."""
+    output = tmp_path / "old"
+    (output / "masks").mkdir(parents=True)
+    (output / "summary.json").write_text(json.dumps({"images": 1, "checkpoint": str(ckpt)}))
+    assert _predict(ckpt, data / "photos", output).images == 1
 
 
 @pytest.mark.parametrize("linked", ["masks", "overlays", "masks/deeper"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import shutil
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -65,6 +66,9 @@ def test_changed_options_make_and_prepare_the_set_again(tmp_path):
         f"images/{GROUPS[i]}/s{i:04d}.npy" for i in range(4)
     )
     assert not (tmp_path / "prepared/images/studio/s0004.npy").exists()
+    shutil.rmtree(tmp_path / "raw")  # the photos removed to save space: the root is still current
+    assert not prepare_builtin(_dataset(tmp_path, n=4, seed=1))
+    assert not (tmp_path / "raw").exists()
 
 
 def test_a_root_prepared_without_a_synthetic_source_is_used_as_it_is(tmp_path):
