@@ -7,7 +7,8 @@ For every loader backend × aug spec, in one process and one run:
 * `loader_img_s`: images/s of the loader alone (batches pulled and on the device);
 * `train_img_s`: images/s of a training loop (forward, loss, backward, step) fed by the loader;
 * `ceiling_img_s`: the same loop on one batch already resident on the device, the most any
-  loader could deliver (measured once per run, shown on every row);
+  loader could deliver at that row's batch size (measured once per distinct batch size, the only
+  per-loader setting that changes the step; `ceiling_batch_size` records the batch it ran on);
 * `data_wait_frac`: the share of the training loop's time spent waiting for the next batch;
 * with `compile=true` the model is `torch.compile`d (`compile_mode`; reduce-overhead adds CUDA
   graphs) and `eager_ceiling_img_s` is the ceiling of the same model uncompiled, measured in the
@@ -51,8 +52,8 @@ import matplotlib.pyplot as plt
 
 COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
-    "loader_img_s", "train_img_s", "ceiling_img_s", "train_vs_ceiling", "data_wait_frac",
-    "gpu_busy_pct", "ceiling_gpu_busy_pct", "eager_ceiling_img_s", "compile",
+    "loader_img_s", "train_img_s", "ceiling_img_s", "ceiling_batch_size", "train_vs_ceiling",
+    "data_wait_frac", "gpu_busy_pct", "ceiling_gpu_busy_pct", "eager_ceiling_img_s", "compile",
 ]  # fmt: skip
 
 
@@ -176,8 +177,55 @@ def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainSt
     return TrainStep(model, optimizer, build_loss(cfg.loss), device, dtype, channels_last)
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The step on one resident batch: comparable only to training at the same batch size."""
+
+    batch_size: int
+    img_s: float
+    gpu_busy_pct: float
+    eager_img_s: float
+
+
+def _ceiling(
+    batch: dict[str, torch.Tensor], cfg: DictConfig, device: torch.device, step: TrainStep
+) -> Ceiling:
+    """`step` on `batch` made resident; with `compile`, also the eager model on it, so what
+    compiling bought is measured in the same run."""
+    resident = {k: v.to(device) for k, v in batch.items()}
+    img_s, _, busy = _measure(itertools.repeat(resident), cfg, device, step)
+    eager_img_s = img_s
+    if cfg.compile:
+        eager = _train_step(cfg, device, compile=False)
+        eager_img_s, _, _ = _measure(itertools.repeat(resident), cfg, device, eager)
+    return Ceiling(len(resident["image"]), img_s, busy, eager_img_s)
+
+
+def _train_figures(
+    batches: Iterator[dict[str, torch.Tensor]],
+    batch_size: int,
+    ceilings: dict[int, Ceiling],
+    cfg: DictConfig,
+    device: torch.device,
+    step: TrainStep,
+) -> dict[str, float]:
+    """One loader's training figures against the ceiling at its own batch size, measured on the
+    first loader of that size and kept in `ceilings` for the rest of the run."""
+    if batch_size not in ceilings:
+        ceilings[batch_size] = _ceiling(next(batches), cfg, device, step)
+    ceiling = ceilings[batch_size]
+    train_img_s, wait, busy = _measure(batches, cfg, device, step)
+    return {
+        "train_img_s": train_img_s, "ceiling_img_s": ceiling.img_s,
+        "ceiling_batch_size": ceiling.batch_size, "train_vs_ceiling": train_img_s / ceiling.img_s,
+        "data_wait_frac": wait, "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling.gpu_busy_pct,
+        "eager_ceiling_img_s": ceiling.eager_img_s,
+    }  # fmt: skip
+
+
 def _plot(rows: pd.DataFrame, path: Path) -> None:
-    """Grouped bars per aug: loader-only and training images/s per loader, the ceiling as a line."""
+    """Grouped bars per aug: loader-only and training images/s per loader, each loader's ceiling
+    (at its own batch size) as a dashed line over its bars."""
     augs = list(dict.fromkeys(rows["aug"]))
     fig, axes = plt.subplots(1, len(augs), figsize=(5 * len(augs), 4), squeeze=False)
     for ax, aug in zip(axes[0], augs, strict=True):
@@ -186,15 +234,16 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
         ax.bar([i - 0.2 for i in x], part["loader_img_s"], width=0.4, label="loader only")
         if part["train_img_s"].notna().any():
             ax.bar([i + 0.2 for i in x], part["train_img_s"], width=0.4, label="training")
-            ax.axhline(part["ceiling_img_s"].iloc[0], color="k", linestyle="--", label="ceiling")
-        ax.set_xticks(list(x), part["loader"])
+            ax.hlines(
+                part["ceiling_img_s"], [i - 0.4 for i in x], [i + 0.4 for i in x],
+                colors="k", linestyles="--", label="ceiling",
+            )  # fmt: skip
+        ax.set_xticks(list(x), [f"{r.loader}\nbatch {r.batch_size}" for r in part.itertuples()])
         ax.set_title(f"aug={aug}")
         ax.set_ylabel("images/s")
         ax.legend()
     first = rows.iloc[0]
-    fig.suptitle(
-        f"{first['model']}, {first['image_size']}, batch {first['batch_size']}, {first['device']}"
-    )
+    fig.suptitle(f"{first['model']}, {first['image_size']}, {first['device']}")
     fig.tight_layout()
     save_figure(path, fig)
     plt.close(fig)
@@ -203,12 +252,13 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
 def _print(rows: pd.DataFrame) -> None:
     first = rows.iloc[0]  # the model is named: a ceiling is only comparable for the same one
     table = Table(
-        title=f"loader benchmark, {first['model']}, {first['image_size']}, batch "
-        f"{first['batch_size']}, {first['device']} (images/s, median of repeats)"
+        title=f"loader benchmark, {first['model']}, {first['image_size']}, {first['device']} "
+        "(images/s, median of repeats; each ceiling at its row's batch size)"
     )
     shown = [
         "loader",
         "aug",
+        "batch_size",
         "loader_img_s",
         "train_img_s",
         "ceiling_img_s",
@@ -219,9 +269,13 @@ def _print(rows: pd.DataFrame) -> None:
     for column in shown:
         table.add_column(column, justify="right")
     for row in rows[shown].itertuples(index=False):
-        loader, aug, *numbers = row
+        loader, aug, batch_size, *numbers = row
         table.add_row(
-            loader, aug, *(f"{v:.1f}" for v in numbers[:4]), *(f"{v:.3f}" for v in numbers[4:])
+            loader,
+            aug,
+            str(batch_size),
+            *(f"{v:.1f}" for v in numbers[:4]),
+            *(f"{v:.3f}" for v in numbers[4:]),
         )
     Console().print(table)
 
@@ -232,7 +286,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
     )
     step = _train_step(cfg, device, cfg.compile) if measure_train else None
-    ceiling = ceiling_busy = eager_ceiling = float("nan")
+    ceilings: dict[int, Ceiling] = {}
     rows = []
     for aug_name, aug_cfg in cfg.augs.items():
         spec = instantiate(aug_cfg, mean=cfg.normalize.mean, std=cfg.normalize.std, _convert_="all")
@@ -243,35 +297,23 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             loader = datamodule.train_dataloader()
             batches = _batches(loader)
             loader_img_s, _, _ = _measure(batches, cfg, device)
-            train_img_s = wait = busy = float("nan")
-            if step is not None:
-                if ceiling != ceiling:  # first row: the resident-batch ceiling, once per run
-                    resident = {k: v.to(device) for k, v in next(batches).items()}
-                    ceiling, _, ceiling_busy = _measure(
-                        itertools.repeat(resident), cfg, device, step
-                    )
-                    eager_ceiling = ceiling
-                    if cfg.compile:  # what compiling bought, measured in the same run
-                        eager = _train_step(cfg, device, compile=False)
-                        eager_ceiling, _, _ = _measure(
-                            itertools.repeat(resident), cfg, device, eager
-                        )
-                        del eager
-                train_img_s, wait, busy = _measure(batches, cfg, device, step)
+            train = (
+                _train_figures(batches, loader_cfg.batch_size, ceilings, cfg, device, step)
+                if step is not None
+                else {}  # loaders only: the training columns stay NaN
+            )
             rows.append({
                 "loader": loader_name, "aug": aug_name, "device": device.type,
                 "model": f"{cfg.model.arch}-{cfg.model.encoder_name}", "batch_size": loader_cfg.batch_size,
                 "image_size": "x".join(map(str, cfg.image_size)),
-                "workers": loader_cfg.num_workers,
-                "loader_img_s": loader_img_s, "train_img_s": train_img_s, "ceiling_img_s": ceiling,
-                "train_vs_ceiling": train_img_s / ceiling, "data_wait_frac": wait,
-                "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling_busy,
-                "eager_ceiling_img_s": eager_ceiling, "compile": cfg.compile_mode if cfg.compile else "off",
+                "workers": loader_cfg.num_workers, "loader_img_s": loader_img_s,
+                "compile": cfg.compile_mode if cfg.compile else "off", **train,
             })  # fmt: skip
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    # columns of training left unmeasured are NaN; the ceiling's batch stays an integer
+    frame = pd.DataFrame(rows, columns=COLUMNS).astype({"ceiling_batch_size": "Int64"})
     out = Path(cfg.output_dir)
     write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
     _plot(frame, out / "bench.png")
