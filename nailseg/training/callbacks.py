@@ -139,7 +139,8 @@ def process_start_time() -> float:
     return time.time() - uptime + since_boot
 
 
-_clocks_started = 0  # TimeToTarget clocks this process has started (one per training job)
+_clocks_started = 0  # training jobs this process has started (`start_job_clock`)
+_job_started: float | None = None  # when the running job started (`start_job_clock`)
 
 
 def job_start_time() -> float:
@@ -152,16 +153,28 @@ def job_start_time() -> float:
     return process_start_time() if _clocks_started == 1 else time.time()
 
 
+def start_job_clock() -> None:
+    """Mark a training job's start, which `TimeToTarget` counts from. `run` calls it first thing,
+    so preparing the built-in data and building data, model and loggers count as start-up."""
+    global _job_started
+    _job_started = job_start_time()
+
+
 class TimeToTarget(L.Callback):
     """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch, the
-    optimizer step and the wall seconds since the job started (`job_start_time`), split into
-    start-up (until the fit starts: imports, config, data and model built, loaders started),
-    training and validation (sanity check included), and epoch 0's training alone
-    (`first_epoch_train_s`: cuDNN's autotuning and any compilation fall there). `reached` holds
-    it (None until then, so also for a target never met); `metrics.json` reports it as
-    `time_to_target`. With `stop`, training ends at that epoch (`make time-to-target` measures
-    settings that way). Under DDP, rank 0's clock; a stop is decided on every rank alike, from the
-    synced metric.
+    optimizer step and the wall seconds since the job started (the last `start_job_clock`, which
+    `run` calls first; without one, the process's start), split into start-up (until the fit
+    starts: imports, config, data and model built, loaders started), training and validation
+    (sanity check included), and epoch 0's training alone (`first_epoch_train_s`: cuDNN's
+    autotuning and any compilation fall there). `reached` holds it (None until then, so also for a
+    target never met); `metrics.json` reports it as `time_to_target`. With `stop`, training ends
+    at that epoch (`make time-to-target` measures settings that way). Under DDP, rank 0's clock; a
+    stop is decided on every rank alike, from the synced metric.
+
+    The checkpoint carries this state: a resumed fit reports a target reached before its
+    checkpoint as it was (with `stop`, it trains no further), and one reached later with the
+    earlier sessions' time up to the checkpoint added to each figure. A checkpoint's `reached` for
+    another metric or target is dropped (when this target was first met is unknown).
     """
 
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
@@ -169,13 +182,58 @@ class TimeToTarget(L.Callback):
             raise ValueError(f"callbacks.time_to_target.mode={mode!r} is not max or min")
         self.metric, self.target, self.mode, self.stop = metric, float(target), mode, bool(stop)
         self.reached: dict[str, Any] | None = None
-        self._started = job_start_time()
+        self._started = _job_started if _job_started is not None else process_start_time()
         self._fit_start = self._mark = 0.0
+        self._earlier_s = self._earlier_startup_s = 0.0  # the sessions before the checkpoint
         self._train = self._val = 0.0
         self._first_epoch: float | None = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit continues from. Lightning runs the checkpoint callbacks' hooks after
+        this one's, so at a save the time since the last lap is training."""
+        now = time.time()
+        return {
+            "reached": self.reached,
+            "seconds": self._earlier_s + now - self._started,
+            "startup_s": self._startup_s(),
+            "train_s": self._train + now - self._mark,
+            "val_s": self._val,
+            "first_epoch_train_s": self._first_epoch,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._earlier_s, self._earlier_startup_s = state_dict["seconds"], state_dict["startup_s"]
+        self._train, self._val = state_dict["train_s"], state_dict["val_s"]
+        self._first_epoch = state_dict["first_epoch_train_s"]
+        reached = state_dict["reached"]
+        if reached is None or self._answers(reached):
+            self.reached = reached
+        else:
+            log.warning(
+                "the checkpoint's fit reached %s %s; this fit's target is %s %s: timed afresh",
+                reached["metric"], reached["target"], self.metric, self.target,
+            )  # fmt: skip
+
+    def _answers(self, reached: dict[str, Any]) -> bool:
+        """Whether a checkpoint's `reached` is for this metric, target and mode."""
+        same = (reached["metric"], reached["target"]) == (self.metric, self.target)
+        return same and self._meets(reached["value"])
+
+    def _meets(self, value: float) -> bool:
+        return value >= self.target if self.mode == "max" else value <= self.target
+
+    def _startup_s(self) -> float:
+        return self._earlier_startup_s + self._fit_start - self._started
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._mark = time.time()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stop and self.reached is not None:
+            log.info(
+                "%s reached its target before the checkpoint: no further training", self.metric
+            )
+            trainer.should_stop = True
 
     def _lap(self) -> float:
         now = time.time()
@@ -196,22 +254,22 @@ class TimeToTarget(L.Callback):
         if trainer.sanity_checking or self.reached is not None or value is None:
             return
         value = float(value)
-        if value >= self.target if self.mode == "max" else value <= self.target:
+        if self._meets(value):
             self.reached = {
                 "metric": self.metric,
                 "target": self.target,
                 "value": value,
                 "epoch": trainer.current_epoch,
                 "global_step": trainer.global_step,
-                "seconds": self._mark - self._started,
-                "startup_s": self._fit_start - self._started,
+                "seconds": self._earlier_s + self._mark - self._started,
+                "startup_s": self._startup_s(),
                 "train_s": self._train,
                 "val_s": self._val,
                 "first_epoch_train_s": self._first_epoch,
             }
             trainer.should_stop = trainer.should_stop or self.stop
             log.info(
-                "%s reached %s (target %s) at epoch %d, %.1f s after the process started",
+                "%s reached %s (target %s) at epoch %d, %.1f s after the job started",
                 self.metric, value, self.target, trainer.current_epoch, self.reached["seconds"],
             )  # fmt: skip
 

@@ -9,14 +9,18 @@ The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`
                   the first two, and each epoch's values (`TrainSpeedMonitor`); null without it
     world_size    the fit's number of processes (GPUs)
     time_to_target  when validation first reached `callbacks.time_to_target.target` (epoch, step,
-                  seconds since the process started, and its start-up / train / val split), or
-                  null when it never did
+                  seconds since the job started (a process's first job: since the process
+                  did), and its start-up / train / val split; a resumed fit adds its earlier
+                  sessions' time), or null when it never did
     best          optimized_metric's best value, its mode and checkpoint (what train.py returns)
     evaluated_on  the split of the final evaluation: test when the data has one, else valid
     final         the final evaluation's metrics, named `test/...` only for a test split
                   (`val_best/...` for the validation split the best checkpoint was chosen on)
 
-`train=false` skips the fit and evaluates `ckpt_path` on `eval_split` (`<split>_eval/...`).
+A resumed session that trains nothing (its fit had ended: a finished sweep rerun with
+`ckpt_path=last`) keeps the earlier report's `fit`, `throughput` and `time_to_target`, which only
+a session that trains measures. `train=false` skips the fit and evaluates `ckpt_path` on
+`eval_split` (`<split>_eval/...`).
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.atomic import write_text
 from nailseg.prep.prepare import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
-from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor
+from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
 from nailseg.training.jobs import isolated_job
 
 log = logging.getLogger(__name__)
 FAILED = "failed.json"  # a sweep job's error (`run_job`); `python -m nailseg.compare` reports it
+MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
 
 
 def _choices() -> dict[str, str]:
@@ -89,6 +94,16 @@ def _best(built: Built) -> dict[str, Any]:
     }
 
 
+def _measured_before(run_dir: Path, global_step: int) -> dict[str, Any]:
+    """The run's earlier `metrics.json` figures that only training measures, if that report ended
+    at `global_step` (the fit this session resumed and trained no further)."""
+    path = run_dir / "metrics.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    if earlier.get("global_step") != global_step:
+        return {}
+    return {key: earlier[key] for key in MEASURED if earlier.get(key)}
+
+
 def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> None:
     """The final evaluation per group, as a W&B table (`<prefix>/groups`)."""
     rows = [
@@ -106,6 +121,7 @@ def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> No
 def run(cfg: DictConfig) -> float | None:
     """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
+    start_job_clock()
     route_library_logs()
     prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
     built = build(cfg)
@@ -142,6 +158,8 @@ def run(cfg: DictConfig) -> float | None:
                 "global_step": trainer.global_step,
                 "epochs": trainer.current_epoch,
             }
+            if built.resume is not None and trainer.global_step == built.resume.global_step:
+                report |= _measured_before(run_dir, trainer.global_step)
         if cfg.test or not cfg.train:
             trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
             report |= {

@@ -13,13 +13,16 @@ with `stacks`, the Python stack of every call of those names, grouped (a call fr
 no Python frames is a library's own thread: DALI's executor, say). docs/BENCHMARKS.md has what it
 found. Profiling slows the host (about 2x on the H200 machine), so the GPU idles more than in a
 plain run: the trace says where idle time falls, not how much a plain run loses. Without CUDA only
-the host's phases are reported. Nothing is traced outside the chosen epochs.
+the host's phases are reported. Nothing is traced outside the chosen epochs; a fit that ends
+inside them (early stopping, `callbacks.time_to_target.stop`, `trainer.max_epochs`) writes what it
+traced, and `trace.txt` and the log say the window was cut short.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +34,7 @@ from torch.autograd.profiler import record_function
 
 from nailseg.atomic import write_bytes, write_text
 
+log = logging.getLogger(__name__)
 PHASE = "phase:"  # the host-phase annotations' prefix
 GPU_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 HOST_EVENTS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
@@ -86,18 +90,39 @@ class StepTrace(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._enter(None)  # the checkpoint saves that follow fall between phases
         if trainer.current_epoch == self.last and self._profiler is not None:
-            _sync()
-            self._profiler.__exit__(None, None, None)
-            self._unwrap_hooks()
-            self._write(self._profiler, Path(trainer.default_root_dir))
-            self._profiler = None
+            self._finish(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit that ended before the last traced epoch: what was traced, said to be cut short
+        (a profiler left running would also crash the process at exit)."""
+        if self._profiler is None:
+            return
+        ended = trainer.current_epoch - 1  # the epochs completed, counted from 0
+        cut = (
+            f"window cut short: the fit ended after epoch {ended}, so only epochs "
+            f"{self.first}..{ended} of {self.first}..{self.last} were traced"
+        )
+        log.warning("StepTrace: %s", cut)
+        self._finish(trainer, cut + "\n\n")
 
     def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
-        self._enter(None)
         if self._profiler is not None:
-            self._profiler.__exit__(None, None, None)
-            self._unwrap_hooks()
-            self._profiler = None
+            self._stop()
+
+    def _finish(self, trainer: L.Trainer, note: str = "") -> None:
+        """Stop tracing once the device's queued work is done (so it is in the trace), and write
+        the trace and its summary, `note` first."""
+        _sync()
+        self._write(self._stop(), Path(trainer.default_root_dir), note)
+
+    def _stop(self) -> torch.profiler.profile:
+        """End the trace: the open phase closed, the profiler stopped, the hooks given back."""
+        assert self._profiler is not None
+        profiler, self._profiler = self._profiler, None
+        self._enter(None)
+        profiler.__exit__(None, None, None)
+        self._unwrap_hooks()
+        return profiler
 
     def _enter(self, phase: str | None) -> None:
         """Close the open phase and, while profiling, open `phase` (None: none)."""
@@ -133,14 +158,14 @@ class StepTrace(L.Callback):
             delattr(owner, name)
         self._wrapped.clear()
 
-    def _write(self, profiler: torch.profiler.profile, run_dir: Path) -> None:
+    def _write(self, profiler: torch.profiler.profile, run_dir: Path, note: str = "") -> None:
         with tempfile.TemporaryDirectory() as scratch:
             exported = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(exported))
             data = exported.read_bytes()  # read once: a trace runs to hundreds of MB
         events = json.loads(data)["traceEvents"]
         write_bytes(run_dir / "trace.json", data)
-        write_text(run_dir / "trace.txt", summarize(events, self.stacks))
+        write_text(run_dir / "trace.txt", note + summarize(events, self.stacks))
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:

@@ -1,12 +1,15 @@
-"""The step trace: its summary's arithmetic on a known trace, and a real fit traced on this CPU."""
+"""The step trace: its summary's arithmetic on a known trace, and real fits traced on this CPU (one
+that ends inside the traced epochs included)."""
 
 from __future__ import annotations
 
 import json
 
 import lightning as L
+import pytest
 from lightning.pytorch.callbacks import RichProgressBar
-from support.train import train
+from support.ddp import run_train
+from support.train import small_overrides, train
 
 from nailseg.training.trace import PHASE, StepTrace, summarize
 
@@ -67,3 +70,26 @@ def test_a_traced_fit_names_its_phases_hooks_and_stacks(prepared, tmp_path):
     assert any(e.get("name") == "ModelCheckpoint.on_train_epoch_end" for e in events) or any(
         e.get("name") == "Trainer.save_checkpoint" for e in events
     )
+
+
+@pytest.mark.slow  # trains in a subprocess: a profiler left running crashed it at exit
+def test_a_fit_ending_inside_the_traced_epochs_writes_them_and_says_so(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = small_overrides(
+        prepared,
+        "trainer.max_epochs=3",
+        "logger=none",
+        "test=false",
+        "callbacks.time_to_target.target=0.0",  # met at epoch 0: the fit stops there
+        "callbacks.time_to_target.stop=true",
+        "+callbacks.trace._target_=nailseg.training.trace.StepTrace",
+        "+callbacks.trace.epochs=[0,1]",
+    )
+    run_train(*overrides, f"hydra.run.dir={run_dir}")  # asserts a clean exit
+    cut = "window cut short: the fit ended after epoch 0, so only epochs 0..0 of 0..1 were traced"
+    text = (run_dir / "trace.txt").read_text()
+    assert text.startswith(cut + "\n")
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    assert rows["train_step"][1] == "3"  # epoch 0's 3 batches
+    assert json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    assert cut in (run_dir / "train.log").read_text()
