@@ -17,36 +17,39 @@ Why this exists:
   open run: the next job would log into the failed job's W&B run.
 
 Under SLURM (`hydra/launcher=slurm`) no child is started: SLURM runs one task per device and
-Lightning reads the ranks from SLURM's variables; only the clean-up applies.
+Lightning reads the ranks from SLURM's variables; only the clean-up applies. `SlurmSweepCheck`
+refuses, before submitting, a sweep whose jobs would need other resources than SLURM's one request.
 
 The child command replaces a private function of Lightning (`_hydra_subprocess_cmd`) and reads
-Hydra's private argument parser, so both are contained here: the swap happens only for a strategy
-that starts its ranks as subprocesses (`ddp` and its variants), the names are looked up when
-needed and a missing one fails naming the versions this was written for, and
-tests/test_jobs.py pins the replaced function's signature.
+Hydra's private argument parser, so both are contained here. It is swapped in for every job:
+Lightning calls it only when its own launcher starts ranks as subprocesses under Hydra (whatever
+strategy, devices, nodes and accelerator made it choose that: "auto" on 2 devices does), so the
+choice is Lightning's and cannot drift from it. A missing name fails naming the versions this was
+written for, and tests/training/test_jobs.py pins the replaced function's signature.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script
 
-from nailseg.training.checks import strategy_class
+from nailseg.training.checks import ConfigError
 
 # what the child command replaces, and the versions it was written against
 PATCHED = "_hydra_subprocess_cmd"
 WRITTEN_FOR = "lightning 2.6 and hydra-core 1.3"
-# strategies that start their other ranks by running the entry point again
-_SPAWNING = ("spawn", "fork", "notebook")
+# the trainer keys SLURM's request follows (conf/hydra/launcher/slurm.yaml)
+SLURM_TRAINER_KEYS = ("trainer", "trainer.devices", "trainer.num_nodes")
 
 # what Lightning's DDP launch writes into os.environ: the rendezvous and the per-process threads
 _RENDEZVOUS_ENV = (
@@ -121,20 +124,6 @@ def _hydra_args_parser():
     return get_args_parser()
 
 
-def launches_subprocesses(strategy: Any) -> bool:
-    """Whether Lightning starts this strategy's other ranks by re-running the entry point: a
-    `ddp` name without spawn, fork or notebook in it, or a DDPStrategy node (`_target_`) whose
-    `start_method` is popen, its default."""
-    if isinstance(strategy, str):
-        return strategy.startswith("ddp") and not any(kind in strategy for kind in _SPAWNING)
-    target = strategy_class(strategy)
-    return (
-        target is not None
-        and issubclass(target, DDPStrategy)
-        and strategy.get("start_method", "popen") == "popen"
-    )
-
-
 @contextmanager
 def _child_command_swapped() -> Iterator[None]:
     original = getattr(subprocess_script, PATCHED, None)
@@ -160,15 +149,14 @@ def _finish_open_wandb_run() -> None:
 
 
 @contextmanager
-def isolated_job(strategy: Any = None) -> Iterator[None]:
-    """Run one job: with a subprocess-launching DDP `strategy`, its children re-run this job
-    only; on exit, the process group, the rendezvous variables and torch's thread count are as
-    before, and no W&B run is left open."""
+def isolated_job() -> Iterator[None]:
+    """Run one job: the DDP ranks Lightning starts as subprocesses re-run this job only; on exit,
+    the process group, the rendezvous variables and torch's thread count are as before, and no
+    W&B run is left open."""
     env = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
     threads = torch.get_num_threads()
-    swap = _child_command_swapped() if launches_subprocesses(strategy) else nullcontext()
     try:
-        with swap:
+        with _child_command_swapped():
             yield
     except BaseException:
         _finish_open_wandb_run()
@@ -182,3 +170,30 @@ def isolated_job(strategy: Any = None) -> Iterator[None]:
             else:
                 os.environ[key] = value
         torch.set_num_threads(threads)
+
+
+class SlurmSweepCheck(Callback):
+    """Refuses a sweep under hydra/launcher=slurm that varies the trainer keys SLURM's request
+    follows: submitit submits a sweep as one job array with one request (nodes, tasks and GPUs
+    per node), resolved once from the base config, so every job would get the base config's.
+
+    The check runs on construction: Hydra builds its callbacks before the launcher, nothing is
+    submitted yet, and an error raised in a callback's hook would only be a warning."""
+
+    def __init__(self, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
+        swept = swept_keys(overrides, sweeper_params)
+        varied = [key for key in SLURM_TRAINER_KEYS if key in swept]
+        if varied:
+            raise ConfigError(
+                f"hydra/launcher=slurm: this sweep varies {', '.join(varied)}, but SLURM gets one "
+                f"request (nodes, tasks and GPUs per node) for every job of a sweep, resolved "
+                f"from the base config: run one sweep per setting of "
+                f"{', '.join(SLURM_TRAINER_KEYS)}"
+            )
+
+
+def swept_keys(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> set[str]:
+    """The keys a sweep varies: its sweep overrides (`key=a,b`, `key=range(...)`, ...) and the
+    sweeper's `params` (hydra.sweeper.params, where the Optuna preset names its search space)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return {o.key_or_group for o in parsed if o.is_sweep_override()} | set(sweeper_params or {})

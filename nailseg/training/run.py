@@ -186,7 +186,7 @@ def run_job(cfg: DictConfig) -> float | None:
     folder, such as the job resumed, removes it); a single run raises as usual."""
     try:
         # DDP ranks re-run this job only; nothing leaks into the next job
-        with isolated_job(cfg.trainer.strategy):
+        with isolated_job():
             return run(cfg)
     except Exception as err:
         if not sweep_job():

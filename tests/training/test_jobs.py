@@ -1,14 +1,17 @@
-"""The private Lightning function jobs.py replaces: pinned, and replaced only when DDP needs it."""
+"""The private Lightning function jobs.py replaces: pinned, and the one Lightning's launcher calls
+whenever it starts a job's ranks as subprocesses, whatever made it choose to."""
 
 from __future__ import annotations
 
 import inspect
 
 import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-from nailseg.training.checks import ConfigError
-from nailseg.training.jobs import PATCHED, hydra_child_command, isolated_job, launches_subprocesses
+from nailseg.training.jobs import PATCHED, hydra_child_command, isolated_job
 
 
 def test_the_replaced_function_has_the_signature_of_its_replacement():
@@ -18,31 +21,32 @@ def test_the_replaced_function_has_the_signature_of_its_replacement():
     )
 
 
+def launched_command() -> object:
+    """The function Lightning's launcher calls for a rank's command when it starts the ranks."""
+    return _SubprocessScriptLauncher._call_children_scripts.__globals__[PATCHED]
+
+
 @pytest.mark.parametrize(
-    ("strategy", "swapped"),
+    ("trainer", "subprocesses"),
     [
-        (None, False),
-        ("auto", False),
-        ("ddp", True),
-        ("ddp_find_unused_parameters_true", True),
-        ("ddp_spawn", False),
-        ("ddp_fork", False),
-        ("ddp_notebook", False),
-        ({"_target_": "lightning.pytorch.strategies.DDPStrategy", "static_graph": True}, True),
-        ({"_target_": "lightning.pytorch.strategies.DDPStrategy", "start_method": "spawn"}, False),
-        ({"_target_": "lightning.pytorch.strategies.SingleDeviceStrategy"}, False),
+        ({"devices": 2}, True),  # no strategy: Lightning's "auto" picks DDP with scripts
+        ({"devices": 2, "strategy": "auto"}, True),
+        ({"devices": 1, "num_nodes": 2}, True),
+        ({"devices": 2, "strategy": "ddp"}, True),
+        ({"devices": 2, "strategy": "ddp_find_unused_parameters_true"}, True),
+        ({"devices": 2, "strategy": DDPStrategy(static_graph=True)}, True),
+        ({"devices": 2, "strategy": "ddp_spawn"}, False),
+        ({"devices": 2, "strategy": DDPStrategy(start_method="spawn")}, False),
+        ({"devices": 1}, False),
+        ({"devices": 1, "strategy": "ddp"}, True),
     ],
 )
-def test_the_child_command_is_swapped_only_for_subprocess_ddp(strategy, swapped):
+def test_every_subprocess_launch_lightning_chooses_runs_this_jobs_command(trainer, subprocesses):
     original = getattr(subprocess_script, PATCHED)
-    assert launches_subprocesses(strategy) is swapped
-    with isolated_job(strategy):
-        inside = getattr(subprocess_script, PATCHED)
-    assert (inside is hydra_child_command) is swapped
-    assert getattr(subprocess_script, PATCHED) is original
-
-
-def test_a_strategy_node_of_no_class_is_named_before_the_job_starts():
-    # run_job asks this before build's checks run: the same message as the check gives
-    with pytest.raises(ConfigError, match=r"trainer.strategy._target_=lightning.NoSuch"):
-        launches_subprocesses({"_target_": "lightning.NoSuch"})
+    with isolated_job():
+        built = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, **trainer)
+        launcher = built.strategy.launcher
+        assert isinstance(launcher, _SubprocessScriptLauncher) is subprocesses
+        # the name Lightning's launcher looks up when it starts the ranks
+        assert launched_command() is hydra_child_command
+    assert launched_command() is original
