@@ -49,7 +49,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nailseg.atomic import write_atomic, write_text
-from nailseg.config import CONF_DIR
 from nailseg.paths import overlap
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
@@ -93,7 +92,6 @@ from nailseg.prep.splits import assign_splits, check_split_settings, holdout_nam
 
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
-BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 _READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
 _LOCK_POLL_S = 0.2  # how often a waiting process tries the lock again
 _MARKER_KEYS = frozenset({"format"})
@@ -313,7 +311,7 @@ def _check_creatable(out_root: Path) -> None:
 
 
 @contextmanager
-def _locked(out_root: Path, name: str = LOCK_FILE, wait_s: float = 0.0) -> Iterator[None]:
+def locked(out_root: Path, name: str = LOCK_FILE, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the root's lock file `name`, waiting up to `wait_s` for another process holding it
     (0: fail at once).
 
@@ -738,7 +736,7 @@ def prepare(
         raise PrepareError(str(err)) from err
     settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
 
-    with _locked(out_root):
+    with locked(out_root):
         new_root = not has_marker(out_root, MARKER_FILE, _MARKER_KEYS)
         if new_root:
             write_text(out_root / MARKER_FILE, settings + "\n")  # the first write: the root is ours
@@ -844,7 +842,7 @@ def _options(cfg: DictConfig) -> dict[str, Any]:
     )
 
 
-def _check(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig) -> None:
     """`check_request` on a composed conf/prepare.yaml: what `run` checks before it generates."""
     options = _options(cfg)
     check_request(Path(cfg.input_dir), Path(cfg.output_dir), **{k: options[k] for k in _CHECKED})
@@ -868,7 +866,7 @@ def run(cfg: DictConfig) -> Summary:
     if synthetic is not None:
         from nailseg.prep.synthetic import generate, manifest_text
 
-        _check(cfg)  # before the generator writes the input
+        check_config(cfg)  # before the generator writes the input
         try:
             generate(input_dir, synthetic.n, synthetic.seed, num_workers=cfg.num_workers or 0)
         except ForeignFolderError as err:
@@ -878,59 +876,3 @@ def run(cfg: DictConfig) -> Summary:
         write_text(output_dir / SOURCE_FILE, manifest_text(synthetic.n, synthetic.seed))
     print_summary(summary)
     return summary
-
-
-def _builtin_current(dataset: DictConfig) -> bool:
-    """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
-    (its raw photos are not needed: a root kept without them, or copied, is used as it is), or
-    prepared without recording a synthetic source (by hand, or by a nailseg before it recorded
-    one), which is used as it is."""
-    from nailseg.prep.synthetic import is_current
-
-    n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
-    if not (root / split_file("train")).is_file():
-        return False
-    return not os.path.lexists(root / SOURCE_FILE) or is_current(root, n, seed, SOURCE_FILE)
-
-
-def _compose_prepare(dataset: DictConfig) -> DictConfig:
-    """conf/prepare.yaml for `dataset`, composed inside a Hydra app (train.py) or outside one."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        cfg = compose("prepare")
-    else:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("prepare")
-    cfg.dataset = dataset
-    return cfg
-
-
-def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
-    """Generate and prepare a built-in (synthetic) dataset with the settings of
-    conf/prepare.yaml, unless its root was prepared from the set its options (n, seed) ask for;
-    returns whether it did. Other datasets are the user's to prepare. prune=true: the root is
-    nailseg's alone, and a smaller set must not fail as pairs gone missing.
-
-    Safe in many processes at once (the DDP ranks of a job, each running train.py): one does the
-    work holding the root's BUILTIN_LOCK_FILE; the others wait for it, up to `wait_s` (then fail
-    saying so), and use what it made.
-    """
-    if dataset.synthetic is None or not dataset.raw_dir or _builtin_current(dataset):
-        return False
-    cfg = _compose_prepare(dataset)
-    cfg.prune = True
-    _check(cfg)  # before the lock file: the first write
-    with _locked(Path(cfg.output_dir), BUILTIN_LOCK_FILE, wait_s):
-        if _builtin_current(dataset):  # made by another process while this one waited
-            return False
-        log.info(
-            "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
-            dataset.name,
-            dataset.synthetic.n,
-            dataset.synthetic.seed,
-            dataset.root,
-        )
-        run(cfg)
-    return True

@@ -37,7 +37,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.atomic import write_text
-from nailseg.prep.prepare import prepare_builtin
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import print_config_tree, route_library_logs, run_log

@@ -17,8 +17,9 @@ from hydra import compose, initialize_config_dir
 from support.prepared import write_prepared
 
 from nailseg.config import CONF_DIR
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.prep.format import BUILTIN_LOCK_FILE, read_table
-from nailseg.prep.prepare import PrepareError, prepare_builtin
+from nailseg.prep.prepare import PrepareError
 from nailseg.prep.synthetic import GROUPS
 
 RANKS = 3

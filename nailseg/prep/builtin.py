@@ -1,0 +1,77 @@
+"""The built-in synthetic dataset as `train.py` gets it: generated and prepared on first use, and
+again when its options (n, seed) change; a root prepared otherwise under its name is used as it
+is. `train.py` calls `prepare_builtin` in every process, DDP ranks included: one prepares while
+the others wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from nailseg.config import CONF_DIR
+from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
+from nailseg.prep.prepare import check_config, locked, run
+
+BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
+
+log = logging.getLogger(__name__)
+
+
+def _builtin_current(dataset: DictConfig) -> bool:
+    """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
+    (its raw photos are not needed: a root kept without them, or copied, is used as it is), or
+    prepared without recording a synthetic source (by hand, or by a nailseg before it recorded
+    one), which is used as it is."""
+    from nailseg.prep.synthetic import is_current
+
+    n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
+    if not (root / split_file("train")).is_file():
+        return False
+    return not os.path.lexists(root / SOURCE_FILE) or is_current(root, n, seed, SOURCE_FILE)
+
+
+def _compose_prepare(dataset: DictConfig) -> DictConfig:
+    """conf/prepare.yaml for `dataset`, composed inside a Hydra app (train.py) or outside one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose("prepare")
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("prepare")
+    cfg.dataset = dataset
+    return cfg
+
+
+def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
+    """Generate and prepare a built-in (synthetic) dataset with the settings of
+    conf/prepare.yaml, unless its root was prepared from the set its options (n, seed) ask for;
+    returns whether it did. Other datasets are the user's to prepare. prune=true: the root is
+    nailseg's alone, and a smaller set must not fail as pairs gone missing.
+
+    Safe in many processes at once (the DDP ranks of a job, each running train.py): one does the
+    work holding the root's BUILTIN_LOCK_FILE; the others wait for it, up to `wait_s` (then fail
+    saying so), and use what it made.
+    """
+    if dataset.synthetic is None or not dataset.raw_dir or _builtin_current(dataset):
+        return False
+    cfg = _compose_prepare(dataset)
+    cfg.prune = True
+    check_config(cfg)  # before the lock file: the first write
+    with locked(Path(cfg.output_dir), BUILTIN_LOCK_FILE, wait_s):
+        if _builtin_current(dataset):  # made by another process while this one waited
+            return False
+        log.info(
+            "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
+            dataset.name,
+            dataset.synthetic.n,
+            dataset.synthetic.seed,
+            dataset.root,
+        )
+        run(cfg)
+    return True
