@@ -9,11 +9,21 @@ NAMES = ("auto", "cpu", "gpu", "cuda")
 
 def resolve_device(name: str) -> torch.device:
     """`auto`: the current CUDA device when torch sees one, else the CPU; `gpu` and `cuda`: the
-    current CUDA device; `cuda:N` that one; `cpu` the CPU."""
+    current CUDA device; `cuda:N` that one; `cpu` the CPU. A CUDA device torch does not see is
+    refused here, naming the setting, not at the first tensor moved there."""
     if name == "auto":
         name = "gpu" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device(name)
+    if name not in ("gpu", "cuda") and not name.startswith("cuda:"):
+        raise ValueError(f"device={name!r}: use one of {', '.join(NAMES)} or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: torch sees no CUDA device here; use auto or cpu")
     if name in ("gpu", "cuda"):
         return torch.device("cuda", torch.cuda.current_device())
-    if name == "cpu" or name.startswith("cuda:"):
-        return torch.device(name)
-    raise ValueError(f"device={name!r}: use one of {', '.join(NAMES)} or cuda:N")
+    index, count = name.removeprefix("cuda:"), torch.cuda.device_count()
+    if not index.isdigit() or int(index) >= count:
+        raise ValueError(
+            f"device={name!r}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return torch.device("cuda", int(index))

@@ -478,7 +478,10 @@ def _device(engine: str, device: str) -> torch.device:
             f"engine=onnx runs on the CPU (ONNX Runtime's CPU provider), not device={device}: "
             "pass device=cpu, or engine=torch"
         )
-    return resolve_device("cpu" if engine == "onnx" else device)
+    try:
+        return resolve_device("cpu" if engine == "onnx" else device)
+    except ValueError as err:
+        raise PredictError(str(err)) from err
 
 
 def _engine(

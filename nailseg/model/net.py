@@ -7,6 +7,7 @@ either to the weights file itself or to a folder holding `<encoder_name>.pth`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ def build_net(
             f"model.arch={arch!r} is not an smp architecture "
             f"({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})"
         )
+    _check_options(arch, encoder_name, options or {})
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
     try:
         net = smp.create_model(
@@ -70,6 +72,24 @@ def build_net(
     if local is not None:
         load_encoder_weights(net, local, encoder_name)
     return net
+
+
+def _check_options(arch: str, encoder_name: str, options: Mapping[str, Any]) -> None:
+    """Refuse a `model.options` key the architecture does not take: smp passes unknown keywords
+    on to the encoder, and only a timm (`tu-`) encoder reads them; any other drops them, so a
+    misspelt `encoder_dept=3` would train the default depth without a word."""
+    if encoder_name.startswith("tu-"):
+        return
+    taken = inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters
+    unknown = sorted(set(options) - set(taken) - {"kwargs"})
+    if unknown:
+        accepted = ", ".join(
+            k for k in taken if k not in ("kwargs", "encoder_name", "encoder_weights")
+        )
+        raise ValueError(
+            f"model.options.{unknown[0]}: {arch} with encoder {encoder_name} takes no such "
+            f"argument (it takes {accepted})"
+        )
 
 
 def is_path(encoder_weights: str | None) -> bool:

@@ -33,7 +33,8 @@ class WarmupCosineLR(LambdaLR):
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio}: must be in [0, 1]")
         self.total_steps = total_steps
-        self.warmup_steps = round(warmup_fraction * total_steps)
+        # at most all steps but the last, which is the decay's end (min_lr_ratio)
+        self.warmup_steps = min(round(warmup_fraction * total_steps), total_steps - 1)
         self.min_lr_ratio = min_lr_ratio
         super().__init__(optimizer, self.factor)
 
