@@ -24,7 +24,8 @@ SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
 CREATOR = "nailseg.predict"
 # what every summary.json predict wrote holds, unfinished ones and earlier versions' included
-_MARKER_KEYS = frozenset({"checkpoint"})
+# (each since the first, 2f98124): a user's summary.json rarely has all three
+_MARKER_KEYS = frozenset({"checkpoint", "images", "threshold"})
 _OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp")
 
 

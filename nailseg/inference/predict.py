@@ -550,7 +550,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     )
     threshold, source = _threshold(cfg, spec, net, device, console)
     config = OmegaConf.to_container(cfg, resolve=True)
-    claim(output, {"checkpoint": str(spec.ckpt), "config": config})
+    claim(
+        output,
+        {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold, "config": config},
+    )
 
     start = time.perf_counter()
     with _gil_handoff(device):

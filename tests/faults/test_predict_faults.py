@@ -119,11 +119,23 @@ def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
 
 
 def test_a_folder_an_older_predict_wrote_is_predicts_own(ckpt, data, tmp_path):
-    """Its summary.json holds the checkpoint, without the keys later versions added."""
+    """Its summary.json holds what every version wrote, without the keys later ones added."""
     output = tmp_path / "old"
     (output / "masks").mkdir(parents=True)
-    (output / "summary.json").write_text(json.dumps({"images": 1, "checkpoint": str(ckpt)}))
+    old = {"images": 1, "checkpoint": str(ckpt), "threshold": 0.5}
+    (output / "summary.json").write_text(json.dumps(old))
     assert _predict(ckpt, data / "photos", output).images == 1
+
+
+def test_a_users_own_summary_json_does_not_make_a_folder_predicts(ckpt, data, tmp_path):
+    output = tmp_path / "mine"
+    (output / "masks").mkdir(parents=True)
+    (output / "masks" / "x.png").write_bytes(b"my own mask")
+    (output / "summary.json").write_text(json.dumps({"checkpoint": "my notes"}))
+    before = _files(tmp_path)
+    with pytest.raises(PredictError, match=r"has no summary\.json written by nailseg"):
+        _predict(ckpt, data / "photos", output)
+    assert _files(tmp_path) == before
 
 
 @pytest.mark.parametrize("linked", ["masks", "overlays", "masks/deeper"])
