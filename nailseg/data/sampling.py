@@ -67,10 +67,11 @@ def epoch_batches(
         else:
             order = rng.permutation(n)
         mine = slice(rank * share, (rank + 1) * share)
-        rows, drawn = order[mine], _earlier_draws(order)[mine]
+        rows = order[mine]
+        drawn = _earlier_draws(order)[mine] if draws else None
     else:
         rows = np.arange(rank, n, world_size)[: share if train else None]
-        drawn = np.zeros_like(rows)  # each row at most once
+        drawn = np.zeros_like(rows) if draws else None  # each row at most once
     columns = np.stack([rows, drawn]) if draws else rows
     batches = [columns[..., i : i + batch_size] for i in range(0, len(rows), batch_size)]
     if train and drop_last and batches and batches[-1].shape[-1] < batch_size:
