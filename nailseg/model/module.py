@@ -176,7 +176,7 @@ class SegModule(L.LightningModule):
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        length = schedule_length(self.scheduler_factory, self._total_steps)
+        length = schedule_length_args(self.scheduler_factory, self._total_steps)
         scheduler = self.scheduler_factory(optimizer, **length)
         return {
             "optimizer": optimizer,
@@ -194,7 +194,9 @@ class SegModule(L.LightningModule):
         return int(steps)
 
 
-def schedule_length(factory: functools.partial, fit_steps: Callable[[], float]) -> dict[str, Any]:
+def schedule_length_args(
+    factory: functools.partial, fit_steps: Callable[[], float]
+) -> dict[str, Any]:
     """The length argument (`T_max`, `total_steps`) of the schedule `factory` builds: the config's
     value, or when it leaves it None the whole fit (`fit_steps()`); empty for a schedule without
     one. A resume compares it with the checkpoint's before the fit (`resume.check_schedule`)."""

@@ -7,9 +7,11 @@ the config fixes it (see `SegModule.configure_optimizers`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+from torch.optim.lr_scheduler import LambdaLR
 
 # the keyword argument that sets a schedule's length, in the schedules the config groups offer
 LENGTH_ARGS = ("T_max", "total_steps")
@@ -48,10 +50,11 @@ class WarmupCosineLR(LambdaLR):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
 
 
-def schedule_length(scheduler: LRScheduler) -> int | None:
-    """The number of steps a built schedule spans (None for one without a fixed length)."""
+def schedule_length(state: Mapping[str, Any]) -> int | None:
+    """The number of steps a schedule spans, from its `state_dict()` (a live scheduler's, or the
+    one a checkpoint holds); None for one without a fixed length."""
     for name in LENGTH_ARGS:
-        value = getattr(scheduler, name, None)
+        value = state.get(name)
         if isinstance(value, int):
             return value
     return None

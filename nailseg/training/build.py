@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.atomic import write_text
 from nailseg.data.datamodule import NailDataModule
 from nailseg.model.checkpoint import make_card
-from nailseg.model.module import SegModule, schedule_length
+from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
 from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
@@ -247,7 +247,7 @@ def build(cfg: DictConfig) -> Built:
             len(datamodule.splits["train"]), cfg.loader.batch_size, trainer.world_size
         )
     if cfg.train and resumed is not None and scheduler is not None:
-        length = schedule_length(scheduler, lambda: fit_steps(trainer, datamodule))
+        length = schedule_length_args(scheduler, lambda: fit_steps(trainer, datamodule))
         resume.check_schedule(resumed, next(iter(length.values()), None), cfg)
     if cfg.trainer.accelerator in GPU_ACCELERATORS:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path

@@ -32,7 +32,7 @@ from nailseg.model.checkpoint import (
     plain_model,
     read_checkpoint,
 )
-from nailseg.model.schedules import LENGTH_ARGS
+from nailseg.model.schedules import schedule_length
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
@@ -108,11 +108,8 @@ def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
 
 def _schedule_steps(checkpoint: Mapping[str, Any]) -> int | None:
     """The length (`T_max`, `total_steps`) of the checkpoint's LR schedule, from its state."""
-    for state in checkpoint.get("lr_schedulers") or []:
-        for arg in LENGTH_ARGS:
-            if isinstance(state.get(arg), int):
-                return state[arg]
-    return None
+    states = checkpoint.get("lr_schedulers") or []
+    return schedule_length(states[0]) if states else None
 
 
 def _run_folder(checkpoint: Path) -> Path | None:
