@@ -293,6 +293,40 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
         "cuda_graphs=false runs it eagerly"
     )
     assert torch.ones(4, device="cuda").sum().item() == 4  # the device still works
+    assert torch.rand(4, device="cuda").max().item() < 1  # and its random generator too
+
+
+def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
+    """predict queues a batch's work (upload, resize, the net as a graph, full-size maps,
+    threshold, copy to the host) while the GPU still runs the batch before: none of it may wait
+    for the GPU. Normalising once did: a plain copy of the mean and std to the GPU waits for
+    all the work queued there, so the host idled a batch's length every batch."""
+    from nailseg.inference.graphed import GraphedNet
+    from nailseg.inference.predict import _to_host
+    from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
+    from nailseg.model.net import build_net
+
+    net = build_net("unet", "resnet18").cuda().eval().to(memory_format=torch.channels_last)
+    graphed = GraphedNet(net)
+    spec = InferenceSpec(ckpt=Path("x.ckpt"), model={}, image_size=(64, 64), mean=(0.5, 0.4, 0.3),
+                         std=(0.2, 0.2, 0.2), threshold=0.5, data_root=None)  # fmt: skip
+    sizes = [(50, 70), (50, 70), (90, 60)]
+    rng = np.random.default_rng(0)
+    photos = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+
+    def queue() -> object:
+        maps = full_size_probabilities(graphed, image_tensors(photos, torch.device("cuda")), spec)
+        return _to_host(maps, lambda flat: flat > 0.5)
+
+    first = queue().arrays()  # captures the graph (which waits, once)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        copy = queue()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for got, want in zip(copy.arrays(), first, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert [a.shape for a in first] == sizes
 
 
 def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():

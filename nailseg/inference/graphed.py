@@ -68,6 +68,15 @@ class GraphedNet:
             with autocast, torch.cuda.graph(graph):
                 logits = self.net(inputs)
         except RuntimeError as err:  # CUDA's message runs on with hints: its first line says it
+            _release_generator(batch.device)
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise CaptureError(f"the net cannot run as a CUDA graph: {reason}") from err
         return _Captured(graph, inputs, logits)
+
+
+def _release_generator(device: torch.device) -> None:
+    """A capture that fails ends before torch marks the device's random generator as no longer
+    capturing, and every later random op on that device then fails ("Offset increment outside
+    graph capture"): the generator gets a copy of its state (same seed and offset) that is not."""
+    generator = torch.cuda.default_generators[device.index]
+    generator.graphsafe_set_state(generator.clone_state())

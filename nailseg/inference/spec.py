@@ -137,8 +137,11 @@ def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tenso
         )
         for run in _runs_of_one_size(images)
     ]
-    mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+    # `torch.tensor(..., device=cuda)` would wait for all the work queued there (the batches
+    # before); a copy from pageable memory with non_blocking=True does not, and is safe
+    mean, std = (
+        torch.tensor([spec.mean, spec.std]).view(2, 1, 3, 1, 1).to(device, non_blocking=True)
+    )
     batch = (torch.cat(resized) / 255.0 - mean) / std
     return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
 
