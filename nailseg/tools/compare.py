@@ -32,6 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.atomic import save_figure, write_text
 from nailseg.config import CONF_DIR
+from nailseg.training.failure import read_failure
 from nailseg.training.ledger import train_rows_once
 
 matplotlib.use("Agg")
@@ -73,9 +74,9 @@ def _overrides(job: Path) -> dict[str, str]:
 
 
 def _results(job: Path) -> dict:
-    failed, metrics_file = job / "failed.json", job / "metrics.json"
-    if failed.is_file() or not metrics_file.is_file():
-        reason = json.loads(failed.read_text())["error"] if failed.is_file() else "no metrics.json"
+    failure, metrics_file = read_failure(job), job / "metrics.json"
+    if failure is not None or not metrics_file.is_file():
+        reason = failure if failure is not None else "no metrics.json"
         return {"status": "failed: " + " ".join(reason.split())[:300]}
     metrics = json.loads(metrics_file.read_text())
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,10 @@ from nailseg.prep.builtin import prepare_builtin
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
+from nailseg.training.failure import clear_failure, write_failure
 from nailseg.training.jobs import isolated_job
 
 log = logging.getLogger(__name__)
-FAILED = "failed.json"  # a sweep job's error (`run_job`); `python -m nailseg.compare` reports it
 MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
 
 
@@ -171,7 +170,7 @@ def run(cfg: DictConfig) -> float | None:
             }
         if trainer.is_global_zero:
             _write_json(run_dir / "metrics.json", report)
-            (run_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's, now resumed
+            clear_failure(run_dir)  # an earlier attempt's, now resumed
             if "final" in report:
                 _log_group_table(built, report["final"]["metrics"], module.test_prefix)
         for logger in built.loggers:
@@ -192,10 +191,5 @@ def run_job(cfg: DictConfig) -> float | None:
         if not sweep_job():
             raise
         log.exception("job failed; the sweep continues")
-        run_dir = Path(cfg.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(
-            run_dir / FAILED,
-            {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()},
-        )
+        write_failure(Path(cfg.run_dir), err)
         return None

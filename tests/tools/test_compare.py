@@ -78,3 +78,11 @@ def test_multi_gpu_jobs_are_scaled_against_the_one_gpu_job_of_their_setting(tmp_
     assert pd.isna(scaling[2])  # no one-GPU job with aug=heavy ran
     assert pd.isna(rows["ledger"][0]) and rows["ledger"][1] == "every row once in each of 1 epochs"
     assert "| 0.950 | every row once in each of 1 epochs |" in (tmp_path / "compare.md").read_text()
+
+
+def test_a_users_own_failed_json_in_a_job_folder_is_not_read_as_a_failure(tmp_path):
+    job = _job(tmp_path, "0", ["aug=light"], {"fit": {}, "throughput": None, "world_size": 1})
+    (job / "failed.json").write_text('{"note": "my own list of failed photos"}')
+    other = _job(tmp_path, "1", ["aug=heavy"], {"fit": {}, "throughput": None, "world_size": 1})
+    (other / "failed.json").write_text("not json")
+    assert summarise(tmp_path)["status"].tolist() == ["ok", "ok"]

@@ -12,7 +12,7 @@ from support.train import train
 
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training import resume
-from nailseg.training.run import FAILED
+from nailseg.training.failure import FAILED, write_failure
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
@@ -61,7 +61,10 @@ def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepar
     common = ["trainer.max_epochs=1", "logger=none", "test=false"]
     train(prepared, runs / "a", *common)
     train(prepared, runs / "other", *common)
-    (runs / "a" / FAILED).write_text(json.dumps({"error": "RuntimeError: out of memory"}))
+    try:
+        raise RuntimeError("out of memory")
+    except RuntimeError as err:
+        write_failure(runs / "a", err)  # as run_job records it
     other = _files(runs / "other")
     train(prepared, runs / "a", "ckpt_path=last", *common)
     metrics = json.loads((runs / "a" / "metrics.json").read_text())
