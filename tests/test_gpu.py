@@ -133,6 +133,18 @@ def test_short_fit_on_gpu(model, prepared, tmp_path):
     assert final["val_best/samples"] == 5 and 0 <= final["val_best/dice"] <= 1
 
 
+def test_a_fit_resumed_on_the_gpu_goes_on_from_its_checkpoint(prepared, tmp_path):
+    """A resumed fit counts its batches on a CPU twin of its loader (build.fit_steps) before the
+    GPU loader starts; then it trains on from the checkpoint's step."""
+    common = ["logger=csv", "test=false", "scheduler=none"]
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", *common, device="gpu")
+    train(prepared, tmp_path / "run", "trainer.max_epochs=2", "ckpt_path=last", *common,
+          device="gpu")  # fmt: skip
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
+    assert metrics["resumed_from"] == str(tmp_path / "run" / "checkpoints" / "last.ckpt")
+
+
 def test_training_and_validation_steps_do_not_wait_for_the_gpu(prepared, tmp_path):
     """The module's metric updates and the progress bar's step loss once synced every step; the
     timeline's CUDA events must not wait either (they are read when the fit ends)."""
