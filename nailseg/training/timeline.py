@@ -22,6 +22,12 @@ allocations fall; a resumed fit's first two as well). Columns, in ms unless name
   the device's idle time; `between_ms` is
 - `images_per_s`: images / `train_ms`
 
+and `RUN/timeline_steps.csv`, one row per training step, to tell which steps run long: `epoch`,
+`global_step`, `step_ms` (on the device), `gap_ms` (the device's time before it since the last
+step's end, or since the epoch's start for its first step), `host_wait_ms` (empty for a step
+after the epoch's start or a validation) and `logged` (a step at which Lightning logs: every
+`trainer.log_every_n_steps`-th, when its logged values are turned into numbers).
+
 Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
 """
 
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +51,22 @@ COLUMNS = [
     "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
     "between_ms", "ramp_ms", "validation_ms", "host_wait_ms", "images_per_s",
 ]  # fmt: skip
+STEP_COLUMNS = ["epoch", "global_step", "step_ms", "gap_ms", "host_wait_ms", "logged"]
 
 
 @dataclass
 class EpochMarks:
     """One training epoch's timestamps in ms from its start: steps and validations as
-    (start, end), the epoch's end, host waits between steps, images trained on."""
+    (start, end), the epoch's end, the host's wait before each step (None after the epoch's start
+    or a validation), each step's global step and whether Lightning logged at it, images trained on."""
 
     steps: list[tuple[float, float]] = field(default_factory=list)
     validations: list[tuple[float, float]] = field(default_factory=list)
     end: float = 0.0
-    host_waits: list[float] = field(default_factory=list)
+    host_waits: list[float | None] = field(default_factory=list)
     images: int = 0
+    global_steps: list[int] = field(default_factory=list)
+    logged: list[bool] = field(default_factory=list)
 
 
 def epoch_row(epoch: int, marks: EpochMarks) -> dict[str, float]:
@@ -74,9 +84,27 @@ def epoch_row(epoch: int, marks: EpochMarks) -> dict[str, float]:
         "between_ms": train - sum(spans),
         "ramp_ms": marks.steps[0][0] if marks.steps else 0.0,
         "validation_ms": marks.end - train,
-        "host_wait_ms": sum(marks.host_waits),
+        "host_wait_ms": sum(wait for wait in marks.host_waits if wait is not None),
         "images_per_s": 1000.0 * marks.images / train if train > 0 else 0.0,
     }
+
+
+def step_rows(epoch: int, marks: EpochMarks) -> list[dict[str, Any]]:
+    """The epoch's rows of `timeline_steps.csv` (see the module docstring)."""
+    ends = [0.0] + [end for _, end in marks.steps[:-1]]
+    return [
+        {
+            "epoch": epoch,
+            "global_step": step,
+            "step_ms": end - start,
+            "gap_ms": start - before,
+            "host_wait_ms": wait,
+            "logged": logged,
+        }
+        for (start, end), before, wait, step, logged in zip(
+            marks.steps, ends, marks.host_waits, marks.global_steps, marks.logged, strict=True
+        )
+    ]
 
 
 def table(rows: pd.DataFrame, clock: str) -> str:
@@ -94,10 +122,9 @@ class GpuTimeline(L.Callback):
     (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._epochs: list[tuple[int, list[tuple[str, Any]], int, list[float]]] = []
+        self._epochs: list[tuple[int, list[tuple[str, Any]], EpochMarks]] = []
         self._marks: list[tuple[str, Any]] = []
-        self._images = 0
-        self._waits: list[float] = []
+        self._steps = EpochMarks()  # the epoch's host-side records; `_read` adds the device's
         self._host_end: float | None = None
         self._device = torch.device("cpu")
 
@@ -116,19 +143,23 @@ class GpuTimeline(L.Callback):
         self._device = pl_module.device
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._marks, self._images, self._waits, self._host_end = [], 0, [], None
+        self._marks, self._steps, self._host_end = [], EpochMarks(), None
         self._mark("epoch")
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._host_end is not None:
-            self._waits.append(1000.0 * (time.perf_counter() - self._host_end))
+        host_end, step = self._host_end, trainer.global_step
+        self._steps.host_waits.append(
+            None if host_end is None else 1000.0 * (time.perf_counter() - host_end)
+        )
+        self._steps.global_steps.append(step)
+        self._steps.logged.append((step + 1) % trainer.log_every_n_steps == 0)
         self._mark("step")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
         self._mark("step_end")
-        self._images += len(batch["image"])
+        self._steps.images += len(batch["image"])
         self._host_end = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -142,30 +173,34 @@ class GpuTimeline(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._mark("end")
-        self._epochs.append((trainer.current_epoch, self._marks, self._images, self._waits))
+        self._epochs.append((trainer.current_epoch, self._marks, self._steps))
         self._marks = []
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not self._epochs:
             return
-        rows = pd.DataFrame(
-            [epoch_row(epoch, self._read(*rest)) for epoch, *rest in self._epochs],
-            columns=COLUMNS,
+        epochs = [(epoch, self._read(marks, steps)) for epoch, marks, steps in self._epochs]
+        rows = pd.DataFrame([epoch_row(epoch, marks) for epoch, marks in epochs], columns=COLUMNS)
+        steps = pd.DataFrame(
+            [row for epoch, marks in epochs for row in step_rows(epoch, marks)],
+            columns=STEP_COLUMNS,
         )
         run_dir = Path(trainer.default_root_dir)
         write_text(run_dir / "timeline.csv", rows.to_csv(index=False, float_format="%.3f"))
+        write_text(run_dir / "timeline_steps.csv", steps.to_csv(index=False, float_format="%.3f"))
         clock = "CUDA events" if self._device.type == "cuda" else "host clock"
         write_text(run_dir / "timeline.txt", table(rows, clock))
 
-    def _read(self, marks: list[tuple[str, Any]], images: int, waits: list[float]) -> EpochMarks:
-        """One epoch's timestamps as ms from its start (on a GPU, this waits for the events)."""
+    def _read(self, marks: list[tuple[str, Any]], steps: EpochMarks) -> EpochMarks:
+        """One epoch's timestamps as ms from its start (on a GPU, this waits for the events), with
+        the host-side records of `steps`."""
         (_, start), *rest = marks
         if self._device.type == "cuda":
             rest[-1][1].synchronize()
             times = [(name, start.elapsed_time(stamp)) for name, stamp in rest]
         else:
             times = [(name, 1000.0 * (stamp - start)) for name, stamp in rest]
-        epoch = EpochMarks(images=images, host_waits=waits, end=times[-1][1])
+        epoch = replace(steps, steps=[], validations=[], end=times[-1][1])
         opened: dict[str, float] = {}
         for name, ms in times[:-1]:
             if name in ("step", "validation"):

@@ -6,7 +6,15 @@ import pandas as pd
 import pytest
 from support.train import train
 
-from nailseg.training.timeline import COLUMNS, EpochMarks, GpuTimeline, epoch_row, table
+from nailseg.training.timeline import (
+    COLUMNS,
+    STEP_COLUMNS,
+    EpochMarks,
+    GpuTimeline,
+    epoch_row,
+    step_rows,
+    table,
+)
 
 
 def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
@@ -14,7 +22,8 @@ def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
     of 30 ms between them, 1 ms after the last step."""
     stamps = [("epoch", 1.000), ("step", 1.002), ("step_end", 1.012), ("validation", 1.013),
               ("validation_end", 1.043), ("step", 1.045), ("step_end", 1.059), ("end", 1.060)]  # fmt: skip
-    marks = GpuTimeline()._read(stamps, images=8, waits=[0.5])
+    host = EpochMarks(images=8, host_waits=[None, 0.5], global_steps=[4, 5], logged=[False, True])
+    marks = GpuTimeline()._read(stamps, host)
     assert [pytest.approx(span) for span in marks.steps] == [(2, 12), (45, 59)]
     assert [pytest.approx(span) for span in marks.validations] == [(13, 43)]
     row = epoch_row(3, marks)
@@ -23,6 +32,11 @@ def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
     assert row["between_ms"] == pytest.approx(6) and row["ramp_ms"] == pytest.approx(2)
     assert row["validation_ms"] == pytest.approx(30) and row["host_wait_ms"] == 0.5
     assert row["images_per_s"] == pytest.approx(8 / 0.030)
+    steps = pd.DataFrame(step_rows(3, marks))
+    assert steps.global_step.tolist() == [4, 5] and steps.logged.tolist() == [False, True]
+    assert steps.step_ms.tolist() == pytest.approx([10, 14])
+    assert steps.gap_ms.tolist() == pytest.approx([2, 33])  # the ramp; then across the validation
+    assert steps.host_wait_ms.isna().tolist() == [True, False]
 
 
 def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
@@ -39,6 +53,10 @@ def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
     assert (rows.validation_ms > 0).all() and (rows.between_ms >= 0).all()
     assert (rows.ramp_ms <= rows.between_ms).all()
     assert (rows.step_median_ms <= rows.step_max_ms).all()
+    steps = pd.read_csv(run_dir / "timeline_steps.csv")
+    assert list(steps.columns) == STEP_COLUMNS and steps.global_step.tolist() == list(range(9))
+    assert steps.groupby("epoch").step_ms.sum().to_numpy() == pytest.approx(rows.steps_ms, abs=0.01)
+    assert steps.host_wait_ms.isna().tolist() == [True, False, False] * 3  # each epoch's first
     text = (run_dir / "timeline.txt").read_text()
     assert "host clock; median: epochs 2-2" in text and text.splitlines()[-1].split()[0] == "median"
 
