@@ -24,9 +24,9 @@ allocations fall; a resumed fit's first two as well). Columns, in ms unless name
 
 and `RUN/timeline_steps.csv`, one row per training step, to tell which steps run long: `epoch`,
 `global_step`, `step_ms` (on the device), `gap_ms` (the device's time before it since the last
-step's end, or since the epoch's start for its first step), `host_wait_ms` (empty for a step
-after the epoch's start or a validation) and `logged` (a step at which Lightning logs: every
-`trainer.log_every_n_steps`-th, when its logged values are turned into numbers).
+step's end, a validation between them included, or since the epoch's start for its first step),
+`host_wait_ms` (empty for a step after the epoch's start or a validation) and `logged` (a step
+at which Lightning logs, every `trainer.log_every_n_steps`-th, turning its values into numbers).
 
 Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
 """
