@@ -177,8 +177,14 @@ class NailDataModule(L.LightningDataModule):
         ]
         if mixed and self.splits["train"].empty:
             raise ValueError(f"dataset.root={self.root}: its train split has no rows to mix with")
+        # the rows training draws from: the primary's train split, then each mixed source's;
+        # `splits` stays the primary's CSVs, which every evaluation reads
+        self.train_rows = (
+            _mixed_train(self.splits["train"], mixed, self.sources)
+            if mixed
+            else self.splits["train"]
+        )
         if mixed:
-            self.splits["train"] = _mixed_train(self.splits["train"], mixed, self.sources)
             self._describe_mix()
         if final_split == "auto":
             final_split = "test" if "test" in self.splits else "valid"
@@ -194,11 +200,11 @@ class NailDataModule(L.LightningDataModule):
         self._loaders: dict[str, Any] = {}  # the open loader of each stage
 
     def _describe_mix(self) -> None:
-        shares = source_shares(len(self.splits["train"]), [s.weight for s in self.sources])
+        shares = source_shares(len(self.train_rows), [s.weight for s in self.sources])
         log.info(
             "training mixes %d sources, %d samples an epoch: %s",
             len(self.sources),
-            len(self.splits["train"]),
+            len(self.train_rows),
             "; ".join(
                 f"{s.name or 'dataset.root'} ({s.root}): {s.rows} rows, weight {s.weight:g}, "
                 f"{share} an epoch"
@@ -219,20 +225,42 @@ class NailDataModule(L.LightningDataModule):
         every row once (the first batches of a rank's share are its first evaluation batches)."""
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
-    def _make(self, split: str, train: bool, **extra: Any):
-        """This rank's loader of `split` (`extra`: loader options over the config's)."""
+    def check_evaluations(self, world_size: int, fit: bool, final: bool) -> None:
+        """Refuse, before anything runs, an evaluation split with fewer rows than ranks (see the
+        module docstring): validation's when fitting, the final evaluation's when it runs."""
+        stages = [stage for stage, runs in (("val", fit), ("test", final)) if runs]
+        for stage in stages:
+            self._check_rows(*self._rows(stage), world_size)
+
+    def _rows(self, stage: str) -> tuple[str, pd.DataFrame]:
+        """(split, rows) a stage's loader reads: training, and validation when overfitting
+        (`overfitting`), the rows training draws from; validation the primary's valid split; the
+        final evaluation the primary's `final_split` (its own rows only, never a mixed source's)."""
+        if stage == "train" or (stage == "val" and self.overfitting):
+            return "train", self.train_rows
+        split = "valid" if stage == "val" else self.final_split
+        return split, self.splits[split]
+
+    @staticmethod
+    def _check_rows(split: str, rows: pd.DataFrame, world: int) -> None:
+        if len(rows) < world:
+            raise ValueError(
+                f"the {split} split has {len(rows)} rows for {world} ranks: every rank needs one "
+                f"to evaluate (nothing is padded); use fewer devices or more data"
+            )
+
+    def _make(self, stage: str, **extra: Any):
+        """This rank's loader of `stage` (train, val, test; `extra`: loader options over the
+        config's)."""
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
-        if self.overfitting:
-            split = "train"
-        if not train and len(self.splits[split]) < world:
-            raise ValueError(
-                f"the {split} split has {len(self.splits[split])} rows for {world} ranks: every "
-                f"rank needs one to evaluate (nothing is padded); use fewer devices or more data"
-            )
+        split, rows = self._rows(stage)
+        train = stage == "train"
+        if not train:
+            self._check_rows(split, rows, world)
         return self.loader(
-            records=self.splits[split],
+            records=rows,
             root=self.root,
             spec=self.aug if train and not self.overfitting else self.eval_spec,
             train=train,
@@ -248,17 +276,19 @@ class NailDataModule(L.LightningDataModule):
         """len() of this rank's train loader before the fit, counted on a CPU twin of it: the
         real one would take its device now, before Lightning sets each rank's own (every DDP
         rank's CUDA context on GPU 0)."""
-        loader = self._make("train", train=True, device="cpu")
+        loader = self._make("train", device="cpu")
         try:
             return len(loader)
         finally:
             loader.close()
 
-    def _build(self, stage: str, split: str, train: bool):
+    def _build(self, stage: str):
         self._close(stage)
-        loader = self._make(split, train)
-        if train and self.trainer is not None:
-            loader.set_epoch(self.trainer.current_epoch)  # a resumed fit continues the shuffles
+        loader = self._make(stage)
+        if stage == "train" and self.trainer is not None:
+            # the epoch the fit runs next: a fit resumed from an epoch's end-of-epoch checkpoint
+            # has `current_epoch` (epochs completed) one short of it until that epoch starts
+            loader.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
         self._loaders[stage] = loader
         return loader
 
@@ -268,13 +298,13 @@ class NailDataModule(L.LightningDataModule):
             loader.close()
 
     def train_dataloader(self):
-        return self._build("train", "train", train=True)
+        return self._build("train")
 
     def val_dataloader(self):
-        return self._build("val", "valid", train=False)
+        return self._build("val")
 
     def test_dataloader(self):
-        return self._build("test", self.final_split, train=False)
+        return self._build("test")
 
     def teardown(self, stage: str) -> None:
         """After fit / validate / test (Lightning calls it): release every loader now."""

@@ -244,8 +244,15 @@ def build(cfg: DictConfig) -> Built:
     )
     if cfg.train:
         checks.check_train_split(
-            len(datamodule.splits["train"]), cfg.loader.batch_size, trainer.world_size
+            len(datamodule.train_rows), cfg.loader.batch_size, trainer.world_size
         )
+    # an evaluation that would leave a rank without a batch is refused now, not after the fit
+    # (overfitting validates on the train rows, checked above)
+    datamodule.check_evaluations(
+        trainer.world_size,
+        fit=cfg.train and not trainer.overfit_batches,
+        final=cfg.test or not cfg.train,
+    )
     if cfg.train and resumed is not None and scheduler is not None:
         length = schedule_length_args(scheduler, lambda: fit_steps(trainer, datamodule))
         resume.check_schedule(resumed, next(iter(length.values()), None), cfg)

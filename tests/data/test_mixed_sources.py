@@ -176,11 +176,11 @@ def test_datamodule_trains_on_every_source_and_evaluates_on_the_primary_only(
     dm = built.datamodule
     assert dm.group_names == ["a", "b", "synth/a", "synth/b"]  # the primary's ids unchanged
     assert [(s.name, s.rows, s.weight) for s in dm.sources] == [("", 12, 1.0), ("synth", 8, 0.5)]
-    train = dm.splits["train"]
+    train = dm.train_rows
     assert len(train) == 20 and train[SOURCE].tolist() == [0] * 12 + [1] * N_MIX
     assert train[SOURCE_WEIGHT].tolist() == [1.0] * 12 + [0.5] * N_MIX
     assert all(Path(p).is_absolute() and Path(p).is_file() for p in train["images"][12:])
-    for split in ("valid", "test"):  # exactly the primary's CSVs, the mixed root's are unused
+    for split in ("train", "valid", "test"):  # the primary's CSVs, which evaluations read
         assert dm.splits[split].equals(read_table(primary / f"{split}.csv"))
     assert dm.final_split == "test"
 
@@ -433,3 +433,14 @@ def test_copies_of_a_row_on_any_ranks_are_augmented_afresh(backend, world, prepa
         single = _samples(backend, prepared, 0, 1)
         assert [row for row, _ in sharded] == [row for row, _ in single]
         assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(sharded, single, strict=True))
+
+
+def test_a_final_evaluation_on_the_train_split_reads_the_primarys_rows_only(roots, tmp_path):
+    # eval_split=train once evaluated the mixed-in source's train rows too
+    primary, mix = roots
+    dm = _build(primary, tmp_path / "run", _mix(("synth", mix, 0.5)), "eval_split=train").datamodule
+    assert len(dm.train_rows) == 20  # training still draws from both sources
+    test = dm.test_dataloader()
+    groups = {dm.group_names[g] for b in test for g in b["group"].tolist()}
+    assert sum(len(b["index"]) for b in test) == 12 and groups == {"a", "b"}
+    dm.teardown("test")

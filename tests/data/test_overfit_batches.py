@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support.loaders import EVERYTHING
+from support.loaders import EVERYTHING, trainer_stand_in
 from support.prepared import write_prepared
 
 from nailseg.data.datamodule import NailDataModule
@@ -58,9 +57,7 @@ def _datamodule(
         backend, batch_size=batch_size, seed=0, drop_last=drop_last, **workers
     )
     datamodule = NailDataModule(root, (32, 32), loader, EVERYTHING)
-    datamodule.trainer = SimpleNamespace(
-        global_rank=rank, world_size=world, overfit_batches=overfit_batches, current_epoch=0
-    )
+    datamodule.trainer = trainer_stand_in(rank, world, overfit_batches)
     return datamodule
 
 
@@ -121,3 +118,14 @@ def test_train_batches_counted_before_the_fit_are_the_loaders(backend: type, tmp
                 counted = datamodule.train_batches()
                 assert counted == len(datamodule.train_dataloader())
                 datamodule.teardown("fit")
+
+
+def test_overfitting_leaves_the_final_evaluation_on_its_own_split(tmp_path: Path) -> None:
+    # training and validation take the train split's fixed batches; the final evaluation (here
+    # the valid split: the data has no test split) once read the 7 train rows instead
+    root = write_prepared(tmp_path / "prepared", n_train=7, n_valid=3)
+    datamodule = _datamodule(root, TorchLoader, batch_size=2, drop_last=False, rank=0, world=1)
+    assert datamodule.final_split == "valid"
+    assert sum(len(b["index"]) for b in datamodule.val_dataloader()) == 7
+    assert [r for b in datamodule.test_dataloader() for r in b["index"].tolist()] == [0, 1, 2]
+    datamodule.teardown("test")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -15,6 +16,20 @@ from nailseg.data.loaders.torch_workers import TorchLoader
 
 SIZE = (32, 32)
 GROUPS = {"a": 0, "b": 1}
+
+
+def trainer_stand_in(
+    rank: int = 0, world_size: int = 1, overfit_batches: int = 0, epoch: int = 0
+) -> SimpleNamespace:
+    """What the datamodule reads of its Lightning trainer, for a rank of any world size without
+    starting one: its place, `overfit_batches` and the epoch the fit runs next."""
+    progress = SimpleNamespace(current=SimpleNamespace(processed=epoch))
+    return SimpleNamespace(
+        global_rank=rank,
+        world_size=world_size,
+        overfit_batches=overfit_batches,
+        fit_loop=SimpleNamespace(epoch_progress=progress),
+    )
 
 
 def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kwargs):

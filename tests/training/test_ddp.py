@@ -13,16 +13,17 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from support.ddp import ddp_overrides, job_dirs, run_train
+from support.loaders import trainer_stand_in
 from support.prepared import write_prepared
 from support.train import compose_train
 from support.wandb_records import history
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
+from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
 from nailseg.training.ledger import train_rows_once
 
@@ -165,9 +166,7 @@ class _Loader:
 
 def _datamodule(prepared: Path, rank: int, world_size: int) -> NailDataModule:
     datamodule = NailDataModule(prepared, (32, 32), functools.partial(_Loader), AugSpec(ops=()))
-    datamodule.trainer = SimpleNamespace(
-        global_rank=rank, world_size=world_size, overfit_batches=0, current_epoch=0
-    )
+    datamodule.trainer = trainer_stand_in(rank, world_size)
     return datamodule
 
 
@@ -178,6 +177,18 @@ def test_eval_split_smaller_than_the_world_fails_on_every_rank(prepared):
         with pytest.raises(ValueError, match=r"valid split has 5 rows for 8 ranks"):
             _datamodule(prepared, rank, 8).val_dataloader()
     assert _datamodule(prepared, 4, 5).val_dataloader().kwargs["world_size"] == 5  # one row each
+
+
+def test_a_final_split_smaller_than_the_world_is_refused_before_the_fit(tmp_path):
+    # 2 test rows for 4 ranks: once refused only when the final evaluation began, after the fit
+    root = write_prepared(tmp_path / "prepared", n_train=12, n_valid=5)
+    write_table(root / "test.csv", read_table(root / "valid.csv").iloc[:2])
+    overrides = ddp_overrides(
+        root, "trainer.devices=4", "trainer.strategy=ddp", "logger=none", batch_size=1
+    )
+    with pytest.raises(ValueError, match=r"the test split has 2 rows for 4 ranks"):
+        build(compose_train(overrides, tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_loaders_are_closed_when_replaced_and_at_teardown(prepared):

@@ -54,6 +54,27 @@ def test_a_constant_lr_fit_may_be_extended(prepared, tmp_path):
     assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
 
 
+def _trained_rows(run_dir: Path) -> dict[int, list[int]]:
+    """Each epoch's training rows in the order trained, from the sample ledger (callbacks=audit)."""
+    epochs: dict[int, list[int]] = {}
+    for path in sorted((run_dir / "ledger").glob("train_*.json")):
+        entry = json.loads(path.read_text())
+        epochs.setdefault(entry["epoch"], []).extend(entry["rows"])
+    return epochs
+
+
+def test_a_resumed_fit_trains_each_epoch_on_the_rows_the_uninterrupted_fit_did(prepared, tmp_path):
+    # resumed from the checkpoint of epoch 1's end, the fit once trained epoch 2 on epoch 1's
+    # shuffle (and so on, one behind): the loader took the epochs completed for the next epoch
+    common = ["scheduler=none", "callbacks=audit", "logger=none", "test=false"]
+    train(prepared, tmp_path / "straight", *common, "trainer.max_epochs=3")
+    train(prepared, tmp_path / "resumed", *common, "trainer.max_epochs=2")
+    train(prepared, tmp_path / "resumed", *common, "trainer.max_epochs=3", "ckpt_path=last")
+    straight = _trained_rows(tmp_path / "straight")
+    assert sorted(straight) == [0, 1, 2] and straight[1] != straight[2]  # shuffled apart
+    assert _trained_rows(tmp_path / "resumed") == straight
+
+
 def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepared, tmp_path):
     # `python train.py hydra.run.dir=runs/a ckpt_path=last`, with a newer run beside it, after
     # an attempt that failed (a sweep job's failed.json, which compare reports)
