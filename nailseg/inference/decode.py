@@ -21,10 +21,9 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from nailseg.inference.photos import Photo
 from nailseg.inference.spec import image_tensors
-from nailseg.prep.imageio import UnreadableImage, read_rgb
+from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
-_EXIF_ORIENTATION = 0x0112
 
 
 @dataclass(frozen=True)
@@ -47,15 +46,15 @@ def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
         with Image.open(photo.path) as im:  # the header only: format check and EXIF
             if im.format != "JPEG":
                 return read_rgb(photo.path)
-            orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1))
+            orientation = exif_orientation(im)
         data = photo.path.read_bytes()
-    except (OSError, SyntaxError, ValueError) as err:
+    except DECODE_ERRORS as err:
         raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
     return EncodedJpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), orientation)
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """A C×H×W image turned upright by its EXIF orientation, as PIL's `exif_transpose` does."""
+    """A C×H×W image turned upright by its EXIF orientation, as `imageio` turns a decoded one."""
     h, w = 1, 2
     turns = {
         2: lambda x: x.flip(w),

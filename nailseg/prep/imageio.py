@@ -21,12 +21,25 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 DEPTHS = (10, 12, 14, 16, 32)  # candidate bit depths of deep images, smallest first
 MASK_VALUE_MAX = 65535  # of a 16-bit mask: a threshold at or above it leaves every mask empty
 _INT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L"})
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# what PIL raises on a file it cannot decode (a broken header, truncated data, a decompression bomb)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError)
+_EXIF_ORIENTATION = 0x0112
+# each EXIF orientation's transpose that turns the image upright, as PIL's exif_transpose turns it
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 class UnreadableImage(ValueError):
@@ -64,6 +77,23 @@ def _file_depth(im: Image.Image, path: Path) -> tuple[int, int | None]:
     return 8, None
 
 
+def exif_orientation(im: Image.Image) -> int:
+    """The image's EXIF orientation (1..8), 1 (as stored) when it has none or its EXIF cannot be
+    read: only this tag is read, so a malformed tag elsewhere in the EXIF (a text value in a
+    number tag) does not stop the pixels being read, as it stopped PIL's exif_transpose, which
+    rewrites the whole EXIF."""
+    try:
+        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except (*DECODE_ERRORS, TypeError):
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _upright(im: Image.Image) -> Image.Image:
+    method = _UPRIGHT.get(exif_orientation(im))
+    return im if method is None else im.transpose(method)
+
+
 def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
     """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; the bits per
     sample in the file and the significant bits it declares."""
@@ -73,8 +103,8 @@ def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
             if depth > 8 and im.mode in ("RGB", "RGBA", "LA"):
                 return _deep_colour(path), depth, significant
             im.load()  # decode now: a truncated file fails here, not later
-            return ImageOps.exif_transpose(im), depth, significant
-    except (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError) as err:
+            return _upright(im), depth, significant
+    except DECODE_ERRORS as err:
         raise UnreadableImage(path, f"cannot decode image: {err}") from err
 
 

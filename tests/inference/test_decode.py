@@ -89,3 +89,43 @@ def test_photos_of_mixed_sizes_travel_in_one_buffer_and_come_out_whole() -> None
         assert tensor.shape == (3, *image.shape[:2]) and tensor.dtype == torch.uint8
         np.testing.assert_array_equal(tensor.permute(1, 2, 0).numpy(), image)
     assert image_tensors([], CPU) == []
+
+
+def _jpeg_with_a_malformed_tag(path: Path, array: np.ndarray, orientation: int) -> Path:
+    """A JPEG whose EXIF holds text under a number tag (YPosition, 0x011F: the Make tag 0x010F
+    with one byte changed) beside its orientation: PIL decodes it, and its exif_transpose, which
+    rewrites the whole EXIF, raised TypeError on it."""
+    exif = Image.Exif()
+    exif[0x0112], exif[0x010F] = orientation, "Camera"
+    buffer = BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=95, exif=exif)
+    data = bytearray(buffer.getvalue())
+    at = data.index(b"\x01\x0f\x00\x02")  # the Make tag's entry (big-endian: tag, ASCII type)
+    data[at + 1] = 0x1F
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_malformed_exif_tag_beside_the_orientation_is_read_upright(tmp_path: Path) -> None:
+    image = np.random.default_rng(3).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    bad = _jpeg_with_a_malformed_tag(tmp_path / "bad.jpg", image, 6)
+    clean = _jpeg(tmp_path / "clean.jpg", image, 6)
+    with pytest.raises(TypeError):  # what the code before called
+        ImageOps.exif_transpose(Image.open(bad))
+    got = read_rgb(bad)
+    assert got.shape == (30, 20, 3)  # turned upright
+    np.testing.assert_array_equal(got, read_rgb(clean))
+    loaded = load(Photo(bad, "bad"), gpu_jpeg=True)  # the GPU path reads the same orientation
+    assert isinstance(loaded, EncodedJpeg) and loaded.orientation == 6
+
+
+def test_a_jpeg_declaring_a_decompression_bomb_is_named_on_the_gpu_path(
+    tmp_path: Path, monkeypatch
+) -> None:
+    big = _jpeg(tmp_path / "big.jpg", np.zeros((64, 64, 3), np.uint8))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 4,096 pixels: over twice the limit
+    with pytest.raises(UnreadableImage, match=r"big\.jpg.*exceeds limit"):
+        load(Photo(big, "big"), gpu_jpeg=True)
+    with pytest.raises(UnreadableImage, match=r"big\.jpg"):
+        read_rgb(big)
