@@ -54,7 +54,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
-from nailseg.atomic import write_text
+from nailseg.atomic import write_bytes
 from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
@@ -583,7 +583,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     )
     if scores:
         table = score_table(scores)
-        write_text(output / SCORES, table.to_csv(index=False, lineterminator="\n"))
+        # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written
+        # escaped, as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
+        text = table.to_csv(index=False, lineterminator="\n")
+        write_bytes(output / SCORES, text.encode("utf-8", "backslashreplace"))
         summary.scores = totals(table)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
     write_summary(output, report | {"config": config}, finished=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -221,3 +222,17 @@ def test_photos_are_found_as_prepare_finds_them_links_followed_and_a_dead_link_n
     assert summary.images == 2 and (tmp_path / "out" / "masks" / "linked" / "y.png").is_file()
     [skipped] = summary.skipped
     assert skipped.path == data / "photos" / "gone.jpg" and "unreadable" in skipped.reason
+
+
+def test_a_photo_whose_name_is_not_utf8_is_scored_and_its_name_escaped(ckpt, data, tmp_path):
+    """Linux names may hold any bytes; Python keeps those that are not UTF-8 as surrogates, and
+    writing scores.csv refused them, after every mask was written: every score was lost."""
+    name = os.fsdecode(b"bad\xff")
+    save_image(data / "photos" / f"{name}.png", np.full((20, 24, 3), 60, np.uint8))
+    save_image(data / "DATA" / "masks" / f"{name}.png", np.zeros((20, 24), np.uint8))
+    summary = _predict(ckpt, data / "photos", tmp_path / "out", data / "DATA" / "masks")
+    assert summary.images == 2 and summary.scores["overall"]["images"] == 2
+    assert (tmp_path / "out" / "masks" / f"{name}.png").is_file()
+    table = (tmp_path / "out" / "scores.csv").read_text(encoding="utf-8")
+    assert "bad\\udcff" in table  # as summary.json's JSON escapes it
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["finished"] is True
