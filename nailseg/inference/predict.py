@@ -80,7 +80,7 @@ from nailseg.inference.spec import (
 )
 from nailseg.inference.threshold import ThresholdError, auto_threshold
 from nailseg.model.checkpoint import CheckpointError, load_net
-from nailseg.prep.imageio import UnreadableImage
+from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
 from nailseg.viz import overlay, save_png_atomic
 
 
@@ -525,6 +525,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     output = Path(cfg.output)
     if cfg.batch_size < 1:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
+    try:
+        check_mask_threshold(cfg.mask_threshold)
+    except ValueError as err:
+        raise PredictError(str(err)) from err
     device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     try:

@@ -169,6 +169,16 @@ def read_mask_values(path: Path) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+def check_mask_threshold(threshold: int) -> None:
+    """Refuse a `mask_threshold` that `binarise` cannot use (ValueError naming the key)."""
+    if not 0 <= threshold < MASK_VALUE_MAX:
+        raise ValueError(
+            f"mask_threshold={threshold} is outside 0..{MASK_VALUE_MAX - 1}: a mask value above "
+            "it is nail, so below 0 every pixel would be, and at the top none (8-bit masks hold "
+            "0..255, 16-bit ones 0..65535)"
+        )
+
+
 def binarise(values: np.ndarray, threshold: int) -> tuple[np.ndarray, int]:
     """Mask in {0, 1}, and the number of distinct values when the input was not binary (else 0).
 

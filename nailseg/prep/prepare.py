@@ -70,9 +70,9 @@ from nailseg.prep.format import (
     write_table,
 )
 from nailseg.prep.imageio import (
-    MASK_VALUE_MAX,
     UnreadableImage,
     binarise,
+    check_mask_threshold,
     decode_rgb,
     read_mask_values,
 )
@@ -276,12 +276,10 @@ def check_request(
             "split.valid_fraction=0 leaves no validation split, and training needs one (it "
             "validates every epoch and keeps the best checkpoint by val/dice): set e.g. 0.2"
         )
-    if not 0 <= mask_threshold < MASK_VALUE_MAX:  # binarise: a value above it is nail
-        raise PrepareError(
-            f"mask_threshold={mask_threshold} is outside 0..{MASK_VALUE_MAX - 1}: a mask value "
-            "above it is nail, so below 0 every pixel would be, and at the top none (8-bit masks "
-            "hold 0..255, 16-bit ones 0..65535)"
-        )
+    try:
+        check_mask_threshold(mask_threshold)
+    except ValueError as err:
+        raise PrepareError(str(err)) from err
     if overlap(input_dir, out_root):
         raise PrepareError(
             f"input_dir={input_dir} and output_dir={out_root} overlap (one is, or is inside, the "

@@ -236,3 +236,15 @@ def test_a_photo_whose_name_is_not_utf8_is_scored_and_its_name_escaped(ckpt, dat
     table = (tmp_path / "out" / "scores.csv").read_text(encoding="utf-8")
     assert "bad\\udcff" in table  # as summary.json's JSON escapes it
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["finished"] is True
+
+
+@pytest.mark.parametrize("threshold", [-1, 65535, 70000])
+def test_a_mask_threshold_outside_the_mask_values_is_refused_before_any_write(
+    threshold, ckpt, data, tmp_path
+):
+    """As prepare refuses it: below 0 every true pixel counted as nail, at the top none."""
+    overrides = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={tmp_path / 'out'}"]
+    overrides += [f"masks={data / 'DATA' / 'masks'}", f"mask_threshold={threshold}"]
+    with pytest.raises(PredictError, match=rf"mask_threshold={threshold} is outside 0\.\.65534"):
+        run(compose_cli("predict", overrides), console=Console(quiet=True))
+    assert not (tmp_path / "out").exists()
