@@ -14,6 +14,7 @@ setting (TTA, input size, normalisation, data root) that changes it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -63,14 +64,47 @@ def auto_threshold(
         raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
     key = _cache_key(spec, root, tta)
     cache = spec.ckpt.parent / CACHE_FILE
-    entries = json.loads(cache.read_text())["entries"] if cache.is_file() else []
-    for entry in entries:
+    entries = _cached(cache)
+    for entry in entries or []:
         if entry["key"] == key:
             return ThresholdChoice(**entry["choice"])
     choice = sweep(net, spec, root, tta=tta, device=device, batch_size=batch_size, console=console)
+    if entries is None:
+        (console or Console()).print(
+            f"{cache} is not a threshold cache nailseg wrote: left as it is, the choice is not "
+            "cached",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return choice
     entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
     write_text(cache, json.dumps({"entries": entries}, indent=2))
     return choice
+
+
+def _cached(cache: Path) -> list[dict[str, Any]] | None:
+    """The cache's entries ([] without one), or None for a file of that name that is not one
+    this module wrote (a user's own `threshold.json` beside the checkpoint: never read or
+    replaced)."""
+    if not cache.is_file():
+        return []
+    try:
+        content = json.loads(cache.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    entries = content.get("entries") if isinstance(content, dict) and len(content) == 1 else None
+    if not isinstance(entries, list):
+        return None
+    fields = {f.name for f in dataclasses.fields(ThresholdChoice)}
+    ours = all(
+        isinstance(e, dict)
+        and set(e) == {"key", "choice"}
+        and isinstance(e["choice"], dict)
+        and set(e["choice"]) == fields
+        for e in entries
+    )
+    return entries if ours else None
 
 
 def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:

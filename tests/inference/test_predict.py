@@ -373,6 +373,21 @@ def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_pa
     assert "constant_auto.ckpt" in keys
 
 
+def test_threshold_auto_neither_reads_nor_replaces_a_users_own_threshold_json(
+    trained, photos, tmp_path
+):
+    """A `threshold.json` of the user's beside the checkpoint once crashed the run (KeyError),
+    and one that happened to parse would have been replaced."""
+    ckpt = tmp_path / "mine" / "last.ckpt"
+    ckpt.parent.mkdir()
+    shutil.copy2(trained, ckpt)
+    for text in ('{"threshold": 0.3, "note": "mine"}', '{"entries": "mine"}', "not json"):
+        (ckpt.parent / CACHE_FILE).write_text(text)
+        summary = predict(ckpt, photos / "top.jpeg", tmp_path / "out", "threshold=auto")
+        assert summary.threshold_source == "auto" and 0 < summary.threshold < 1
+        assert (ckpt.parent / CACHE_FILE).read_text() == text
+
+
 def test_bad_threshold_value(trained, photos, tmp_path):
     with pytest.raises(PredictError, match="threshold=often"):
         predict(trained, photos / "top.jpeg", tmp_path / "out", "threshold=often")
