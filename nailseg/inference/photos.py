@@ -60,9 +60,14 @@ def find_images(folder: Path) -> tuple[list[Path], list[Skipped]]:
 
 
 def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
+    """Each key's files; one file listed twice under its key (an input given twice, or a file
+    beside its own folder) counts once."""
     found: dict[str, list[Path]] = defaultdict(list)
+    seen: set[tuple[str, Path]] = set()
     for key, path in entries:
-        found[key].append(path)
+        if (key, path.resolve()) not in seen:
+            seen.add((key, path.resolve()))
+            found[key].append(path)
     return found
 
 

@@ -173,6 +173,13 @@ def test_two_files_with_one_stem_are_both_skipped(trained, tmp_path):
     assert sorted(s.path.name for s in summary.skipped) == ["x.jpg", "x.png"]
 
 
+def test_a_photo_listed_twice_is_predicted_once(trained, photos, tmp_path):
+    # it was skipped, twice, as "two files with one stem"
+    top = photos / "top.jpeg"
+    summary = predict(trained, f"[{top},{top},{photos / 'a'},{photos / 'a'}]", tmp_path / "out")
+    assert summary.images == 4 and summary.skipped == []
+
+
 def test_nothing_readable_fails(trained, tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "bad.png").write_bytes(b"junk")
