@@ -1,11 +1,15 @@
 """The folder predict writes into, and why predict may write there.
 
 predict writes only into a folder it made: a new one, an empty one, or one whose `summary.json`
-it wrote (its marker). That marker is written first, marked unfinished, and an earlier run's
-`scores.csv` is removed with it, so a run that stops part-way never leaves the last run's results
-describing masks they were not computed from. The folder may not overlap the photos or the true
-masks, nor hold a symbolic link (predict never makes one: a link inside it could lead the writes
-into the photos or the true masks). All of it is checked before the first write.
+it wrote (its marker). That marker is written first, marked unfinished. With it, `outputs.txt`
+lists every mask and overlay the run is to write (and those of the run before, until they are
+gone), and then the earlier run's listed outputs and its `scores.csv` are removed. So a rerun
+leaves only its own results: no mask of a photo since removed, no overlay of a run with other
+settings, and no scores describing masks they were not computed from, even when it stops
+part-way. A file predict did not list (a user's, even under `masks/`) stays, and so do the masks
+of a folder an older predict wrote (it listed none). The folder may not overlap the photos or
+the true masks, nor hold a symbolic link (predict never makes one: a link inside it could lead
+the writes into the photos or the true masks). All of it is checked before the first write.
 """
 
 from __future__ import annotations
@@ -13,15 +17,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nailseg.atomic import write_text
+from nailseg.atomic import write_bytes, write_text
 from nailseg.paths import overlap
 from nailseg.prep.format import ForeignFolderError, require_owned
 
 SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
+OUTPUTS = "outputs.txt"  # the masks and overlays predict writes here, one relative path a line
+OUTPUT_FOLDERS = ("masks", "overlays")
 CREATOR = "nailseg.predict"
 # what every summary.json predict wrote holds, unfinished ones and earlier versions' included
 # (each since the first, 2f98124): a user's summary.json rarely has all three
@@ -72,11 +78,51 @@ def _first_link(folder: Path) -> Path | None:
     return None
 
 
-def claim(output: Path, report: dict[str, Any]) -> None:
-    """The first write: `summary.json`, marked unfinished (so the folder is known as predict's),
-    and the last run's `scores.csv` removed."""
+def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> None:
+    """The first writes (see the module docstring): `summary.json`, marked unfinished (so the
+    folder is known as predict's), `outputs.txt` listing `outputs` (the paths this run is to
+    write) and the earlier run's, then the earlier run's outputs and `scores.csv` removed."""
+    earlier = _listed(output)
     write_summary(output, report, finished=False)
+    list_outputs(output, [*dict.fromkeys(earlier + outputs)])
+    for rel in earlier:
+        (output / rel).unlink(missing_ok=True)
+    for folder in OUTPUT_FOLDERS:
+        _remove_empty_folders(output / folder)
     (output / SCORES).unlink(missing_ok=True)
+
+
+def list_outputs(output: Path, outputs: list[str]) -> None:
+    """Write `outputs.txt` (names that are not UTF-8 kept as their bytes)."""
+    text = "".join(f"{rel}\n" for rel in outputs)
+    write_bytes(output / OUTPUTS, text.encode("utf-8", "surrogateescape"))
+
+
+def _listed(output: Path) -> list[str]:
+    """The outputs an earlier run listed: the lines of `outputs.txt` that name a file under
+    `masks/` or `overlays/` (no `..`, no absolute path); none without the file."""
+    try:
+        text = (output / OUTPUTS).read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return []
+    listed = []
+    for line in text.splitlines():
+        parts = PurePosixPath(line).parts
+        safe = len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and ".." not in parts
+        if safe and not line.startswith("/") and (output / line).is_file():
+            listed.append(line)
+    return listed
+
+
+def _remove_empty_folders(folder: Path) -> None:
+    """`folder` and the folders under it that hold nothing (after the earlier outputs went)."""
+    if not folder.is_dir():
+        return
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:

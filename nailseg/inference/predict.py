@@ -11,7 +11,8 @@ The output folder must be new, empty or an earlier predict's (output.py: it may 
 photos or the true masks, in either direction, ignoring case, through links, nor hold a link), and
 every true mask is read before the first write: a prediction can never replace a file it is scored
 against, nor a file of the user's. `summary.json` is written first, unfinished, and rewritten
-finished at the end. Photos are read and written by a thread pool while the net
+finished at the end; `outputs.txt` lists the masks and overlays, and a rerun first removes the
+ones the run before listed. Photos are read and written by a thread pool while the net
 runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
 bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
 is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
@@ -59,7 +60,15 @@ from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
-from nailseg.inference.output import SCORES, OutputError, check_output, claim, write_summary
+from nailseg.inference.output import (
+    OUTPUT_FOLDERS,
+    SCORES,
+    OutputError,
+    check_output,
+    claim,
+    list_outputs,
+    write_summary,
+)
 from nailseg.inference.photos import (
     MaskIndex,
     Photo,
@@ -554,9 +563,12 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     )
     threshold, source = _threshold(cfg, spec, net, device, console)
     config = OmegaConf.to_container(cfg, resolve=True)
+    folders = OUTPUT_FOLDERS if cfg.overlays else OUTPUT_FOLDERS[:1]
+    outputs = [f"{folder}/{photo.key}.png" for photo in photos for folder in folders]
     claim(
         output,
         {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold, "config": config},
+        outputs,
     )
 
     start = time.perf_counter()
@@ -593,6 +605,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         write_bytes(output / SCORES, text.encode("utf-8", "backslashreplace"))
         summary.scores = totals(table)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
+    list_outputs(output, outputs)  # the earlier run's are gone
     write_summary(output, report | {"config": config}, finished=True)
     print_summary(summary, output, console)
     if not written:

@@ -248,3 +248,66 @@ def test_a_mask_threshold_outside_the_mask_values_is_refused_before_any_write(
     with pytest.raises(PredictError, match=rf"mask_threshold={threshold} is outside 0\.\.65534"):
         run(compose_cli("predict", overrides), console=Console(quiet=True))
     assert not (tmp_path / "out").exists()
+
+
+def _outputs(output: Path) -> list[str]:
+    return sorted(p.relative_to(output).as_posix() for p in output.rglob("*") if p.is_file())
+
+
+def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
+    """A rerun with a photo removed and overlays=false: the removed photo's mask and every overlay
+    of the run before stayed, beside a summary that did not count them. A user's own files in
+    predict's folder, even one under masks/, stay."""
+    output = tmp_path / "out"
+    for name in ("a", "b"):
+        save_image(data / "photos" / f"{name}.png", np.full((20, 24, 3), 70, np.uint8))
+    _predict(ckpt, data / "photos", output)
+    assert (output / "overlays" / "b.png").is_file() and (output / "masks" / "b.png").is_file()
+    (output / "masks" / "mine.png").write_bytes(b"my own mask")
+    (output / "notes.txt").write_text("mine")
+    (data / "photos" / "b.png").unlink()
+    overrides = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "overlays=false"]
+    assert run(compose_cli("predict", overrides), console=Console(quiet=True)).images == 2
+    assert _outputs(output) == [
+        "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt", "outputs.txt", "summary.json",
+    ]  # fmt: skip
+    assert (output / "outputs.txt").read_text().split() == ["masks/a.png", "masks/x.png"]
+
+
+def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path, monkeypatch):
+    """What a stopped run wrote is listed before it is written, so the next run removes it."""
+    output = tmp_path / "out"
+    for i in range(3):
+        save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
+    _predict(ckpt, data / "photos", output)
+    write = nailseg.inference.predict.save_png_atomic
+    written = []
+
+    def disk_full_after_three(path, *args, **kwargs):
+        if len(written) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        return write(path, *args, **kwargs)
+
+    monkeypatch.setattr(nailseg.inference.predict, "save_png_atomic", disk_full_after_three)
+    (data / "photos" / "p2.png").unlink()
+    with pytest.raises(OSError, match="No space left"):
+        _predict(ckpt, data / "photos", output)
+    listed = set((output / "outputs.txt").read_text().split())
+    assert set(_outputs(output)) - {"outputs.txt", "summary.json"} <= listed
+    assert "masks/p2.png" in listed  # the run before's, until it is gone
+    monkeypatch.undo()
+    _predict(ckpt, data / "photos", output)
+    assert not (output / "masks" / "p2.png").exists()
+    assert len(_outputs(output)) == 2 + 2 * 3  # outputs.txt, summary.json, p0, p1, x
+
+
+def test_outputs_txt_never_leads_a_removal_outside_predicts_folders(ckpt, data, tmp_path):
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)
+    (tmp_path / "victim.txt").write_text("keep")
+    (output / "notes.txt").write_text("keep")
+    lines = ["../victim.txt", f"{tmp_path}/victim.txt", "masks/../notes.txt", "notes.txt"]
+    (output / "outputs.txt").write_text("\n".join(lines) + "\n")
+    _predict(ckpt, data / "photos", output)
+    assert (tmp_path / "victim.txt").read_text() == (output / "notes.txt").read_text() == "keep"
