@@ -18,7 +18,13 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from nailseg.prep.imageio import UnreadableImage, binarise, read_mask_values
-from nailseg.prep.layout import DUPLICATE_STEM, FLAT_GROUP, IMAGE_EXTENSIONS, files_under
+from nailseg.prep.layout import (
+    DUPLICATE_STEM,
+    FLAT_GROUP,
+    IMAGE_EXTENSIONS,
+    UNSUPPORTED,
+    files_under,
+)
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,18 @@ def _key(path: Path, folder: Path) -> str:
 def find_images(folder: Path) -> tuple[list[Path], list[Skipped]]:
     """Image files under `folder` (any case of a known extension) found as prepare finds them:
     recursively, links to folders followed (each real folder once), dotfiles ignored, a link to
-    nothing kept (reading it says why); and the folders that could not be listed, with why."""
+    nothing kept (reading it says why); and what is left out, with why, as prepare reports it:
+    the folders that could not be listed and the files of other types (a `.webp`, a `.txt`)."""
     names, excluded = files_under(folder)
-    images = [folder / name for name in names if Path(name).suffix.lower() in IMAGE_EXTENSIONS]
-    return images, [Skipped(e.path, f"{e.kind} ({e.detail})") for e in excluded]
+    images, skipped = [], [Skipped(e.path, f"{e.kind} ({e.detail})") for e in excluded]
+    for name in names:
+        suffix = Path(name).suffix.lower()
+        if suffix in IMAGE_EXTENSIONS:
+            images.append(folder / name)
+        else:
+            extension = Path(name).suffix or "(none)"
+            skipped.append(Skipped(folder / name, f"{UNSUPPORTED} (extension {extension!r})"))
+    return images, skipped
 
 
 def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:

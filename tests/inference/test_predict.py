@@ -79,7 +79,8 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
 
     assert summary.images == len(PHOTO_SIZES)
     assert [(s.path.name, s.reason.split(":")[0]) for s in summary.skipped] == [
-        ("broken.png", "unreadable")
+        ("notes.txt", "not an image file (extension '.txt')"),
+        ("broken.png", "unreadable"),
     ]
     assert "broken.png" in console.export_text()  # reported by name
     for key, (h, w) in PHOTO_SIZES.items():
@@ -94,7 +95,7 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
     assert 0 < sum(stages.values()) <= report["seconds"]
     assert report["capture_s"] == 0.0  # no CUDA graph on the CPU
     assert report["image_size"] == [32, 32] and report["threshold"] == 0.5
-    assert report["skipped"][0]["path"].endswith("broken.png")
+    assert [s["path"].rsplit("/", 1)[1] for s in report["skipped"]] == ["notes.txt", "broken.png"]
     assert not list(out.rglob("*.tmp"))  # every write was renamed into place
 
 
@@ -178,6 +179,19 @@ def test_a_photo_listed_twice_is_predicted_once(trained, photos, tmp_path):
     top = photos / "top.jpeg"
     summary = predict(trained, f"[{top},{top},{photos / 'a'},{photos / 'a'}]", tmp_path / "out")
     assert summary.images == 4 and summary.skipped == []
+
+
+def test_files_of_other_types_in_a_folder_are_named_as_skipped(trained, tmp_path):
+    # they were passed over without a word (prepare reports them)
+    save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "in" / "y.webp")
+    (tmp_path / "in" / "notes").write_text("mine")
+    summary = predict(trained, tmp_path / "in", tmp_path / "out")
+    assert summary.images == 1
+    assert sorted((s.path.name, s.reason) for s in summary.skipped) == [
+        ("notes", "not an image file (extension '(none)')"),
+        ("y.webp", "not an image file (extension '.webp')"),
+    ]
 
 
 def test_nothing_readable_fails(trained, tmp_path):
