@@ -151,11 +151,18 @@ class AugSpec:
             p = float(entry.pop("p", 1.0))
             ranges = {k: (float(v[0]), float(v[1])) for k, v in entry.items() if v is not None}
             parsed.append(AugOp(name=name, p=p, ranges=ranges))
-        return cls(ops=tuple(parsed), mean=_triple(mean), std=_triple(std))
+        mean_, std_ = rgb_triple(mean, "normalize.mean"), rgb_triple(std, "normalize.std", True)
+        return cls(ops=tuple(parsed), mean=mean_, std=std_)
 
 
-def _triple(values: Iterable[float]) -> tuple[float, float, float]:
+def rgb_triple(
+    values: Iterable[float], key: str, positive: bool = False
+) -> tuple[float, float, float]:
+    """Three values, one per RGB channel, or a ValueError naming `key`; `positive`: each above 0
+    (a std, which divides: 0 trained on NaN and exited 0)."""
     out = tuple(float(v) for v in values)
     if len(out) != 3:
-        raise ValueError(f"expected 3 values (one per RGB channel), got {out}")
+        raise ValueError(f"{key}={list(out)}: needs 3 values, one per RGB channel")
+    if positive and min(out) <= 0:
+        raise ValueError(f"{key}={list(out)}: every value must be above 0 (it divides)")
     return out  # type: ignore[return-value]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from omegaconf import MISSING, DictConfig
 
 from nailseg.config import ModelConfig
+from nailseg.data.augment import rgb_triple
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
@@ -93,16 +94,19 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
         model=model,
         image_size=(int(image_size[0]), int(image_size[1])),
         mean=_triple(mean, "mean"),
-        std=_triple(std, "std"),
+        std=_triple(std, "std", positive=True),
         threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
         data_root=Path(data_root) if data_root else None,
     )
 
 
-def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
-    if len(values) != 3:
-        raise CheckpointError(f"{name} needs one value per RGB channel, got {list(values)}")
-    return (float(values[0]), float(values[1]), float(values[2]))
+def _triple(
+    values: Sequence[float], name: str, positive: bool = False
+) -> tuple[float, float, float]:
+    try:
+        return rgb_triple(values, name, positive)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
 
 
 def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:

@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, Timer
@@ -185,7 +186,7 @@ def use_channels_last(setting: bool | None, on_cuda: bool) -> bool:
 
 def build(cfg: DictConfig) -> Built:
     """Check `cfg`, resolve what `ckpt_path` resumes, seed, and build data, module and trainer."""
-    checks.check_values(cfg)
+    checks.check_config(cfg)
     resumed = resume.resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job())
     if resumed is not None:
         resume.check_matches(resumed, cfg)
@@ -209,11 +210,8 @@ def build(cfg: DictConfig) -> Built:
     # are not needed, so a resume or evaluation runs without them
     net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
     checks.check_input_size(net, image_size, cfg.model)
-    optimizer = instantiate(cfg.optimizer)
-    checks.check_arguments(optimizer, "optimizer")
+    optimizer = instantiate(cfg.optimizer)  # both checked by check_config
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
-    if scheduler is not None:
-        checks.check_arguments(scheduler, "scheduler")
     module = SegModule(
         net=net,
         optimizer=optimizer,
@@ -232,7 +230,10 @@ def build(cfg: DictConfig) -> Built:
 
     wandb_run_id = resumed.card.get("wandb_run_id") if resumed else None
     loggers = build_loggers(cfg, resumed)
-    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
+    try:  # the callbacks group is untyped: each callback checks its own values
+        callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
+    except InstantiationException as err:
+        raise checks.ConfigError(f"callbacks: {err.__cause__ or err}") from None
     if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     callbacks.append(CheckpointCard(make_card(cfg, datamodule.group_names), wandb_run_id))

@@ -180,7 +180,9 @@ class TimeToTarget(L.Callback):
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
         if mode not in ("max", "min"):
             raise ValueError(f"callbacks.time_to_target.mode={mode!r} is not max or min")
-        self.metric, self.target, self.mode, self.stop = metric, float(target), mode, bool(stop)
+        if not isinstance(stop, bool):  # the callbacks group is untyped: `stop=no` is a string
+            raise ValueError(f"callbacks.time_to_target.stop={stop!r} is not true or false")
+        self.metric, self.target, self.mode, self.stop = metric, float(target), mode, stop
         self.reached: dict[str, Any] | None = None
         self._started = _job_started if _job_started is not None else process_start_time()
         self._fit_start = self._mark = 0.0

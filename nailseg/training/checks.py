@@ -12,13 +12,17 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import get_class
+import torch
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nailseg.config import DIRECTIONS
+from nailseg.data.augment import rgb_triple
+from nailseg.device import check_name
+from nailseg.model.module import schedule_length_args
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 MODES = tuple(DIRECTIONS)
@@ -48,7 +52,57 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
     if not cfg.train and not cfg.ckpt_path:
         raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
+    try:
+        rgb_triple(cfg.normalize.mean, "normalize.mean")
+        rgb_triple(cfg.normalize.std, "normalize.std", positive=True)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    check_loader(cfg.loader)
     check_strategy(cfg.trainer.strategy)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every check that needs no data: `run` calls it first, before the built-in data is made
+    or anything written, and `build` again (what a test builds is checked alike)."""
+    check_values(cfg)
+    optimizer = instantiate(cfg.optimizer)
+    check_arguments(optimizer, "optimizer")
+    scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
+    if scheduler is not None:
+        check_arguments(scheduler, "scheduler")
+    check_optimization(optimizer, scheduler)
+
+
+def check_loader(loader: DictConfig) -> None:
+    """The loader's own settings, which its backend would refuse only when the fit starts."""
+    try:
+        check_name(loader.device)
+    except ValueError as err:
+        raise ConfigError(f"loader.{err}") from None
+    fewest = get_class(loader._target_).MIN_WORKERS
+    if loader.num_workers < fewest:
+        raise ConfigError(
+            f"loader.num_workers={loader.num_workers}: must be at least {fewest} for "
+            f"{loader._target_.rsplit('.', 1)[1]}"
+        )
+    if loader.prefetch < 1:
+        raise ConfigError(f"loader.prefetch={loader.prefetch}: must be at least 1")
+
+
+def check_optimization(optimizer: functools.partial, scheduler: functools.partial | None) -> None:
+    """Build the optimizer on a stand-in parameter and the schedule on it (a stand-in length
+    where the fit would give it): torch checks their values (a negative lr, onecycle's
+    pct_start) only when they are built, inside the fit, after the loggers' folders."""
+    try:
+        stand_in = optimizer([nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"optimizer: {err}") from None
+    if scheduler is None:
+        return
+    try:
+        scheduler(stand_in, **schedule_length_args(scheduler, lambda: 1000))
+    except (ValueError, TypeError, ZeroDivisionError) as err:
+        raise ConfigError(f"scheduler: {err}") from None
 
 
 def strategy_class(strategy: Any) -> type | None:

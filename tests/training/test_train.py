@@ -90,6 +90,42 @@ def test_a_strategy_object_is_checked_at_start_naming_the_option(prepared, tmp_p
     assert strategy._ddp_kwargs == {"static_graph": True, "bucket_cap_mb": 1}  # to DDP itself
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optimizer.lr=-1"], r"optimizer: Invalid learning rate: -1"),
+        (["optimizer=sgd", "optimizer.momentum=-1"], r"optimizer: Invalid momentum value"),
+        (["scheduler=onecycle", "scheduler.pct_start=1.5"], r"scheduler: .*pct_start"),
+        (["loader=torch", "loader.num_workers=-1"], r"loader.num_workers=-1: .* 0 for TorchLoader"),
+        (["loader=dali", "loader.num_workers=0"], r"loader.num_workers=0: .* 1 for DaliLoader"),
+        (["loader.prefetch=0"], r"loader.prefetch=0: must be at least 1"),
+        (["loader.device=gpux"], r"loader.device='gpux': use one of"),
+        (["normalize.std=[0,1,1]"], r"normalize.std=\[0.0, 1.0, 1.0\]: .* above 0"),
+        (["callbacks.time_to_target.stop=no"], r"callbacks.time_to_target.stop='no'"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else "",
+)
+def test_a_bad_value_is_refused_naming_its_key_before_any_write(
+    overrides, message, prepared, tmp_path
+):
+    """Each was refused only inside the fit (torch's, DALI's and the loaders' own checks), after
+    the logger's folders were written, or not at all (a std of 0 trained on NaN; `stop=no`
+    stopped the fit: a non-empty string)."""
+    with pytest.raises(ValueError, match=message):
+        train(prepared, tmp_path / "run", "logger=csv", *overrides)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_value_fails_before_the_built_in_data_is_made(tmp_path):
+    """train.py made and prepared the synthetic set (seconds, megabytes) and only then refused a
+    value any check could have refused first."""
+    raw, root = tmp_path / "synthetic" / "raw", tmp_path / "synthetic" / "prepared"
+    overrides = [f"dataset.raw_dir={raw}", f"dataset.root={root}", "dataset.synthetic.n=8"]
+    with pytest.raises(ConfigError, match=r"loader.batch_size=0"):
+        run(compose_train([*overrides, "loader.batch_size=0"], tmp_path / "run"))
+    assert not (tmp_path / "synthetic").exists() and not (tmp_path / "run").exists()
+
+
 def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
     with pytest.raises(ValueError, match=r"reduce_overhead.*reduce-overhead"):
         train(prepared, tmp_path / "run", "module.compile=true", "module.compile_mode=reduce_overhead", "logger=none")  # fmt: skip

@@ -115,6 +115,8 @@ class PlannedLoader(ABC):
     docstring). Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
     "group": int64 B, "index": int64 B (the CSV row)} on `device` (auto | cpu | gpu)."""
 
+    MIN_WORKERS = 0  # the fewest `num_workers` a backend takes (0: the main process reads)
+
     def __init__(
         self,
         records: pd.DataFrame,

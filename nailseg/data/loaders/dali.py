@@ -376,6 +376,8 @@ class DaliLoader(PlannedLoader):
     (the batch contract and passes as in base.py). On the GPU the pipeline runs DALI's GPU
     operators and batches stay on the device."""
 
+    MIN_WORKERS = 1  # DALI's CPU threads
+
     def __init__(
         self,
         records: pd.DataFrame,
