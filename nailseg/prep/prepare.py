@@ -862,9 +862,20 @@ def run(cfg: DictConfig) -> Summary:
     input_dir, output_dir = Path(cfg.input_dir), Path(cfg.output_dir)
     synthetic = cfg.dataset.synthetic if _generates(cfg) else None
     if synthetic is not None:
-        from nailseg.prep.synthetic import generate, manifest_text
+        from nailseg.prep.synthetic import generate, groups_of, manifest_text
 
         check_config(cfg)  # before the generator writes the input
+        if synthetic.n < 1:
+            raise PrepareError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
+        options = _options(cfg)
+        try:  # held-out groups against the groups the set will have, known before it is made
+            check_split_settings(
+                **{k: options[k] for k in ("valid_fraction", "test_fraction", "folds", "fold")},
+                holdout_groups=options["holdout_groups"],
+                groups=groups_of(synthetic.n),
+            )
+        except ValueError as err:
+            raise PrepareError(str(err)) from err
         try:
             generate(input_dir, synthetic.n, synthetic.seed, num_workers=cfg.num_workers or 0)
         except ForeignFolderError as err:

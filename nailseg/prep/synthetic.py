@@ -428,6 +428,11 @@ def is_current(out_dir: Path, n: int = 200, seed: int = 0, name: str = MANIFEST)
         return False
 
 
+def groups_of(n: int) -> list[str]:
+    """The groups a set of `n` photos has (sample i is in group i mod 4)."""
+    return list(GROUPS[: min(n, len(GROUPS))])
+
+
 def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -> Path:
     """Write n samples to `out_dir` unless it already holds them; returns `out_dir`.
 

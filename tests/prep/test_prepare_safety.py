@@ -174,8 +174,19 @@ def _compose_synthetic(raw: Path, out: Path, *overrides: str):
         ("split.group_regex='(unclosed'", r"split\.group_regex"),
         ("mask_threshold=-1", r"mask_threshold=-1"),
         ("output_dir=${dataset.raw_dir}/prepared", r"overlap"),
+        ("split.holdout_groups=[zzz]", r"names \['zzz'\], not among the input's groups"),
+        ("split.holdout_groups=[studio,desk,fabric,clutter]", r"holds out every group"),
+        ("dataset.synthetic.n=0", r"dataset\.synthetic\.n=0: must be at least 1"),
     ],
-    ids=["valid_fraction", "group_regex", "mask_threshold", "output-inside-raw"],
+    ids=[
+        "valid_fraction",
+        "group_regex",
+        "mask_threshold",
+        "output-inside-raw",
+        "holdout-unknown",
+        "holdout-all",
+        "n=0",
+    ],
 )
 def test_a_synthetic_run_checks_the_request_before_generating(tmp_path, override, message):
     raw, out = tmp_path / "raw", tmp_path / "out"
