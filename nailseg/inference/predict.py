@@ -453,7 +453,7 @@ def _workers(cfg: DictConfig, device: torch.device) -> int:
     work and each thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos,
     the code before size groups: 640 photos/s with 16 threads, 997 with 8, 921 with 4). With
     overlays the writers are the limit (8 threads: 15.6 of 17.4 s waiting for them)."""
-    if cfg.num_workers:
+    if cfg.num_workers is not None:
         return cfg.num_workers
     cores = os.cpu_count() or 1
     return cores if device.type == "cpu" or cfg.overlays else max(1, min(8, cores // 2))
@@ -534,6 +534,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     output = Path(cfg.output)
     if cfg.batch_size < 1:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
+    if cfg.num_workers is not None and cfg.num_workers < 1:
+        raise PredictError(
+            f"num_workers={cfg.num_workers}: must be at least 1 (null: see the help)"
+        )
     try:
         check_mask_threshold(cfg.mask_threshold)
     except ValueError as err:

@@ -86,8 +86,10 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
             "before nailseg recorded them, away from its run folder): pass model=<unet|"
             "segformer|...>, image_size=[h,w], mean=[...] and std=[...] it was trained with"
         )
-    if len(image_size) != 2:
-        raise CheckpointError(f"image_size must be [height, width], got {list(image_size)}")
+    if len(image_size) != 2 or min(int(side) for side in image_size) < 1:
+        raise CheckpointError(
+            f"image_size must be [height, width], both >= 1, got {list(image_size)}"
+        )
     data_root = card.get("data_root")
     return InferenceSpec(
         ckpt=ckpt,

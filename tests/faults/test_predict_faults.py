@@ -18,6 +18,7 @@ from support.prepared import write_prepared
 import nailseg.inference.photos
 import nailseg.inference.predict
 from nailseg.inference.predict import PredictError, run
+from nailseg.model.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -311,3 +312,21 @@ def test_outputs_txt_never_leads_a_removal_outside_predicts_folders(ckpt, data, 
     (output / "outputs.txt").write_text("\n".join(lines) + "\n")
     _predict(ckpt, data / "photos", output)
     assert (tmp_path / "victim.txt").read_text() == (output / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("num_workers=-1", r"num_workers=-1: must be at least 1"),
+        ("num_workers=0", r"num_workers=0: must be at least 1"),
+        ("image_size=[0,64]", r"image_size must be \[height, width\], both >= 1"),
+        ("std=[0,1,1]", r"std=\[0.0, 1.0, 1.0\]: every value must be above 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_before_any_write(override, message, ckpt, data, tmp_path):
+    """Each was taken, `summary.json` written, then the run failed (or with num_workers=0 ran
+    on one thread per core, as null does; with std 0 it wrote masks of NaN)."""
+    overrides = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={tmp_path / 'out'}", override]
+    with pytest.raises((PredictError, CheckpointError), match=message):
+        run(compose_cli("predict", overrides), console=Console(quiet=True))
+    assert not (tmp_path / "out").exists()
