@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -295,17 +296,20 @@ def check_request(
 
 def _check_creatable(out_root: Path) -> None:
     """Refuse an output_dir that is, or lies below, a link to nothing or a file: it could not be
-    made a folder."""
+    made a folder. One stat a path: another process (a DDP rank preparing the built-in set) may
+    make the folder meanwhile, and a path seen missing, then present, is no file."""
     for path in (out_root, *out_root.parents):
-        if path.is_dir():
-            return
-        if path.is_symlink():
-            raise PrepareError(
-                f"output_dir={out_root}: {path} is a symlink to {os.readlink(path)}, which does "
-                "not exist: create that folder, or choose another output_dir"
-            )
-        if os.path.lexists(path):
-            raise PrepareError(f"output_dir={out_root}: {path} is a file, not a folder")
+        try:
+            if stat.S_ISDIR(os.stat(path).st_mode):
+                return
+        except (FileNotFoundError, NotADirectoryError):  # missing, or below a file
+            if os.path.islink(path):
+                raise PrepareError(
+                    f"output_dir={out_root}: {path} is a symlink to {os.readlink(path)}, which "
+                    "does not exist: create that folder, or choose another output_dir"
+                ) from None
+            continue
+        raise PrepareError(f"output_dir={out_root}: {path} is a file, not a folder")
 
 
 @contextmanager
