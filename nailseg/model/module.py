@@ -152,17 +152,12 @@ class SegModule(L.LightningModule):
         """Log the epoch's loss, scores and sample counts (summed over ranks by torchmetrics'
         compute) under `prefix/`, reset for the next epoch; returns the epoch's Dice."""
         scores = self.eval_scores[stage].compute()
-        values = {
-            f"{prefix}/loss": self.eval_loss[stage].compute(),
-            f"{prefix}/dice": scores["dice"],
-            f"{prefix}/iou": scores["iou"],
-            f"{prefix}/samples": scores["samples"].float(),
-        }
+        scores["loss"] = self.eval_loss[stage].compute()
+        values = {f"{prefix}/{metric}": scores[metric].float() for metric in EVAL_METRICS}
         for i, name in enumerate(self.group_names):
             if scores["samples_group"][i] > 0:
-                values[f"{prefix}/dice_group_{name}"] = scores["dice_group"][i]
-                values[f"{prefix}/iou_group_{name}"] = scores["iou_group"][i]
-                values[f"{prefix}/samples_group_{name}"] = scores["samples_group"][i].float()
+                for metric in EVAL_METRICS[1:]:  # a loss is not kept per group
+                    values[f"{prefix}/{metric}_group_{name}"] = scores[f"{metric}_group"][i].float()
         for name, value in values.items():
             # the value is already the same on every rank: sync_dist's mean over ranks leaves it
             # as it is (counts exactly, scores to float rounding) and stops Lightning's DDP
@@ -192,6 +187,27 @@ class SegModule(L.LightningModule):
                 "or give the scheduler's T_max/total_steps explicitly"
             )
         return int(steps)
+
+
+EVAL_METRICS = ("loss", "dice", "iou", "samples")  # every evaluation's; per group all but the loss
+# what training logs each epoch: the module's loss (Lightning adds _step and _epoch names), its
+# sample count, and TrainSpeedMonitor's speed
+TRAIN_METRICS = frozenset(
+    {"loss", "loss_step", "loss_epoch", "samples", "images_per_s", "data_wait_frac"}
+)
+
+
+def monitorable(name: str) -> bool:
+    """Whether a checkpoint or a sweep can follow `name`: a value validation logs at its end
+    (`val/<metric>`, per group `val/<metric>_group_<group>`, and `val/dice_best`) or training
+    each epoch (`train/loss`, ...)."""
+    stage, _, metric = name.partition("/")
+    if stage == "train":
+        return metric in TRAIN_METRICS
+    base, per_group, _ = metric.partition("_group_")
+    return stage == "val" and (
+        metric == "dice_best" or base in (EVAL_METRICS[1:] if per_group else EVAL_METRICS)
+    )
 
 
 def schedule_length_args(

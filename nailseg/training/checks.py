@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nailseg.config import DIRECTIONS
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
-from nailseg.model.module import schedule_length_args
+from nailseg.model.module import monitorable, schedule_length_args
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 MODES = tuple(DIRECTIONS)
@@ -44,8 +44,16 @@ def check_values(cfg: DictConfig) -> None:
     max_epochs = cfg.trainer.max_epochs
     if max_epochs is not None and max_epochs != -1 and max_epochs < 1:
         raise ConfigError(f"trainer.max_epochs={max_epochs}: must be >= 1 (or -1: no limit)")
+    every = cfg.trainer.check_val_every_n_epoch
+    if every is not None and every < 1:
+        raise ConfigError(f"trainer.check_val_every_n_epoch={every}: must be >= 1 (or null)")
     if cfg.eval_split not in EVAL_SPLITS:
         raise ConfigError(f"eval_split={cfg.eval_split}: must be one of {', '.join(EVAL_SPLITS)}")
+    if not monitorable(cfg.optimized_metric):
+        raise ConfigError(
+            f"optimized_metric={cfg.optimized_metric}: not a value training logs; e.g. val/dice, "
+            "val/loss, val/iou, val/dice_group_<group>, val/dice_best, train/loss"
+        )
     if cfg.optimized_mode not in MODES:
         raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
     if cfg.overlay_every_n_epochs < 1:

@@ -102,15 +102,17 @@ def test_a_strategy_object_is_checked_at_start_naming_the_option(prepared, tmp_p
         (["loader.device=gpux"], r"loader.device='gpux': use one of"),
         (["normalize.std=[0,1,1]"], r"normalize.std=\[0.0, 1.0, 1.0\]: .* above 0"),
         (["callbacks.time_to_target.stop=no"], r"callbacks.time_to_target.stop='no'"),
+        (["optimized_metric=val/dicee"], r"optimized_metric=val/dicee: not a value training"),
+        (["trainer.check_val_every_n_epoch=0"], r"check_val_every_n_epoch=0: must be >= 1"),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else "",
 )
 def test_a_bad_value_is_refused_naming_its_key_before_any_write(
     overrides, message, prepared, tmp_path
 ):
-    """Each was refused only inside the fit (torch's, DALI's and the loaders' own checks), after
-    the logger's folders were written, or not at all (a std of 0 trained on NaN; `stop=no`
-    stopped the fit: a non-empty string)."""
+    """Each was refused only inside the fit (torch's, DALI's and the loaders' own checks; a
+    misspelt metric at the first validation's end), after the logger's folders were written, or
+    not at all (a std of 0 trained on NaN; `stop=no` stopped the fit: a non-empty string)."""
     with pytest.raises(ValueError, match=message):
         train(prepared, tmp_path / "run", "logger=csv", *overrides)
     assert not (tmp_path / "run").exists()
