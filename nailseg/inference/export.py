@@ -23,6 +23,7 @@ import io
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,12 +67,15 @@ class ExportError(RuntimeError):
 def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes:
     """`net` as a checked ONNX model with nailseg's metadata, in memory."""
     buffer = io.BytesIO()
+    example = torch.zeros(2, 3, *spec.image_size)
+    with torch.inference_mode():
+        out_shape = net.eval()(example).shape
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
-            net.eval(),
-            (torch.zeros(2, 3, *spec.image_size),),
+            net,
+            (example,),
             buffer,
             dynamo=False,
             opset_version=opset,
@@ -80,9 +84,21 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )
     model = onnx.load_from_string(buffer.getvalue())
+    _declare_output_shape(model, out_shape[1:])
     onnx.helper.set_model_props(model, _metadata(spec))
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+def _declare_output_shape(model: onnx.ModelProto, sizes: Sequence[int]) -> None:
+    """The output's declared shape: the batch axis, then the sizes the net gives (its logits
+    at the input size). The exporter's own inference declared a UNet's as [batch, 1, batch, ?],
+    which a tool that trusts declared shapes would take at its word."""
+    shape = model.graph.output[0].type.tensor_type.shape
+    del shape.dim[:]
+    shape.dim.add().dim_param = "batch"
+    for size in sizes:
+        shape.dim.add().dim_value = int(size)
 
 
 def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> float:

@@ -41,6 +41,10 @@ def test_onnx_matches_pytorch_for_batches_of_1_and_3(trained):
     assert inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
     assert dims == ["batch", 3, 32, 32]
+    # the exporter's own inference declared [batch, 1, batch, ?]
+    assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == [
+        "batch", 1, 32, 32,
+    ]  # fmt: skip
     meta = {p.key: p.value for p in model.metadata_props}
     assert json.loads(meta["nailseg.image_size"]) == [32, 32]
     assert json.loads(meta["nailseg.inference.threshold"]) == 0.5
@@ -48,6 +52,7 @@ def test_onnx_matches_pytorch_for_batches_of_1_and_3(trained):
     spec = resolve_spec(compose_cli("export", [f"ckpt={trained}"]))
     net = load_net(trained, spec.model)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_outputs()[0].shape == ["batch", 1, 32, 32]
     generator = torch.Generator().manual_seed(123)
     for n in (1, 3):
         batch = torch.randn(n, 3, 32, 32, generator=generator)
