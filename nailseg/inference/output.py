@@ -22,7 +22,7 @@ from typing import Any
 
 from nailseg.atomic import write_bytes, write_text
 from nailseg.paths import overlap
-from nailseg.prep.format import ForeignFolderError, require_owned
+from nailseg.prep.format import ForeignFolderError, delete_listed, require_owned
 
 SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
@@ -85,10 +85,7 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> None:
     earlier = _listed(output)
     write_summary(output, report, finished=False)
     list_outputs(output, [*dict.fromkeys(earlier + outputs)])
-    for rel in earlier:
-        (output / rel).unlink(missing_ok=True)
-    for folder in OUTPUT_FOLDERS:
-        _remove_empty_folders(output / folder)
+    delete_listed(output, earlier)
     (output / SCORES).unlink(missing_ok=True)
 
 
@@ -112,17 +109,6 @@ def _listed(output: Path) -> list[str]:
         if safe and not line.startswith("/") and (output / line).is_file():
             listed.append(line)
     return listed
-
-
-def _remove_empty_folders(folder: Path) -> None:
-    """`folder` and the folders under it that hold nothing (after the earlier outputs went)."""
-    if not folder.is_dir():
-        return
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
-        if not any(sub.iterdir()):
-            sub.rmdir()
-    if not any(folder.iterdir()):
-        folder.rmdir()
 
 
 def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:

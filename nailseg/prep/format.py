@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -101,3 +101,19 @@ def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Patt
             f"make it: it holds "
             f"{folder / foreign[0]}{more}. Nothing was written; choose a new or empty folder"
         )
+
+
+def delete_listed(root: Path, rel_paths: Iterable[str]) -> None:
+    """Delete the files at `rel_paths` (relative to `root`), taken from a listing of nailseg's
+    own outputs (a manifest), and the folders below `root`'s top-level ones that this left empty
+    (rmdir: only an empty one goes); nothing the listing does not name."""
+    for rel in rel_paths:
+        path = root / rel
+        path.unlink(missing_ok=True)
+        folder = path.parent
+        while folder.parent != root:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent

@@ -64,6 +64,7 @@ from nailseg.prep.format import (
     SPLITS,
     TEMP_NAME,
     ForeignFolderError,
+    delete_listed,
     has_marker,
     read_table,
     require_owned,
@@ -604,24 +605,6 @@ def _split(records: list[Record], split_settings: dict) -> list[str]:
     return names
 
 
-def _remove_empty_parents(path: Path, out_root: Path) -> None:
-    """Folders below images/ or masks/ that deleting `path` left empty (rmdir: only if empty)."""
-    folder = path.parent
-    while folder.parent != out_root:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
-
-
-def _delete(out_root: Path, rel_paths: list[str]) -> None:
-    for rel in rel_paths:
-        path = out_root / rel
-        path.unlink(missing_ok=True)
-        _remove_empty_parents(path, out_root)
-
-
 def _remove_temp_files(out_root: Path, targets: set[str]) -> None:
     """Temporary files of interrupted runs: named like `nailseg.atomic`'s, for one of our files."""
     targets = targets | ROOT_FILES
@@ -652,7 +635,7 @@ def _finish(
     summary.kept_gone, summary.pruned = len(kept), len(gone) - len(kept)
     manifest = sorted(records + kept, key=lambda r: (r.group, r.stem))
     keep_paths = {p for r in manifest for p in r.outputs}
-    _delete(out_root, sorted(owned.paths - keep_paths))
+    delete_listed(out_root, sorted(owned.paths - keep_paths))
     _remove_temp_files(out_root, owned.paths)
     columns = [f.name for f in fields(Record)]
     table = pd.DataFrame([asdict(r) for r in manifest], columns=columns).astype({"listed": int})
