@@ -58,11 +58,16 @@ def grid(rows: Sequence[Sequence[np.ndarray]], pad: int = 2, fill: int = 255) ->
 
 
 def save_png_atomic(
-    path: str | os.PathLike[str], array: np.ndarray, compress_level: int = 6
+    path: str | os.PathLike[str],
+    array: np.ndarray,
+    compress_level: int = 6,
+    mtime_ns: int | None = None,
 ) -> Path:
     """Write `array` as a PNG atomically, so readers (a dashboard, a file sync) never see a
-    half-written image. `compress_level`: zlib's, 1 (fastest) to 9; 6 is PIL's default."""
+    half-written image. `compress_level`: zlib's, 1 (fastest) to 9; 6 is PIL's default;
+    `mtime_ns`: the file's modification time (a run's stamp, `write_atomic`)."""
     return write_atomic(
         path,
         lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=compress_level),
+        mtime_ns,
     )

@@ -2,14 +2,16 @@
 
 predict writes only into a folder it made: a new one, an empty one, or one whose `summary.json`
 it wrote (its marker). That marker is written first, marked unfinished. With it, `outputs.txt`
-lists every mask and overlay the run is to write (and those of the run before, until they are
-gone), and then the earlier run's listed outputs and its `scores.csv` are removed. So a rerun
-leaves only its own results: no mask of a photo since removed, no overlay of a run with other
-settings, and no scores describing masks they were not computed from, even when it stops
-part-way. A file predict did not list (a user's, even under `masks/`) stays, and so do the masks
-of a folder an older predict wrote (it listed none). The folder may not overlap the photos or
-the true masks, nor hold a symbolic link (predict never makes one: a link inside it could lead
-the writes into the photos or the true masks). All of it is checked before the first write.
+lists every mask, overlay and `scores.csv` the run is to write (and those of the run before,
+until they are gone), and then the earlier run's listed outputs are removed. So a rerun leaves
+only its own results: no mask of a photo since removed, no overlay of a run with other settings,
+and no scores describing masks they were not computed from, even when it stops part-way. A file
+predict did not write is never removed or replaced (each output bears its run's stamp, its
+modification time, as listed): one where this run would write (a user's `masks/x.png`, or an
+older predict's, which listed none) is refused before the first write. The
+folder may not overlap the photos or the true masks, nor hold a symbolic link (predict never
+makes one: a link inside it could lead the writes into the photos or the true masks). All of it
+is checked before the first write.
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ from typing import Any
 
 from nailseg.atomic import write_bytes, write_text
 from nailseg.paths import overlap
-from nailseg.prep.format import ForeignFolderError, delete_listed, require_owned
+from nailseg.prep.format import (
+    ForeignFolderError,
+    delete_listed,
+    new_stamp,
+    require_owned,
+    stamp_of,
+)
 
 SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
-OUTPUTS = "outputs.txt"  # the masks and overlays predict writes here, one relative path a line
+OUTPUTS = "outputs.txt"  # what predict writes here besides its marker, with its stamp
 OUTPUT_FOLDERS = ("masks", "overlays")
 CREATOR = "nailseg.predict"
 # what every summary.json predict wrote holds, unfinished ones and earlier versions' included
@@ -78,37 +86,54 @@ def _first_link(folder: Path) -> Path | None:
     return None
 
 
-def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> None:
+def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     """The first writes (see the module docstring): `summary.json`, marked unfinished (so the
     folder is known as predict's), `outputs.txt` listing `outputs` (the paths this run is to
-    write) and the earlier run's, then the earlier run's outputs and `scores.csv` removed."""
-    earlier = _listed(output)
+    write, with the stamp it returns, which each of them must be written with) and the earlier
+    run's, then the earlier run's outputs removed. Raises OutputError, before any of it, when a
+    file predict did not write lies where this run would write."""
+    earlier = _ours(output)
+    in_the_way = [rel for rel in outputs if os.path.lexists(output / rel) and rel not in earlier]
+    if in_the_way:
+        more = f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else ""
+        raise OutputError(
+            f"output={output}: {output / in_the_way[0]}{more} lies where this run would write, "
+            f"and predict did not write it (not listed in {OUTPUTS} with its stamp), so it is "
+            "not replaced: nothing was written; move it, or choose a new output folder"
+        )
+    stamp = new_stamp()
     write_summary(output, report, finished=False)
-    list_outputs(output, [*dict.fromkeys(earlier + outputs)])
+    list_outputs(output, earlier | dict.fromkeys(outputs, stamp))
     delete_listed(output, earlier)
-    (output / SCORES).unlink(missing_ok=True)
+    return stamp
 
 
-def list_outputs(output: Path, outputs: list[str]) -> None:
-    """Write `outputs.txt` (names that are not UTF-8 kept as their bytes)."""
-    text = "".join(f"{rel}\n" for rel in outputs)
+def list_outputs(output: Path, stamps: dict[str, int]) -> None:
+    """Write `outputs.txt`: a line `<stamp>\t<path>` for each output (names that are not UTF-8
+    kept as their bytes)."""
+    text = "".join(f"{stamp}\t{rel}\n" for rel, stamp in stamps.items())
     write_bytes(output / OUTPUTS, text.encode("utf-8", "surrogateescape"))
 
 
-def _listed(output: Path) -> list[str]:
-    """The outputs an earlier run listed: the lines of `outputs.txt` that name a file under
-    `masks/` or `overlays/` (no `..`, no absolute path); none without the file."""
+def _ours(output: Path) -> dict[str, int]:
+    """The outputs an earlier run listed that are still as it wrote them (path → stamp): lines of
+    `outputs.txt` naming `scores.csv` or a file under `masks/` or `overlays/` (no `..`, no
+    absolute path) that still bears the listed stamp; a file put in its place (a user's) bears
+    another, and is not predict's."""
     try:
         text = (output / OUTPUTS).read_bytes().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
-        return []
-    listed = []
+        return {}
+    ours = {}
     for line in text.splitlines():
-        parts = PurePosixPath(line).parts
-        safe = len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and ".." not in parts
-        if safe and not line.startswith("/") and (output / line).is_file():
-            listed.append(line)
-    return listed
+        stamp, _, rel = line.partition("\t")
+        parts = PurePosixPath(rel).parts
+        safe = rel == SCORES or (
+            len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and ".." not in parts
+        )
+        if safe and stamp.isdigit() and stamp_of(output / rel) == int(stamp):
+            ours[rel] = int(stamp)
+    return ours
 
 
 def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:

@@ -11,8 +11,8 @@ The output folder must be new, empty or an earlier predict's (output.py: it may 
 photos or the true masks, in either direction, ignoring case, through links, nor hold a link), and
 every true mask is read before the first write: a prediction can never replace a file it is scored
 against, nor a file of the user's. `summary.json` is written first, unfinished, and rewritten
-finished at the end; `outputs.txt` lists the masks and overlays, and a rerun first removes the
-ones the run before listed. Photos are read and written by a thread pool while the net
+finished at the end; `outputs.txt` lists the masks, overlays and scores, a rerun first removes
+the ones the run before listed, and a file it did not list where it would write is refused. Photos are read and written by a thread pool while the net
 runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
 bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
 is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
@@ -55,7 +55,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
-from nailseg.atomic import write_bytes
+from nailseg.atomic import write_atomic
 from nailseg.config import CONF_DIR
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
@@ -188,10 +188,12 @@ class NotWritten(Skipped):
 class PhotoWriter:
     """Writes one photo's mask and overlay and scores the mask: run on the thread pool, off the
     net's thread. `truths` holds every photo's true mask (read before anything was written) or
-    why it has none; None when not scoring."""
+    why it has none; None when not scoring. Every file gets the run's `stamp` as its
+    modification time: what tells predict's outputs from files put in their place (output.py)."""
 
     output: Path
     truths: Mapping[str, TrueMask | str] | None
+    stamp: int
 
     def __call__(
         self, photo: Photo, image: np.ndarray | None, pred: np.ndarray
@@ -201,9 +203,10 @@ class PhotoWriter:
         other photos are still written."""
         mask = pred.astype(np.uint8) * 255  # zlib's fastest level: a 0/255 mask barely differs
         try:
-            save_png_atomic(self.output / "masks" / f"{photo.key}.png", mask, compress_level=1)
+            masks, overlays = self.output / "masks", self.output / "overlays"
+            save_png_atomic(masks / f"{photo.key}.png", mask, 1, self.stamp)
             if image is not None:
-                save_png_atomic(self.output / "overlays" / f"{photo.key}.png", overlay(image, pred))
+                save_png_atomic(overlays / f"{photo.key}.png", overlay(image, pred), 6, self.stamp)
         except OSError as err:
             if err.errno not in _NAME_REFUSED:
                 raise
@@ -569,11 +572,15 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     config = OmegaConf.to_container(cfg, resolve=True)
     folders = OUTPUT_FOLDERS if cfg.overlays else OUTPUT_FOLDERS[:1]
     outputs = [f"{folder}/{photo.key}.png" for photo in photos for folder in folders]
-    claim(
-        output,
-        {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold, "config": config},
-        outputs,
-    )
+    outputs += [SCORES] if truths is not None else []
+    try:
+        stamp = claim(
+            output,
+            {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold, "config": config},
+            outputs,
+        )
+    except OutputError as err:
+        raise PredictError(str(err)) from err
 
     start = time.perf_counter()
     with _gil_handoff(device):
@@ -581,7 +588,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             net,
             spec,
             photos,
-            PhotoWriter(output, truths),
+            PhotoWriter(output, truths, stamp),
             threshold=threshold,
             tta=cfg.tta,
             device=device,
@@ -606,10 +613,11 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written
         # escaped, as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
         text = table.to_csv(index=False, lineterminator="\n")
-        write_bytes(output / SCORES, text.encode("utf-8", "backslashreplace"))
+        data = text.encode("utf-8", "backslashreplace")
+        write_atomic(output / SCORES, lambda f: f.write(data), stamp)
         summary.scores = totals(table)
     report = _summary_json(summary, spec, tta=cfg.tta, device=device)
-    list_outputs(output, outputs)  # the earlier run's are gone
+    list_outputs(output, dict.fromkeys(outputs, stamp))  # the earlier run's are gone
     write_summary(output, report | {"config": config}, finished=True)
     print_summary(summary, output, console)
     if not written:

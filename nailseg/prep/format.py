@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -117,3 +118,18 @@ def delete_listed(root: Path, rel_paths: Iterable[str]) -> None:
             except OSError:
                 break
             folder = folder.parent
+
+
+def new_stamp() -> int:
+    """A modification time (ns) to give every file one run writes, so a later run can tell its
+    files (still bearing it) from ones put in their place: whole even seconds, which every
+    filesystem's timestamps keep exactly, FAT's included."""
+    return time.time_ns() // 2_000_000_000 * 2_000_000_000
+
+
+def stamp_of(path: Path) -> int | None:
+    """A file's modification time (ns), None when there is none (not a file, or not there)."""
+    try:
+        return path.stat().st_mtime_ns if path.is_file() else None
+    except OSError:
+        return None

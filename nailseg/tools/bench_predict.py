@@ -46,6 +46,7 @@ from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.model.checkpoint import load_net
 from nailseg.paths import overlap
+from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
 
 matplotlib.use("Agg")
@@ -75,7 +76,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
                 f"{folder} exists and is not this benchmark's photo set (no {MARKER} written by "
                 f"{CREATOR} of this version): choose another output_dir"
             )
-        listed = {name: _stamp_of(folder / name) for name in manifest["files"]}
+        listed = {name: stamp_of(folder / name) for name in manifest["files"]}
         intact = all(stamp == manifest["stamp_ns"] for stamp in listed.values())
         if manifest["finished"] and manifest["settings"] == settings and intact:
             return [folder / name for name in manifest["files"]]
@@ -103,8 +104,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
         )
     for name in ours:
         (folder / name).unlink()
-    # whole even seconds: kept exactly by every filesystem's timestamps, FAT's included
-    stamp = time.time_ns() // 2_000_000_000 * 2_000_000_000
+    stamp = new_stamp()
     manifest = {
         "created_by": CREATOR,
         "settings": settings,
@@ -127,14 +127,6 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
             )
     write_text(marker, json.dumps(manifest | {"finished": True}, indent=2))
     return [folder / name for name in files]
-
-
-def _stamp_of(path: Path) -> int | None:
-    """A file's modification time (ns), None when there is none (not a file, or not there)."""
-    try:
-        return path.stat().st_mtime_ns if path.is_file() else None
-    except OSError:
-        return None
 
 
 def _manifest(marker: Path) -> dict | None:

@@ -251,6 +251,11 @@ def test_a_mask_threshold_outside_the_mask_values_is_refused_before_any_write(
     assert not (tmp_path / "out").exists()
 
 
+def _listed(output: Path) -> list[str]:
+    """The paths outputs.txt lists (each line `<stamp>\t<path>`)."""
+    return [line.split("\t", 1)[1] for line in (output / "outputs.txt").read_text().splitlines()]
+
+
 def _outputs(output: Path) -> list[str]:
     return sorted(p.relative_to(output).as_posix() for p in output.rglob("*") if p.is_file())
 
@@ -272,7 +277,32 @@ def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
     assert _outputs(output) == [
         "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt", "outputs.txt", "summary.json",
     ]  # fmt: skip
-    assert (output / "outputs.txt").read_text().split() == ["masks/a.png", "masks/x.png"]
+    assert _listed(output) == ["masks/a.png", "masks/x.png"]
+
+
+@pytest.mark.parametrize("mine", ["masks/x.png", "overlays/x.png", "scores.csv"])
+def test_a_users_file_where_a_rerun_would_write_is_refused_before_any_write(
+    mine, ckpt, data, tmp_path
+):
+    """In predict's own folder, a file it did not list (outputs.txt) where this run would write:
+    predict replaced it (and removed a user's scores.csv at every rerun)."""
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)  # no masks=: no scores.csv of predict's
+    (output / "masks" / "x.png").unlink()
+    (output / "overlays" / "x.png").unlink()
+    (output / mine).write_bytes(b"my own file")
+    before = _files(output)
+    with pytest.raises(PredictError, match=rf"{output / mine} lies where this run would write"):
+        _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
+    assert _files(output) == before
+
+
+def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp_path):
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)
+    (output / "scores.csv").write_text("my own scores\n")
+    _predict(ckpt, data / "photos", output)
+    assert (output / "scores.csv").read_text() == "my own scores\n"
 
 
 def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path, monkeypatch):
@@ -294,7 +324,7 @@ def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path,
     (data / "photos" / "p2.png").unlink()
     with pytest.raises(OSError, match="No space left"):
         _predict(ckpt, data / "photos", output)
-    listed = set((output / "outputs.txt").read_text().split())
+    listed = set(_listed(output))
     assert set(_outputs(output)) - {"outputs.txt", "summary.json"} <= listed
     assert "masks/p2.png" in listed  # the run before's, until it is gone
     monkeypatch.undo()
@@ -306,10 +336,14 @@ def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path,
 def test_outputs_txt_never_leads_a_removal_outside_predicts_folders(ckpt, data, tmp_path):
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)
-    (tmp_path / "victim.txt").write_text("keep")
-    (output / "notes.txt").write_text("keep")
-    lines = ["../victim.txt", f"{tmp_path}/victim.txt", "masks/../notes.txt", "notes.txt"]
-    (output / "outputs.txt").write_text("\n".join(lines) + "\n")
+    victim, notes = tmp_path / "victim.txt", output / "notes.txt"
+    victim.write_text("keep")
+    notes.write_text("keep")
+    # each line with its file's own stamp, so only the path's check keeps it
+    lines = [(victim, "../victim.txt"), (victim, str(victim)), (notes, "masks/../notes.txt"),
+             (notes, "notes.txt")]  # fmt: skip
+    listing = "".join(f"{path.stat().st_mtime_ns}\t{rel}\n" for path, rel in lines)
+    (output / "outputs.txt").write_text((output / "outputs.txt").read_text() + listing)
     _predict(ckpt, data / "photos", output)
     assert (tmp_path / "victim.txt").read_text() == (output / "notes.txt").read_text() == "keep"
 
