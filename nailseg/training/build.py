@@ -33,6 +33,7 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.model.checkpoint import make_card
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
@@ -185,8 +186,10 @@ def use_channels_last(setting: bool | None, on_cuda: bool) -> bool:
 
 
 def build(cfg: DictConfig) -> Built:
-    """Check `cfg`, resolve what `ckpt_path` resumes, seed, and build data, module and trainer."""
-    checks.check_config(cfg)
+    """Check `cfg`, prepare the built-in data if it is the dataset, resolve what `ckpt_path`
+    resumes, seed, and build data, module and trainer."""
+    checks.check_config(cfg)  # every check that needs no data, before the built-in data is made
+    prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
     resumed = resume.resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job())
     if resumed is not None:
         resume.check_matches(resumed, cfg)

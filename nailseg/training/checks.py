@@ -70,8 +70,8 @@ def check_values(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Every check that needs no data: `run` calls it first, before the built-in data is made
-    or anything written, and `build` again (what a test builds is checked alike)."""
+    """Every check that needs no data: `build` runs it first, before the built-in data is made
+    or anything written."""
     check_values(cfg)
     optimizer = instantiate(cfg.optimizer)
     check_arguments(optimizer, "optimizer")

@@ -36,8 +36,6 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.atomic import write_text
-from nailseg.prep.builtin import prepare_builtin
-from nailseg.training import checks
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
@@ -123,8 +121,6 @@ def run(cfg: DictConfig) -> float | None:
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
     start_job_clock()
     route_library_logs()
-    checks.check_config(cfg)  # a bad value fails before the built-in data is made
-    prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
     built = build(cfg)
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
