@@ -217,7 +217,7 @@ def _refuse_to_replace(path: Path, ckpt: Path) -> None:
     exported (the checkpoint itself, a folder, a user's file): only those are replaced."""
     if not path.exists():
         return
-    if path.resolve() == ckpt.resolve() or path.samefile(ckpt):
+    if path.samefile(ckpt):  # the same file by any name: a link, a hard link
         raise ExportError(f"output={path} is the checkpoint being exported: choose another output")
     try:
         ours = path.is_file() and any(

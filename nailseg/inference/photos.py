@@ -79,8 +79,9 @@ def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = defaultdict(list)
     seen: set[tuple[str, Path]] = set()
     for key, path in entries:
-        if (key, path.resolve()) not in seen:
-            seen.add((key, path.resolve()))
+        file = (key, path.resolve())
+        if file not in seen:
+            seen.add(file)
             found[key].append(path)
     return found
 
