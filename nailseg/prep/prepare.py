@@ -703,8 +703,7 @@ def prepare(
         fold=fold,
         holdout_groups=holdout_groups,
     )
-    if not input_dir.is_dir():
-        raise PrepareError(f"input_dir={input_dir} does not exist")
+    _require_input(input_dir)
     try:
         pairs, excluded = find_pairs(input_dir)
     except FileNotFoundError as err:
@@ -828,9 +827,33 @@ def _options(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """`check_request` on a composed conf/prepare.yaml: what `run` checks before it generates."""
+    """Everything `run` can check before its first write, on a composed conf/prepare.yaml:
+    `check_request`; that the input exists, or for a synthetic set it will generate, the set's
+    size and the held-out groups against the groups the set will have (known before it is
+    made)."""
     options = _options(cfg)
     check_request(Path(cfg.input_dir), Path(cfg.output_dir), **{k: options[k] for k in _CHECKED})
+    if not _generates(cfg):
+        _require_input(Path(cfg.input_dir))
+        return
+    from nailseg.prep.synthetic import groups_of
+
+    synthetic = cfg.dataset.synthetic
+    if synthetic.n < 1:
+        raise PrepareError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
+    try:
+        check_split_settings(
+            **{k: options[k] for k in ("valid_fraction", "test_fraction", "folds", "fold")},
+            holdout_groups=options["holdout_groups"],
+            groups=groups_of(synthetic.n),
+        )
+    except ValueError as err:
+        raise PrepareError(str(err)) from err
+
+
+def _require_input(input_dir: Path) -> None:
+    if not input_dir.is_dir():
+        raise PrepareError(f"input_dir={input_dir} does not exist")
 
 
 def _generates(cfg: DictConfig) -> bool:
@@ -847,22 +870,11 @@ def run(cfg: DictConfig) -> Summary:
     """`prepare.py` body: check the request, make the synthetic photos when the dataset asks for
     them, then prepare; a root prepared from a synthetic set records which (`SOURCE_FILE`)."""
     input_dir, output_dir = Path(cfg.input_dir), Path(cfg.output_dir)
+    check_config(cfg)  # before the generator writes the input
     synthetic = cfg.dataset.synthetic if _generates(cfg) else None
     if synthetic is not None:
-        from nailseg.prep.synthetic import generate, groups_of, manifest_text
+        from nailseg.prep.synthetic import generate, manifest_text
 
-        check_config(cfg)  # before the generator writes the input
-        if synthetic.n < 1:
-            raise PrepareError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
-        options = _options(cfg)
-        try:  # held-out groups against the groups the set will have, known before it is made
-            check_split_settings(
-                **{k: options[k] for k in ("valid_fraction", "test_fraction", "folds", "fold")},
-                holdout_groups=options["holdout_groups"],
-                groups=groups_of(synthetic.n),
-            )
-        except ValueError as err:
-            raise PrepareError(str(err)) from err
         try:
             generate(input_dir, synthetic.n, synthetic.seed, num_workers=cfg.num_workers or 0)
         except ForeignFolderError as err:

@@ -171,17 +171,16 @@ class OpenCVTransform:
     ) -> None:
         if not normalise and (spec.colour_ops or spec.photometric_ops):
             raise ValueError("colour and photometric ops follow the resize: normalise=True needed")
-        # Before this process uses OpenCV: a thread pool started here and inherited by forked
-        # DataLoader workers can hang them.
-        cv2.setNumThreads(0)
         self.spec, self.image_size, self.normalise = spec, image_size, normalise
         self._mean = 255 * np.array(spec.mean, dtype=np.float32)[:, None, None]
         self._std = 255 * np.array(spec.std, dtype=np.float32)[:, None, None]
 
     @staticmethod
     def worker_init(_worker_id: int) -> None:
-        """One OpenCV thread per worker: the workers are the parallelism."""
-        cv2.setNumThreads(1)
+        """OpenCV on the worker's own thread: the workers are the parallelism. 0, not 1: a worker
+        forked from a process whose OpenCV thread pool ran (train.py generating the built-in
+        data) hangs for ever in `cv2.setNumThreads(1)` (OpenCV 5.0, pthreads backend)."""
+        cv2.setNumThreads(0)
 
     def __call__(
         self, image: np.ndarray, mask: np.ndarray, rng: Rng

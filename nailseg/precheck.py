@@ -1,0 +1,79 @@
+"""Check a composed config before Hydra writes anything: a Hydra callback for the entry points
+that write a run folder (train.py, prepare.py).
+
+Hydra makes the run folder, its `.hydra/` and the log file before it calls the task function, so
+a check inside the task leaves an empty run behind for every typo, and a sweep runs its first
+jobs before a bad value in a later one stops it. `on_run_start` and `on_multirun_start` come
+before all of that: the single run's config is checked there, and so is every job of a sweep by
+the basic sweeper (each composed as that job will be); a sweeper that samples (Optuna) has its
+base config checked, and each job checks its own as it starts.
+
+An error leaves at once with its message and no trace (`SystemExit`: Hydra turns an exception
+raised in a callback into a warning and runs on). HYDRA_FULL_ERROR=1 keeps the trace: the check
+then warns, and the job's own check raises it in full.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hydra import compose
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from hydra.utils import get_method
+from omegaconf import DictConfig, OmegaConf
+
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+
+
+class PreCheck(Callback):
+    """Runs `check` (a function of the composed config that raises on a value that cannot work)
+    on every config a run or sweep will run, before the first write."""
+
+    def __init__(self, check: str) -> None:
+        self.check: Callable[[DictConfig], Any] = get_method(check)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._run_check(config, "")
+
+    def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
+        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+            self._run_check(config, "the sweep's base config: ")
+            return
+        jobs = sweep_jobs(config)
+        for number, overrides in enumerate(jobs):
+            where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
+            try:
+                job = compose(config_name, overrides=overrides)
+            except Exception as err:  # a choice or key that does not exist in this job only
+                _leave(where, err)
+            self._run_check(job, where)
+
+    def _run_check(self, config: DictConfig, where: str) -> None:
+        try:
+            self.check(config)
+        except Exception as err:
+            _leave(where, err)
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The overrides of each job the basic sweeper will launch, in its order: its `params`, then
+    the command line's overrides, expanded as it expands them."""
+    params = config.hydra.sweeper.params or {}
+    arguments = [f"{key}={value}" for key, value in params.items()]
+    arguments += list(OmegaConf.to_container(config.hydra.overrides.task))
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def _leave(where: str, err: Exception) -> None:
+    """Stop before Hydra writes; with HYDRA_FULL_ERROR set, re-raise for a warning with the
+    trace and let the job's own check fail in full."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    app = os.path.basename(sys.argv[0]) or "nailseg"
+    sys.exit(f"{app}: {where}{type(err).__name__}: {err}")

@@ -1,0 +1,81 @@
+"""The entry points as a user starts them (a new process each): a config that cannot work is
+refused before Hydra writes anything, every job of a sweep before the first job runs, and the
+first run on the built-in data trains with worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.train import TINY_UNET
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(script: str, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
+    )
+
+
+def _written(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+def test_a_bad_value_is_refused_in_one_line_before_the_run_folder_is_made(tmp_path):
+    """Hydra made outputs/train/<time>/ (.hydra/, train.log) before train.py checked the config,
+    and the error came as a trace."""
+    proc = _start("train.py", "loader.batch_size=0", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("train.py: ConfigError: loader.batch_size=0: must be at least 1")
+    assert _written(tmp_path) == []
+
+
+def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path):
+    """The sweep ran (and trained) job 0 before job 1's bad value stopped it; a choice that does
+    not exist in job 1 alone (model=unett) did the same."""
+    proc = _start("train.py", "-m", "loader.batch_size=4,0", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "job 1 of 2 (loader.batch_size=0): ConfigError: loader.batch_size=0" in proc.stderr
+    proc = _start("train.py", "-m", "model=unet,unett", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "job 1 of 2 (model=unett): MissingConfigException" in proc.stderr
+    assert _written(tmp_path) == []
+
+
+def test_prepare_refuses_a_missing_input_before_the_run_folder_is_made(tmp_path):
+    proc = _start("prepare.py", f"input_dir={tmp_path / 'nope'}", "output_dir=out", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"input_dir={tmp_path / 'nope'} does not exist" in proc.stderr
+    assert _written(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_the_first_run_on_the_built_in_data_trains_with_worker_processes(tmp_path):
+    """train.py generated the built-in set in its own process (OpenCV's thread pool ran), then
+    forked the DataLoader workers, which hung for ever in cv2.setNumThreads(1)."""
+    proc = _start(
+        "train.py",
+        "loader=torch",
+        "loader.num_workers=2",
+        "loader.batch_size=4",
+        "debug=fast",
+        "logger=none",
+        "dataset.synthetic.n=8",
+        "dataset.image_size=[32,32]",
+        "trainer.enable_progress_bar=false",
+        "~callbacks.progress_bar",
+        *TINY_UNET,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "data" / "synthetic" / "prepared" / "train.csv").is_file()
