@@ -279,8 +279,67 @@ class TrainConfig:
     overlay_every_n_epochs: int = MISSING
 
 
+@dataclass
+class BenchConfig:
+    """`python -m nailseg.bench`; values in conf/bench.yaml."""
+
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    loaders: dict[str, Any] = MISSING  # name -> a loader group option (its own schema)
+    augs: dict[str, AugConfig] = MISSING
+    normalize: NormalizeConfig = MISSING
+    output_dir: str = MISSING
+    image_size: list[int] = MISSING
+    device: str = MISSING  # auto | cpu | cuda
+    measure_train: Any = MISSING  # auto | true | false
+    precision: str = MISSING  # auto | bf16 | fp32
+    channels_last: bool | None = None  # None: on for CUDA
+    compile: bool = MISSING
+    compile_mode: str = MISSING
+    loss: str = MISSING
+    seed: int = MISSING
+    warmup_batches: int = MISSING
+    measure_batches: int = MISSING
+    repeats: int = MISSING
+
+
+@dataclass
+class BenchPrepareConfig:
+    """`python -m nailseg.bench_prepare`; values in conf/bench_prepare.yaml."""
+
+    input_dir: str = MISSING
+    output_dir: str = MISSING
+    group_regex: str | None = None
+    num_workers: int | None = None  # None: one per CPU core
+    repeats: int = MISSING
+    synthetic_n: int = MISSING
+
+
+@dataclass
+class BenchPredictConfig:
+    """`python -m nailseg.bench_predict`; values in conf/bench_predict.yaml."""
+
+    ckpt: str = MISSING
+    input_dir: str = MISSING
+    output_dir: str = MISSING
+    jpeg_scales: list[int] = MISSING
+    jpeg_quality: int = MISSING
+    batch_size: int = MISSING
+    runs: dict[str, dict[str, Any]] = MISSING  # name -> predict overrides
+    limit: dict[str, int] = MISSING  # run name -> its first N photos only
+    onnx: bool = MISSING
+    onnx_batch: int = MISSING
+    repeats: int = MISSING
+
+
 SCHEMAS: dict[str | None, dict[str, type]] = {
-    None: {"prepare_schema": PrepareConfig, "train_schema": TrainConfig},
+    None: {
+        "prepare_schema": PrepareConfig,
+        "train_schema": TrainConfig,
+        "bench_schema": BenchConfig,
+        "bench_prepare_schema": BenchPrepareConfig,
+        "bench_predict_schema": BenchPredictConfig,
+    },
     "dataset": {"dataset_schema": DatasetConfig},
     "aug": {"aug_schema": AugConfig},
     "normalize": {"normalize_schema": NormalizeConfig},

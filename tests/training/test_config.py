@@ -18,6 +18,7 @@ import optuna
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import MISSING
 from omegaconf.errors import InterpolationResolutionError
@@ -298,3 +299,21 @@ def test_train_help_names_every_group_and_option():
     }
     for group in GROUPS:
         assert listed.get(group, set()) == {o for g, o in OPTIONS if g == group}, group
+
+
+@pytest.mark.parametrize(
+    ("app", "key", "required"),
+    [
+        ("train", "trainer.max_epochs", []),
+        ("prepare", "mask_threshold", []),
+        ("predict", "batch_size", ["ckpt=c", "input=i", "output=o"]),
+        ("bench", "measure_batches", []),
+        ("bench_prepare", "repeats", []),
+        ("bench_predict", "onnx_batch", ["ckpt=c"]),
+    ],
+)
+def test_every_entry_points_config_is_typed(app, key, required):
+    """The bench configs had no schema: `repeats=abc` composed, and failed mid-benchmark."""
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose_app(app, [*required, f"{key}=abc"])
+    assert f"full_key: {key}" in str(err.value.__cause__)
