@@ -45,6 +45,7 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.device import resolve_device
 from nailseg.model.losses import build_loss
 from nailseg.model.net import compile_net
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.training.build import use_channels_last
 
 matplotlib.use("Agg")
@@ -281,6 +282,7 @@ def _print(rows: pd.DataFrame) -> None:
 
 
 def run(cfg: DictConfig) -> pd.DataFrame:
+    prepare_builtin(cfg.dataset)  # the built-in synthetic data, as train.py makes it
     device = resolve_device(cfg.device)
     measure_train = (
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)

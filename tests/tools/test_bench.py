@@ -54,3 +54,15 @@ def test_each_row_divides_by_the_ceiling_at_its_own_batch_size(prepared, tmp_pat
     assert rows.loc["torch", "ceiling_img_s"] == rows.loc["dali", "ceiling_img_s"]
     ratio = rows["train_img_s"] / rows["ceiling_img_s"]
     pd.testing.assert_series_equal(ratio, rows["train_vs_ceiling"], check_names=False, atol=1e-3)
+
+
+def test_the_built_in_data_is_made_on_first_use_as_train_py_makes_it(tmp_path):
+    """`make bench` on a fresh clone failed: data/synthetic/prepared/train.csv not found."""
+    raw, root = tmp_path / "synthetic" / "raw", tmp_path / "synthetic" / "prepared"
+    cfg = _cfg(
+        root, tmp_path / "bench", f"dataset.raw_dir={raw}", "dataset.synthetic.n=16",
+        "~loaders.kornia", "~loaders.dali", "loaders.torch.batch_size=2",
+        "loaders.torch.num_workers=0",
+    )  # fmt: skip
+    rows = run(cfg)
+    assert (root / "train.csv").is_file() and (rows["loader_img_s"] > 0).all()
