@@ -154,10 +154,12 @@ class SegModule(L.LightningModule):
         scores = self.eval_scores[stage].compute()
         scores["loss"] = self.eval_loss[stage].compute()
         values = {f"{prefix}/{metric}": scores[metric].float() for metric in EVAL_METRICS}
+        # one entry per group; reshaped: torchmetrics squeezes the scores of one group to 0-dim
+        groups = {m: scores[f"{m}_group"].reshape(-1) for m in EVAL_METRICS[1:]}  # no loss
         for i, name in enumerate(self.group_names):
-            if scores["samples_group"][i] > 0:
-                for metric in EVAL_METRICS[1:]:  # a loss is not kept per group
-                    values[f"{prefix}/{metric}_group_{name}"] = scores[f"{metric}_group"][i].float()
+            if groups["samples"][i] > 0:
+                for metric, per_group in groups.items():
+                    values[f"{prefix}/{metric}_group_{name}"] = per_group[i].float()
         for name, value in values.items():
             # the value is already the same on every rank: sync_dist's mean over ranks leaves it
             # as it is (counts exactly, scores to float rounding) and stops Lightning's DDP

@@ -26,6 +26,7 @@ from support.wandb_records import history, run_id, summary
 
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
+from nailseg.prep.format import read_table, write_table
 from nailseg.prep.prepare import prepare
 from nailseg.training import callbacks, resume
 from nailseg.training.build import build
@@ -230,6 +231,19 @@ def test_a_test_split_is_reported_as_test_and_only_then(prepared, tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["evaluated_on"] == "test" and metrics["final"]["metrics"]["test/samples"] == 4
     assert _per_epoch(_metrics_csv(run_dir), "test/samples") == [4]
+
+
+def test_data_of_one_group_trains_and_reports_it(prepared, tmp_path):
+    """A folder of photos in one group (Images/<one group>/) failed at the first validation:
+    torchmetrics squeezes a one-group score to a 0-dim tensor, which the per-group logging
+    indexed."""
+    for split in ("train", "valid"):
+        rows = read_table(prepared / f"{split}.csv")
+        write_table(prepared / f"{split}.csv", rows.assign(group="a"))
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    final = metrics["final"]["metrics"]
+    assert final["val_best/samples_group_a"] == final["val_best/samples"] == 5
 
 
 def test_evaluation_only_run_scores_a_checkpoint_on_the_chosen_split(prepared, tmp_path):
