@@ -211,7 +211,10 @@ def build(cfg: DictConfig) -> Built:
     )
     # a checkpoint holds every weight: the encoder's initial ones (a download or a local file)
     # are not needed, so a resume or evaluation runs without them
-    net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
+    try:
+        net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
+    except InstantiationException as err:  # a misspelt model.options key, missing weights
+        raise checks.ConfigError(f"model: {err.__cause__ or err}") from err
     checks.check_input_size(net, image_size, cfg.model)
     optimizer = instantiate(cfg.optimizer)  # both checked by check_config
     scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None

@@ -36,8 +36,10 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.atomic import write_text
+from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
+from nailseg.training.checks import ConfigError
 from nailseg.training.console import print_config_tree, route_library_logs, run_log
 from nailseg.training.failure import clear_failure, write_failure
 from nailseg.training.jobs import isolated_job
@@ -175,6 +177,10 @@ def run(cfg: DictConfig) -> float | None:
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()
     return report["best"]["value"] if cfg.train else None
+
+
+# what a single run refuses with its message alone: each names the key, file or value at fault
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError)
 
 
 def run_job(cfg: DictConfig) -> float | None:

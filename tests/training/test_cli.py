@@ -79,3 +79,18 @@ def test_the_first_run_on_the_built_in_data_trains_with_worker_processes(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "data" / "synthetic" / "prepared" / "train.csv").is_file()
+
+
+def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(prepared, tmp_path):
+    """Checks that read the prepared data, the net or a checkpoint run as the job starts; their
+    refusals came as a trace (a misspelt model option as Hydra's 'Error in call to target')."""
+    refusals = {
+        "loader.batch_size=500": "ConfigError: loader.batch_size=500: the train split has 12 rows",
+        "+model.options.decoder_atention_type=scse": "ConfigError: model: model.options."
+        "decoder_atention_type: Unet with encoder resnet18 takes no such argument",
+        f"ckpt_path={tmp_path / 'no.ckpt'}": "CheckpointError: ckpt=",
+    }
+    for override, message in refusals.items():
+        proc = _start("train.py", f"dataset.root={prepared}", override, "logger=none", cwd=tmp_path)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"train.py: {message}"), override
