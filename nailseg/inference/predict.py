@@ -563,6 +563,14 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     if mask_index is not None:
         with ThreadPoolExecutor(num_workers) as pool:
             truths = read_true_masks(photos, mask_index, cfg.mask_threshold, pool)
+        if photos and not any(isinstance(t, TrueMask) for t in truths.values()):
+            raise PredictError(  # asked to score, it would score nothing: refused before a write
+                f"masks={cfg.masks}: no true mask for any of the {len(photos)} photos (first: "
+                f"{next(iter(truths.values()))}); a photo's mask has its path below the photo's "
+                "input folder and any extension: input=Images masks=Masks pairs "
+                "Images/<group>/x.jpg with Masks/<group>/x.png, and a photo given as a file "
+                "pairs with <masks>/x.*"
+            )
     spec = resolve_spec(cfg)
     net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
     capture_seconds = (

@@ -608,3 +608,16 @@ def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
     for got, prob in zip(_to_host(maps, lambda flat: flat > 0.5).arrays(), maps, strict=True):
         assert got.dtype == bool and got.shape == prob.shape
         np.testing.assert_array_equal(got, (prob > 0.5).numpy())
+
+
+def test_masks_that_pair_with_no_photo_are_refused_before_any_write(trained, tmp_path):
+    """input=[a file] with masks=<Masks/ of groups>: every photo was 'not scored', no scores.csv,
+    and predict exited 0 as if it had scored them."""
+    save_image(tmp_path / "photos" / "x.png", np.zeros((10, 10, 3), np.uint8))
+    save_image(tmp_path / "masks" / "g1" / "x.png", np.zeros((10, 10), np.uint8))
+    out = tmp_path / "out"
+    with pytest.raises(
+        PredictError, match=r"no true mask for any of the 1 photos \(first: no mask x"
+    ):
+        predict(trained, f"[{tmp_path / 'photos' / 'x.png'}]", out, f"masks={tmp_path / 'masks'}")
+    assert not out.exists()
