@@ -366,6 +366,23 @@ def study_direction(mode: str) -> str:
     return DIRECTIONS[mode]
 
 
+def study_seed(seed: int, storage: str | None, study_name: str) -> int:
+    """The Optuna sampler's seed: the run's, plus the trials the stored study already holds. With
+    the run's seed alone, rerunning a stored study to add trials drew the first trials again
+    (the random start-up trials repeat exactly). A study kept nowhere, or not made yet, adds 0;
+    a SQLite file that does not exist is not created here (resolving a config writes nothing)."""
+    if not storage or (
+        storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists()
+    ):
+        return seed
+    import optuna
+
+    try:
+        return seed + len(optuna.load_study(study_name=study_name, storage=storage).trials)
+    except KeyError:  # no study of that name in the storage yet
+        return seed
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     for group, schemas in SCHEMAS.items():
@@ -373,6 +390,7 @@ def register() -> None:
             cs.store(group=group, name=name, node=node)
     # every entry point imports this module before Hydra composes (and a sweeper resolves)
     OmegaConf.register_new_resolver("nailseg.direction", study_direction)
+    OmegaConf.register_new_resolver("nailseg.study_seed", study_seed)
 
 
 register()

@@ -317,3 +317,21 @@ def test_every_entry_points_config_is_typed(app, key, required):
     with pytest.raises(ConfigCompositionException) as err:
         _compose_app(app, [*required, f"{key}=abc"])
     assert f"full_key: {key}" in str(err.value.__cause__)
+
+
+def test_a_stored_study_rerun_seeds_its_sampler_past_the_trials_it_holds(tmp_path):
+    """The sampler's seed was ${seed} alone: rerunning a stored study to add trials drew the
+    first trials again (the helper's walk: lr 0.000561, resnet18, light, dice_bce twice)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    overrides = ["hparams_search=optuna", f"hydra.sweeper.storage={storage}", "seed=7"]
+
+    def sampler_seed() -> int:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        return cfg.hydra.sweeper.sampler.seed
+
+    assert sampler_seed() == 7 and not (tmp_path / "optuna.db").exists()  # nothing written
+    study = optuna.create_study(study_name="nailseg", storage=storage)
+    for _ in range(3):
+        study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    assert sampler_seed() == 10
