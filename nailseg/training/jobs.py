@@ -148,6 +148,14 @@ def _finish_open_wandb_run() -> None:
         wandb.run.finish(exit_code=1)
 
 
+def _reset_wandb() -> None:
+    """Forget W&B's process-wide setup: it reads its environment (the cache and data folders
+    `keep_wandb_inside` points into the job's folder) once, at the first run of a process, and
+    warns that later changes are ignored: every later job of a sweep cached into the first's."""
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
 @contextmanager
 def isolated_job() -> Iterator[None]:
     """Run one job: the DDP ranks Lightning starts as subprocesses re-run this job only; on exit,
@@ -162,6 +170,7 @@ def isolated_job() -> Iterator[None]:
         _finish_open_wandb_run()
         raise
     finally:
+        _reset_wandb()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         for key, value in env.items():

@@ -101,6 +101,13 @@ def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(failing_sweep):
     assert [r["val/samples"] for r in history(files[2]) if "val/samples" in r] == [4]
 
 
+def test_each_job_keeps_its_wandb_cache_in_its_own_folder(failing_sweep):
+    """W&B reads its environment once a process: every job after the first cached into the
+    first job's folder (and W&B warned that the changes were ignored)."""
+    for job in job_dirs(failing_sweep):
+        assert list(job.glob("wandb/cache/wandb/logs/core-debug-*.log")), job.name
+
+
 def test_run_releases_its_loaders(prepared, tmp_path, monkeypatch):
     built = []
     original = NailDataModule._build
