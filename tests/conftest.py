@@ -10,6 +10,7 @@ import pytest
 from support.ddp import run_train
 from support.prepared import write_prepared
 from support.train import small_overrides
+from wandb import env as wandb_env
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -48,5 +49,7 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "scheduler=onecycle",
         "scheduler.total_steps=null,1,null",
     )
-    run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}")
+    with pytest.MonkeyPatch.context() as env:  # its own W&B service, as a user's sweep starts
+        env.delenv(wandb_env.SERVICE, raising=False)  # (not one an earlier test left running)
+        run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}")
     return base / "sweep"
