@@ -12,6 +12,8 @@ from support.prepared import write_prepared
 from support.train import small_overrides
 from wandb import env as wandb_env
 
+from nailseg.training.build import WANDB_DIRS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -49,7 +51,10 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "scheduler=onecycle",
         "scheduler.total_steps=null,1,null",
     )
-    with pytest.MonkeyPatch.context() as env:  # its own W&B service, as a user's sweep starts
-        env.delenv(wandb_env.SERVICE, raising=False)  # (not one an earlier test left running)
+    # W&B as a user's sweep starts it: its own service and folders, not those an earlier test in
+    # this process left in the environment (in-process runs point the folders into their own)
+    with pytest.MonkeyPatch.context() as env:
+        for var in (wandb_env.SERVICE, *WANDB_DIRS):
+            env.delenv(var, raising=False)
         run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}")
     return base / "sweep"
