@@ -154,6 +154,12 @@ def _case_clashes(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
     return {key for same in by_folded.values() if len(same) > 1 for key in same}
 
 
+def _counterpart(path: Path, folder: Path, other: str) -> str:
+    """Where the file pairing with `path` would be: the same place under the other folder (a
+    flat layout's group, FLAT_GROUP, is no folder of the input)."""
+    return f"{other}/{path.relative_to(folder).with_suffix('').as_posix()}.*"
+
+
 def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
     """Pair every image under `root/Images` with its mask under `root/Masks`.
 
@@ -184,11 +190,11 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
             detail = f"cannot tell which files pair: {names}"
             excluded += [Exclusion(p, DUPLICATE_STEM, detail) for p in files]
         elif not mask_files:
-            excluded.append(Exclusion(image_files[0], NO_MASK, f"no Masks/{'/'.join(key)}.* found"))
+            where = _counterpart(image_files[0], images_dir, "Masks")
+            excluded.append(Exclusion(image_files[0], NO_MASK, f"no {where} found"))
         elif not image_files:
-            excluded.append(
-                Exclusion(mask_files[0], NO_IMAGE, f"no Images/{'/'.join(key)}.* found")
-            )
+            where = _counterpart(mask_files[0], masks_dir, "Images")
+            excluded.append(Exclusion(mask_files[0], NO_IMAGE, f"no {where} found"))
         else:
             pairs.append(Pair(group=key[0], stem=key[1], image=image_files[0], mask=mask_files[0]))
     return pairs, excluded

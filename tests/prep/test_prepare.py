@@ -82,9 +82,12 @@ def test_flat_images_folder_is_one_group(tmp_path):
     for stem in ("x", "y", "z"):
         save_image(raw / "Images" / f"{stem}.png", photo())
         save_image(raw / "Masks" / f"{stem}.png", box_mask())
-    prepare(raw, out, num_workers=1, valid_fraction=0.3)
+    save_image(raw / "Images" / "lonely.png", photo())
+    summary = prepare(raw, out, num_workers=1, valid_fraction=0.3)
     rows = _all_rows(out)
     assert set(rows["group"]) == {"all"} and len(rows) == 3
+    # the missing mask where the user would put it (it named Masks/all/lonely.*: no such folder)
+    assert [e.detail for e in summary.excluded] == ["no Masks/lonely.* found"]
 
 
 def test_noisy_jpeg_masks_are_binarised(tmp_path):
