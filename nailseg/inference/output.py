@@ -26,6 +26,7 @@ from nailseg.atomic import write_bytes, write_text
 from nailseg.paths import overlap
 from nailseg.prep.format import (
     ForeignFolderError,
+    below,
     delete_listed,
     new_stamp,
     require_owned,
@@ -128,9 +129,7 @@ def _ours(output: Path) -> dict[str, int]:
     for line in text.splitlines():
         stamp, _, rel = line.partition("\t")
         parts = PurePosixPath(rel).parts
-        safe = rel == SCORES or (
-            len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and ".." not in parts
-        )
+        safe = rel == SCORES or (len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and below(rel))
         if safe and stamp.isdigit() and stamp_of(output / rel) == int(stamp):
             ours[rel] = int(stamp)
     return ours

@@ -14,7 +14,7 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
@@ -104,10 +104,22 @@ def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Patt
         )
 
 
+def below(rel: str) -> bool:
+    """Whether `rel`, a path read from a listing on disk, names something below its root: not
+    empty, not absolute, no `..` (a listing edited by hand or damaged must not reach out)."""
+    path = PurePosixPath(rel)
+    return bool(rel) and not path.is_absolute() and ".." not in path.parts
+
+
 def delete_listed(root: Path, rel_paths: Iterable[str]) -> None:
     """Delete the files at `rel_paths` (relative to `root`), taken from a listing of nailseg's
     own outputs (a manifest), and the folders below `root`'s top-level ones that this left empty
-    (rmdir: only an empty one goes); nothing the listing does not name."""
+    (rmdir: only an empty one goes); nothing the listing does not name. Raises ValueError, before
+    deleting any, when a path is not below `root`."""
+    rel_paths = list(rel_paths)
+    outside = [rel for rel in rel_paths if not below(rel)]
+    if outside:
+        raise ValueError(f"{root}: {outside[0]!r} is not below it: nothing was deleted")
     for rel in rel_paths:
         path = root / rel
         path.unlink(missing_ok=True)

@@ -64,6 +64,7 @@ from nailseg.prep.format import (
     SPLITS,
     TEMP_NAME,
     ForeignFolderError,
+    below,
     delete_listed,
     has_marker,
     read_table,
@@ -410,7 +411,15 @@ def _load_owned(out_root: Path) -> Owned:
         elif "record" in entry:
             record = Record(**entry["record"])
             records[record.key] = record
-    return Owned(records, claims | {p for r in records.values() for p in r.outputs})
+    owned = Owned(records, claims | {p for r in records.values() for p in r.outputs})
+    outside = sorted(p for p in owned.paths if not below(p))
+    if outside:  # refused before any write: prepare deletes what these files list
+        raise PrepareError(
+            f"{out_root / MANIFEST_FILE} (or {JOURNAL_FILE}) lists {outside[0]!r}, which is not "
+            "below the output folder: prepare never writes such a path, and nothing outside it "
+            "is deleted. Nothing was written; restore the file, or choose a new output_dir"
+        )
+    return owned
 
 
 class _Journal:

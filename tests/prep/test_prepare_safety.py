@@ -16,7 +16,7 @@ from support.image_files import box_mask, photo, save_image
 
 import nailseg.prep.prepare
 from nailseg.config import CONF_DIR
-from nailseg.prep.format import read_table
+from nailseg.prep.format import delete_listed, read_table, write_table
 from nailseg.prep.layout import OUTPUT_CLASH, UNREADABLE
 from nailseg.prep.prepare import PrepareError, prepare, run
 
@@ -254,3 +254,33 @@ def test_a_kept_output_where_a_new_pair_needs_a_folder_excludes_that_pair(tmp_pa
     summary = prepare(raw, out, num_workers=1)
     assert summary.kept_gone == 1 and summary.written == 0
     assert [(e.path, e.kind) for e in summary.excluded] == [(out / "images/g0/x.npy", OUTPUT_CLASH)]
+
+
+def test_a_manifest_naming_a_path_outside_the_output_is_refused_before_deleting(tmp_path):
+    """manifest.csv is read off disk: a row edited by hand or damaged to `../victim.npy` made a
+    pruning rerun delete that file, outside the output folder."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    _pairs(raw, 4)
+    prepare(raw, out, num_workers=1)
+    victim = tmp_path / "victim.npy"
+    victim.write_text("a user's file")
+    manifest = read_table(out / "manifest.csv")
+    gone = manifest.loc[0]
+    manifest.loc[0, "images"] = "../victim.npy"
+    write_table(out / "manifest.csv", manifest)
+    for kind in ("Images", "Masks"):
+        next((raw / kind / gone["group"]).glob(f"{gone['stem']}.*")).unlink()
+    with pytest.raises(PrepareError, match=r"lists '\.\./victim\.npy', which is not below"):
+        prepare(raw, out, num_workers=1, prune=True)
+    assert victim.read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("rel", ["../victim.npy", "/abs/victim.npy", "images/../../victim.npy", ""])
+def test_deleting_a_listing_never_reaches_outside_its_root(tmp_path, rel):
+    root, victim = tmp_path / "root", tmp_path / "victim.npy"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "ours.npy").write_bytes(b"ours")
+    victim.write_bytes(b"a user's file")
+    with pytest.raises(ValueError, match="is not below it: nothing was deleted"):
+        delete_listed(root, ["images/ours.npy", rel])
+    assert (root / "images" / "ours.npy").exists() and victim.exists()
