@@ -74,6 +74,8 @@ def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared
     study(tmp_path / "more", 1)  # the same storage: the study goes on
     trials = optuna.load_study(study_name="nailseg", storage=storage).trials
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
+    # new parameters, not the first trial's again (the sampler's seed counts the stored trials)
+    assert trials[2].params not in (trials[0].params, trials[1].params)
 
 
 def _exit_code(run_file: Path) -> int:
