@@ -1,36 +1,27 @@
 """Checkpoints written the way every other output is: a temporary file in the checkpoint's own
-folder, fsync'd, then renamed (nailseg/atomic.py), by a writer process fed from a background thread.
+folder, fsync'd, then renamed (nailseg/atomic.py), by a background thread.
 
 Lightning's own save goes through fsspec's transaction, which writes the temporary file to
 `$TMPDIR` and moves it into place: atomic only when `$TMPDIR` shares the checkpoint's filesystem,
 and never fsync'd, so a `kill -9` or a power cut during the move left a truncated `last.ckpt`.
 
-Why in the background: a UNet-resnet34 checkpoint with its AdamW state is ~290 MB, and its
-synchronous save took 0.39-0.43 s on the H200 machine; `last.ckpt` and a new best are saved every
-epoch, so on the real photos (0.6 s of training an epoch) saving was a third of the fit's wall time.
-Why a process and not a thread: see checkpoint_writer.py (the GIL).
+Why a thread: a UNet-resnet34 checkpoint with its AdamW state is ~290 MB, and its synchronous save
+took 0.39-0.43 s on the H200 machine; `last.ckpt` and a new best are saved every epoch, so on the
+real photos (0.6 s of training an epoch) saving was a third of the fit's wall time.
 
 How the state leaves the GPU matters as much: `torch.save` copies each CUDA tensor to pageable
 host memory on the training's own stream, one blocking copy per tensor, and from a writer thread
 those copies stalled the next epoch's steps (backward 20 -> 28 ms a step on the H200). So the
-snapshot is taken here, before returning: every tensor's bytes are gathered in stream order into
-one buffer per device (later steps cannot change it), and the CUDA one is copied into pinned host
-memory on a separate stream, which the GPU's copy engines run beside the training kernels. The
-background thread waits for that copy, writes the bytes to a staging file beside the checkpoint
-(one write, without the GIL) and hands the writer process the file and the checkpoint's other
-contents.
+snapshot is taken here, before returning: each CUDA tensor is cloned on the device in stream order
+(later steps cannot change the clone), and the clones are copied into pinned host memory on a
+separate stream, which the GPU's copy engines run beside the training kernels; the thread waits
+for that copy, then writes host tensors only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pickle
-import subprocess
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,14 +30,23 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from nailseg.training.checkpoint_writer import Slot, TensorRef
+from nailseg.atomic import write_atomic
 
-STAGING_SUFFIX = ".snapshot"  # a checkpoint's bytes on their way to the writer process
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO whose saves are atomic and durable on a local filesystem."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        write_atomic(path, lambda f: torch.save(checkpoint, f))
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
-    """Atomic saves (`save_atomic`) by a writer process, in the order they were made, of a host
-    snapshot taken at the save (`host_snapshot`); one background thread hands them over.
+    """Atomic saves (`AtomicCheckpointIO`) in one background thread, in the order they were made,
+    of a host snapshot taken at the save (`host_snapshot`).
 
     Removals go through the same thread: ModelCheckpoint removes the previous best right after
     saving the new one, and a removal run at once could come before that file's own queued write,
@@ -57,73 +57,23 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     """
 
     def __init__(self) -> None:
-        super().__init__(TorchCheckpointIO())  # loads and removals
+        super().__init__(AtomicCheckpointIO())
         self._copy_streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._writer: subprocess.Popen[bytes] | None = None  # started by the first save
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
     ) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        snapshot = host_snapshot(checkpoint, self._copy_stream)
-        self._queue(self._hand_over, snapshot, Path(path))
+        snapshot, copied = host_snapshot(checkpoint, self._copy_stream)
+
+        def write() -> None:
+            if copied is not None:
+                copied.synchronize()
+            self.checkpoint_io.save_checkpoint(snapshot, path, storage_options)
+
+        self._queue(write)
 
     def remove_checkpoint(self, path: _PATH) -> None:
         self._queue(self.checkpoint_io.remove_checkpoint, path)
-
-    def teardown(self) -> None:
-        """Wait for every queued save, then let the writer process finish and end."""
-        try:
-            super().teardown()
-        finally:
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                with contextlib.suppress(BrokenPipeError):  # it died: _hand_over raised that
-                    writer.stdin.close()
-                writer.wait()
-
-    def _hand_over(self, snapshot: HostSnapshot, path: Path) -> None:
-        """In the background thread: the snapshot's bytes into a staging file, then the save to
-        the writer process; returns when the checkpoint is written."""
-        staging = None
-        if snapshot.parts:
-            snapshot.synchronize()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            staging = path.with_name(f".{path.name}.{os.getpid()}{STAGING_SUFFIX}")
-            with open(staging, "wb") as f:
-                for part in snapshot.parts:
-                    f.write(part.numpy())
-            snapshot.parts.clear()
-        writer = self._start_writer()
-        try:
-            pickle.dump((path, staging, snapshot.slots, snapshot.skeleton), writer.stdin)
-            writer.stdin.flush()
-            error = pickle.load(writer.stdout)
-        except (BrokenPipeError, EOFError):
-            if staging is not None:
-                staging.unlink(missing_ok=True)
-            raise RuntimeError(
-                f"the checkpoint writer process exited (code {writer.wait()}) before writing {path}"
-            ) from None
-        if error is not None:
-            raise RuntimeError(f"the checkpoint writer process could not write {path}:\n{error}")
-
-    def _start_writer(self) -> subprocess.Popen[bytes]:
-        if self._writer is None:
-            package_root = str(Path(__file__).resolve().parents[2])
-            python_path = os.environ.get("PYTHONPATH")
-            env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, python_path])),
-            }
-            self._writer = subprocess.Popen(
-                [sys.executable, "-m", "nailseg.training.checkpoint_writer"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-        return self._writer
 
     def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self._copy_streams:
@@ -144,74 +94,44 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             raise self._error
 
 
-@dataclass
-class HostSnapshot:
-    """A checkpoint's values at the save: `skeleton` (the checkpoint with each tensor replaced by
-    its `TensorRef`), where each tensor's bytes lie (`slots`), the host buffers holding them in
-    that order (`parts`), and what marks the end of their copies from the GPU (`copied`, with
-    the device buffers it holds until then)."""
-
-    skeleton: Any
-    slots: list[Slot]
-    parts: list[torch.Tensor]
-    copied: torch.cuda.Event | None = None
-    on_device: list[torch.Tensor] = field(default_factory=list)
-
-    def synchronize(self) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()
-        self.on_device.clear()  # copied: their memory can go back to the allocator
-
-
 def host_snapshot(
     checkpoint: Any, copy_stream: Callable[[torch.device], torch.cuda.Stream]
-) -> HostSnapshot:
-    """`checkpoint`'s tensors gathered as bytes, at this point of each device's stream, into one
-    buffer per device: CPU tensors at once; CUDA tensors on their device, then copied into pinned
-    host memory on `copy_stream(device)` (see the module docstring). One device's tensors only,
-    besides the CPU's, as a checkpoint of one rank holds."""
-    tensors: list[torch.Tensor] = []
+) -> tuple[Any, HostCopies | None]:
+    """`checkpoint` with every tensor replaced by a host copy of its value now, and what marks
+    the end of the device-to-host copies (None: there were no CUDA tensors). CPU tensors are
+    cloned at once; CUDA tensors are cloned on their device in stream order, then copied into
+    pinned memory on `copy_stream(device)` (see the module docstring)."""
+    clones: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def refer(tensor: torch.Tensor) -> TensorRef:
-        tensors.append(_dense(tensor.detach()))
-        return TensorRef(len(tensors) - 1)
+    def snapshot(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        if not tensor.is_cuda:
+            return tensor.clone()
+        host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+        clones.append((tensor.clone(), host))
+        return host
 
-    skeleton = apply_to_collection(checkpoint, torch.Tensor, refer)
-    slots: list[Slot] = [None] * len(tensors)  # type: ignore[list-item]
-    snapshot = HostSnapshot(skeleton, slots, parts=[])
-    offset = 0
-    for on_cuda in (True, False):
-        chosen = [i for i, tensor in enumerate(tensors) if tensor.is_cuda == on_cuda]
-        if not chosen:
-            continue
-        for i in chosen:
-            tensor = tensors[i]
-            nbytes = tensor.numel() * tensor.element_size()
-            slots[i] = Slot(offset, nbytes, tensor.dtype, tuple(tensor.shape), tensor.stride())
-            offset += nbytes
-        gathered = torch.cat([_bytes(tensors[i]) for i in chosen])
-        if not on_cuda:
-            snapshot.parts.append(gathered)
-            continue
-        stream = copy_stream(gathered.device)
-        stream.wait_stream(torch.cuda.current_stream(gathered.device))  # after the gathering
-        host = torch.empty_like(gathered, device="cpu", pin_memory=True)
-        with torch.cuda.stream(stream):
-            host.copy_(gathered, non_blocking=True)
-            snapshot.copied = torch.cuda.Event()
-            snapshot.copied.record(stream)
-        snapshot.parts.append(host)
-        snapshot.on_device.append(gathered)
-    return snapshot
+    copied = apply_to_collection(checkpoint, torch.Tensor, snapshot)
+    if not clones:
+        return copied, None
+    device = clones[0][0].device
+    stream = copy_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # after the clones
+    with torch.cuda.stream(stream):
+        for clone, host in clones:
+            host.copy_(clone, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+    return copied, HostCopies(done, clones)
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`, or a contiguous copy where its elements do not fill one block of memory."""
-    if tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last):
-        return tensor
-    return tensor.contiguous()
+@dataclass
+class HostCopies:
+    """The end of a snapshot's copies; holds the device clones until then."""
 
+    done: torch.cuda.Event
+    clones: list[tuple[torch.Tensor, torch.Tensor]]
 
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A dense tensor's memory as a flat uint8 view, in memory order."""
-    return tensor.as_strided((tensor.numel(),), (1,)).view(torch.uint8)
+    def synchronize(self) -> None:
+        self.done.synchronize()
+        self.clones.clear()  # copied: their device memory can go back to the allocator

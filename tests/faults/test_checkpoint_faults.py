@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # trains in subprocesses, one of them killed
 
 # train.py with `open` hooked: the second time a file named like last.ckpt is opened for writing
-# (the second epoch's save: its staging file, on its way to the writer process), the training
-# process kills itself with SIGKILL, mid-save
+# (the second epoch's save), the process kills itself with SIGKILL, mid-save
 KILL_IN_SECOND_SAVE = """
 import builtins, os, runpy, signal, sys
 real_open, saves = builtins.open, []
@@ -70,7 +69,7 @@ def test_kill_during_a_checkpoint_save_then_resume(prepared, tmp_path):
     checkpoints = runs / "first" / "checkpoints"
     last = torch.load(checkpoints / "last.ckpt", weights_only=True)  # whole: epoch 0's
     assert (last["epoch"], last["global_step"]) == (0, 3)
-    assert list(checkpoints.glob(".last.ckpt.*.snapshot"))  # the save died in its own folder
+    assert list(checkpoints.glob(".last.ckpt.*.tmp"))  # the save died in its own folder
 
     # resumed in this process: the subprocess above is what was killed
     train(prepared, runs / "second", "trainer.max_epochs=3", "logger=none", "test=false", "ckpt_path=last")  # fmt: skip
