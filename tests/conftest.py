@@ -38,7 +38,8 @@ def prepared(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`train.py -m` of three jobs with W&B; job 1 fails inside fit, after its W&B run started (a
-    one-step schedule cannot take a second optimizer step). Returns the sweep folder."""
+    one-step schedule cannot take a second optimizer step), so the sweep exits with status 1.
+    Returns the sweep folder; its stderr is in `stderr.txt` beside it."""
     from wandb import env as wandb_env  # here: the GPU machine's tests run without wandb
 
     base = tmp_path_factory.mktemp("failing_sweep")
@@ -57,5 +58,6 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as env:
         for var in (wandb_env.SERVICE, *WANDB_DIRS):
             env.delenv(var, raising=False)
-        run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}")
+        stderr = run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}", returncode=1)
+    (base / "stderr.txt").write_text(stderr)
     return base / "sweep"

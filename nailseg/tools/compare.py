@@ -32,7 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.atomic import save_figure, write_text
 from nailseg.config import CONF_DIR
-from nailseg.training.failure import read_failure
+from nailseg.training.failure import job_folders, read_failure
 from nailseg.training.ledger import train_rows_once
 
 matplotlib.use("Agg")
@@ -104,8 +104,7 @@ def _results(job: Path) -> dict:
 
 def summarise(sweep_dir: Path) -> pd.DataFrame:
     """The table of a sweep's jobs; also written as compare.md, compare.csv and compare.png."""
-    jobs = [p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()]
-    jobs.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    jobs = job_folders(Path(sweep_dir))
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir}: no job folders (with .hydra/) found")
     overrides = [_overrides(job) for job in jobs]

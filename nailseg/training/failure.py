@@ -1,13 +1,19 @@
 """A sweep job's failure record, `failed.json` in its run folder: written by `run_job` when a job
-of a sweep fails (the sweep goes on), reported by `python -m nailseg.compare`, and removed when a
-later run in that folder completes (the job resumed). Only a record this module wrote is ever
-read as a failure or removed: a user's own `failed.json` there is left alone."""
+of a sweep fails (the sweep goes on), reported by `python -m nailseg.compare` and by the sweep's
+exit status (`FailedJobsExit`), and removed when a later run in that folder completes (the job
+resumed). Only a record this module wrote is ever read as a failure or removed: a user's own
+`failed.json` there is left alone."""
 
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from nailseg.atomic import write_text
 
@@ -39,3 +45,30 @@ def clear_failure(run_dir: Path) -> None:
     name that is not a record of ours stays."""
     if read_failure(run_dir) is not None:
         (run_dir / FAILED).unlink(missing_ok=True)
+
+
+def job_folders(sweep_dir: Path) -> list[Path]:
+    """A sweep's job folders (those with a `.hydra/`), by job number; none if it does not exist."""
+    if not sweep_dir.is_dir():
+        return []
+    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
+    return sorted(
+        jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)
+    )
+
+
+class FailedJobsExit(Callback):
+    """Hydra callback: a sweep in which a job failed exits with status 1 once every job has run,
+    naming the failed jobs. Each failing job writes its record and the sweep goes on, so without
+    this `train.py -m` exited 0 however many jobs failed, and a script or CI step could not tell."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = job_folders(sweep_dir)
+        failed = [(job, error) for job in jobs if (error := read_failure(job)) is not None]
+        if failed:
+            listed = "; ".join(f"{job} ({error})" for job, error in failed)
+            sys.exit(
+                f"train.py: {len(failed)} of {len(jobs)} jobs failed: {listed}. "
+                f"python -m nailseg.compare sweep_dir={sweep_dir} tabulates the sweep"
+            )

@@ -30,9 +30,10 @@ def ddp_overrides(root: Path, *extra: str, batch_size: int = 2) -> list[str]:
     return [*base, *DDP_NET, f"loader.batch_size={batch_size}", *extra]
 
 
-def run_train(*args: str) -> None:
-    """`python train.py *args`; must succeed. A hang (a DDP rank waiting for a peer) fails after
-    TIMEOUT_S and kills the whole process group, DDP children included."""
+def run_train(*args: str, returncode: int = 0) -> str:
+    """`python train.py *args`; must exit with `returncode` (succeed, by default). Returns its
+    stderr. A hang (a DDP rank waiting for a peer) fails after TIMEOUT_S and kills the whole
+    process group, DDP children included."""
     proc = subprocess.Popen(
         [sys.executable, "train.py", *args],
         cwd=ROOT,
@@ -47,7 +48,8 @@ def run_train(*args: str) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise AssertionError(f"train.py {' '.join(args)} hung for {TIMEOUT_S} s") from None
-    assert proc.returncode == 0, stderr[-4000:]
+    assert proc.returncode == returncode, stderr[-4000:]
+    return stderr
 
 
 def job_dirs(sweep: Path) -> list[Path]:

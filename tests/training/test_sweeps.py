@@ -103,6 +103,15 @@ def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(failing_sweep):
     assert [r["val/samples"] for r in history(files[2]) if "val/samples" in r] == [4]
 
 
+def test_a_sweep_with_a_failed_job_runs_every_job_then_exits_non_zero_naming_it(failing_sweep):
+    # the exit status itself (1) is asserted by the fixture; before, the sweep exited 0
+    jobs = job_dirs(failing_sweep)
+    assert [(job / "metrics.json").is_file() for job in jobs] == [True, False, True]
+    last_line = (failing_sweep.parent / "stderr.txt").read_text().strip().splitlines()[-1]
+    assert last_line.startswith("train.py: 1 of 3 jobs failed: ")
+    assert f"{jobs[1]} (" in last_line and f"sweep_dir={failing_sweep}" in last_line
+
+
 def test_each_job_keeps_its_wandb_cache_in_its_own_folder(failing_sweep):
     """W&B reads its environment once a process: every job after the first cached into the
     first job's folder (and W&B warned that the changes were ignored)."""
