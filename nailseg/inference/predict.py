@@ -134,6 +134,10 @@ class PredictSummary:
     # for the masks to come back from the device, waiting for the writing threads
     stages: dict[str, float] = field(default_factory=dict)
     capture_seconds: float = 0.0  # capturing the net's CUDA graph, before `seconds` start
+    # what ran, whatever was asked: nvJPEG and CUDA graphs exist on a GPU only, graphs for torch
+    device: str = "cpu"
+    gpu_decode: bool = False
+    cuda_graphs: bool = False
 
     @property
     def images_per_s(self) -> float:
@@ -260,16 +264,16 @@ def _predict_all(
     device: torch.device,
     batch_size: int,
     num_workers: int,
-    gpu_decode: bool,
+    gpu_jpeg: bool,
     overlays: bool,
     console: Console,
 ) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped], dict[str, float]]:
-    """Predict and write every photo; returns (written, unreadable, scores, unscored, stages).
-    Files left out are listed by `print_summary` once the progress bar is done."""
+    """Predict and write every photo (JPEGs decoded by nvJPEG with `gpu_jpeg`); returns (written,
+    unreadable, scores, unscored, stages). Files left out are listed by `print_summary` once the
+    progress bar is done."""
     unreadable: list[Skipped] = []
     results: list[ImageScore | Skipped | None] = []
     depth = max(2 * batch_size, num_workers)
-    gpu_jpeg = gpu_decode and device.type == "cuda"
     clock = _Stopwatch(*STAGES)
     columns = (
         TextColumn("predicting"),
@@ -590,6 +594,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     except OutputError as err:
         raise PredictError(str(err)) from err
 
+    gpu_jpeg = cfg.gpu_decode and device.type == "cuda"
     start = time.perf_counter()
     with _gil_handoff(device):
         written, unreadable, scores, unscored, stages = _predict_all(
@@ -602,7 +607,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             device=device,
             batch_size=cfg.batch_size,
             num_workers=num_workers,
-            gpu_decode=cfg.gpu_decode,
+            gpu_jpeg=gpu_jpeg,
             overlays=cfg.overlays,
             console=console,
         )
@@ -615,6 +620,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         unscored=unscored,
         stages={name: round(seconds, 3) for name, seconds in stages.items()},
         capture_seconds=round(capture_seconds, 3),
+        device=str(device),
+        gpu_decode=gpu_jpeg,
+        cuda_graphs=isinstance(net, GraphedNet),
     )
     if scores:
         table = score_table(scores)

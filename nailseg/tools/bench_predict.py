@@ -169,6 +169,9 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
     finally:
         shutil.rmtree(scratch)
     return {
+        "device": summary.device,  # what ran: a run's settings that do not apply there are off
+        "gpu_decode": summary.gpu_decode,
+        "cuda_graphs": summary.cuda_graphs,
         "photos": summary.images,
         "seconds": summary.seconds,
         **summary.stages,
@@ -190,10 +193,7 @@ def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict
         rows.append(
             {
                 "run": name,
-                "device": overrides.get("device", "auto"),
                 "engine": overrides.get("engine", "torch"),
-                "gpu_decode": overrides.get("gpu_decode", True),
-                "cuda_graphs": overrides.get("cuda_graphs", True),
                 "overlays": overrides.get("overlays", True),
                 **measured,
                 "photos_per_s": measured["photos"] / measured["seconds"],

@@ -191,6 +191,8 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     rows = rows[rows["device"] == "cpu"]
     assert rows["run"].tolist() == ["cpu", "cpu_onnx", "cpu_overlays"]
     assert rows["photos"].tolist() == [6, 3, 2] and rows["engine"].tolist()[1] == "onnx"
+    # what ran: a CPU run neither decodes on a GPU nor replays a CUDA graph, whatever the defaults ask
+    assert not rows["gpu_decode"].any() and not rows["cuda_graphs"].any()
     assert (rows["photos_per_s"] > 0).all() and (rows["device_queue"] > 0).all()
     report = json.loads((out / "bench_predict.json").read_text())
     assert report["photo_set"]["photos"] == 6 and report["photo_set"]["jpeg"] == 3
