@@ -10,12 +10,13 @@ holds every schema to this rule.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -357,6 +358,15 @@ SCHEMAS: dict[str | None, dict[str, type]] = {
 
 # optimized_mode as an Optuna study direction: `${nailseg.direction:${optimized_mode}}`
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
+
+
+def require_values(cfg: DictConfig, command: str) -> None:
+    """Exit with one line naming the required keys (`???`) the command line left out, before
+    anything is read or written: reading one first raised a trace from deep inside the run."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        keys = ", ".join(f"{key}=" for key in missing)
+        sys.exit(f"{command}: missing {keys} (python -m {command} --help says what each is)")
 
 
 def study_direction(mode: str) -> str:

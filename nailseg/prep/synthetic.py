@@ -34,7 +34,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from nailseg.atomic import write_bytes, write_text
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, require_values
 from nailseg.prep.format import ForeignFolderError, require_owned
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated
@@ -491,6 +491,7 @@ ConfigStore.instance().store(name="synthetic_schema", node=SyntheticCliConfig)
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="synthetic")
 def main(cfg: DictConfig) -> None:
     """Generate a set into `out`, with a one-line report; a current set is left as it is."""
+    require_values(cfg, "nailseg.prep.synthetic")
     out = Path(cfg.out)
     if is_current(out, cfg.n, cfg.seed):
         print(f"{out}: already holds n={cfg.n} seed={cfg.seed}; nothing written")

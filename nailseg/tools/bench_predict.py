@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nailseg.atomic import save_figure, write_atomic, write_text
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, require_values
 from nailseg.inference.photos import find_images
 from nailseg.inference.predict import STAGES
 from nailseg.inference.predict import run as predict
@@ -288,4 +288,5 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_predict")
 def main(cfg: DictConfig) -> None:
+    require_values(cfg, "nailseg.bench_predict")
     run(cfg)

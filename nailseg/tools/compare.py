@@ -31,7 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.atomic import save_figure, write_text
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, require_values
 from nailseg.training.failure import job_folders, read_failure
 from nailseg.training.ledger import train_rows_once
 
@@ -179,6 +179,7 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="compare")
 def _app(cfg: DictConfig) -> None:
+    require_values(cfg, "nailseg.compare")
     sweep_dir = Path(cfg.sweep_dir)
     rows = summarise(sweep_dir)
     print(_markdown(rows))

@@ -10,6 +10,9 @@ last step. Option lists are read from `conf/`, so a new option is covered the da
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import MISSING
 from omegaconf.errors import InterpolationResolutionError
+from support.ddp import ROOT
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 
@@ -317,6 +321,35 @@ def test_every_entry_points_config_is_typed(app, key, required):
     with pytest.raises(ConfigCompositionException) as err:
         _compose_app(app, [*required, f"{key}=abc"])
     assert f"full_key: {key}" in str(err.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("command", "given", "missing"),
+    [
+        ("nailseg.predict", [], "ckpt=, input=, output="),
+        ("nailseg.predict", ["ckpt=x.ckpt"], "input=, output="),
+        ("nailseg.export", [], "ckpt="),
+        ("nailseg.compare", [], "sweep_dir="),
+        ("nailseg.bench_predict", [], "ckpt="),
+        ("nailseg.prep.synthetic", [], "out="),
+    ],
+)
+def test_a_required_value_left_out_is_named_in_one_line(command, given, missing, tmp_path):
+    """Left out, a required (`???`) value raised a trace from deep inside the run."""
+    proc = subprocess.run(
+        [sys.executable, "-m", command, *given],
+        cwd=tmp_path,  # nothing is written: not here either
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        == f"{command}: missing {missing} (python -m {command} --help says what each is)"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stored_study_rerun_seeds_its_sampler_past_the_trials_it_holds(tmp_path):
