@@ -90,6 +90,7 @@ from nailseg.inference.spec import (
 from nailseg.inference.threshold import ThresholdError, auto_threshold
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
+from nailseg.tables import print_table
 from nailseg.viz import overlay, save_png_atomic
 
 
@@ -683,7 +684,7 @@ def print_summary(summary: PredictSummary, output: Path, console: Console) -> No
                 str(s["images"]),
                 *(f"{s[k]:.4f}" for k in ("dice", "iou", "mean_image_dice", "mean_image_iou")),
             )
-        console.print(table)
+        print_table(table, console)
     console.print(
         f"predicted {summary.images} images in {summary.seconds:.2f} s "
         f"({summary.images_per_s:.1f} images/s), {len(summary.skipped)} skipped, "

@@ -92,6 +92,7 @@ from nailseg.prep.layout import (
     find_pairs,
 )
 from nailseg.prep.splits import assign_splits, check_split_settings, holdout_names
+from nailseg.tables import print_table
 
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
@@ -810,7 +811,7 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
     if summary.pruned:
         table.add_row("pairs gone from the input, outputs deleted (prune)", str(summary.pruned))
     table.add_row("seconds", f"{summary.seconds:.2f}")
-    console.print(table)
+    print_table(table, console)
     for exclusion in summary.excluded[:max_listed]:
         console.print(f"  excluded {exclusion}", markup=False, highlight=False)
     if len(summary.excluded) > max_listed:

@@ -46,6 +46,7 @@ from nailseg.device import resolve_device
 from nailseg.model.losses import build_loss
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin
+from nailseg.tables import print_table
 from nailseg.training.build import use_channels_last
 
 matplotlib.use("Agg")
@@ -278,7 +279,7 @@ def _print(rows: pd.DataFrame) -> None:
             *(f"{v:.1f}" for v in numbers[:4]),
             *(f"{v:.3f}" for v in numbers[4:]),
         )
-    Console().print(table)
+    print_table(table)
 
 
 def run(cfg: DictConfig) -> pd.DataFrame:

@@ -48,6 +48,7 @@ from nailseg.model.checkpoint import load_net
 from nailseg.paths import overlap
 from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
+from nailseg.tables import print_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -281,7 +282,7 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     for row in rows.itertuples(index=False):
         table.add_row(*(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row))
     console = Console()
-    console.print(table)
+    print_table(table, console)
     console.print(json.dumps(extra, indent=2), highlight=False)
     return rows, extra
 

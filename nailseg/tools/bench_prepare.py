@@ -27,6 +27,7 @@ from nailseg.atomic import write_text
 from nailseg.config import CONF_DIR
 from nailseg.prep.prepare import prepare
 from nailseg.prep.synthetic import generate
+from nailseg.tables import print_table
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -84,7 +85,7 @@ def main(cfg: DictConfig) -> None:
     for row in rows.itertuples():
         table.add_row(row.step, str(row.images), f"{row.seconds:.3f}", f"{row.images_per_s:.0f}")
     console = Console()
-    console.print(table)
+    print_table(table, console)
     console.print(f"rerun / cold time: {rerun / cold:.3f}  (target <= 0.10)")
     console.print(f"written: {out / 'bench_prepare.csv'}")
 

@@ -185,6 +185,8 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # piped (as into a log), the table keeps its columns whole: rich cut them to 80 characters
+    assert "photos_per_s" in proc.stdout and "cpu_onnx" in proc.stdout
     if not torch.cuda.is_available():
         assert "run gpu: skipped, no CUDA device here" in proc.stdout
     rows = pd.read_csv(out / "bench_predict.csv")
