@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -45,23 +45,32 @@ class PreCheck(Callback):
         if config.hydra.sweeper._target_ != BASIC_SWEEPER:
             self._run_check(config, "the sweep's base config: ")
             return
-        jobs = sweep_jobs(config)
-        # ~0.15 s a job, composing: a large grid takes a while
-        for number, overrides in enumerate(
-            track(jobs, description="checking the sweep's jobs", transient=True)
-        ):
-            where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
-            try:
-                job = compose(config_name, overrides=overrides)
-            except Exception as err:  # a choice or key that does not exist in this job only
-                _leave(where, err)
+        for where, job in composed_jobs(config, config_name):
             self._run_check(job, where)
 
     def _run_check(self, config: DictConfig, where: str) -> None:
         try:
             self.check(config)
         except Exception as err:
-            _leave(where, err)
+            leave(where, err)
+
+
+def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple[str, DictConfig]]:
+    """Each job of a basic-sweeper sweep composed as it will run, with where it is in the sweep
+    (`job 1 of 4 (overrides): `, to start a message); a job that does not compose (a choice or
+    key that exists in no config) leaves with its error (`leave`)."""
+    jobs = sweep_jobs(config)
+    hydra_overrides = list(config.hydra.overrides.hydra)  # hydra.searchpath: a user's own configs
+    # ~0.15 s a job, composing: a large grid takes a while
+    for number, overrides in enumerate(
+        track(jobs, description="checking the sweep's jobs", transient=True)
+    ):
+        where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
+        try:  # with the command line's hydra overrides, as the launcher composes it
+            job = compose(config_name, overrides=[*hydra_overrides, *overrides])
+        except Exception as err:
+            leave(where, err)
+        yield where, job
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
@@ -74,10 +83,15 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def _leave(where: str, err: Exception) -> None:
+def leave(where: str, err: Exception) -> NoReturn:
     """Stop before Hydra writes; with HYDRA_FULL_ERROR set, re-raise for a warning with the
     trace and let the job's own check fail in full."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
+    sys.exit(refusal(where, err))
+
+
+def refusal(where: str, err: Exception) -> str:
+    """The one line a refusal prints: `train.py: job 1 of 2 (...): ConfigError: ...`."""
     app = os.path.basename(sys.argv[0]) or "nailseg"
-    sys.exit(f"{app}: {where}{type(err).__name__}: {err}")
+    return f"{app}: {where}{type(err).__name__}: {err}"

@@ -42,7 +42,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.pytorch.strategies.launchers import subprocess_script
+from omegaconf import DictConfig, OmegaConf
 
+from nailseg.precheck import BASIC_SWEEPER, composed_jobs, refusal
 from nailseg.training.checks import ConfigError
 
 # what the child command replaces, and the versions it was written against
@@ -182,12 +184,16 @@ def isolated_job() -> Iterator[None]:
 
 
 class SlurmSweepCheck(Callback):
-    """Refuses a sweep under hydra/launcher=slurm that varies the trainer keys SLURM's request
-    follows: submitit submits a sweep as one job array with one request (nodes, tasks and GPUs
-    per node), resolved once from the base config, so every job would get the base config's.
+    """Refuses a sweep under hydra/launcher=slurm whose jobs need other resources than the
+    sweep's config: submitit submits a sweep as one job array with one request (nodes, tasks and
+    GPUs per node), resolved once from that config, so every job would get its request.
 
-    The check runs on construction: Hydra builds its callbacks before the launcher, nothing is
-    submitted yet, and an error raised in a callback's hook would only be a warning."""
+    On construction, a sweep that varies the trainer keys SLURM's request follows is refused
+    (Hydra builds its callbacks before the launcher: nothing is submitted yet). Then, for the
+    basic sweeper, every job is composed as it will run and must ask for the same nodes and
+    devices: a choice such as `experiment=` can set them without naming them. A job that asked
+    for more would run on too few GPUs; one that asked for fewer would run once per SLURM task,
+    all in one folder. (A refusal from a hook exits: an exception there is only a warning.)"""
 
     def __init__(self, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
         swept = swept_keys(overrides, sweeper_params)
@@ -199,6 +205,31 @@ class SlurmSweepCheck(Callback):
                 f"from the base config: run one sweep per setting of "
                 f"{', '.join(SLURM_TRAINER_KEYS)}"
             )
+
+    def on_multirun_start(
+        self, config: DictConfig, config_name: str | None = None, **_: Any
+    ) -> None:
+        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+            return  # a sampling sweeper's jobs exist only as they run: the keys check stands
+        request = slurm_request(config)
+        for where, job in composed_jobs(config, config_name):
+            if (needed := slurm_request(job)) != request:
+                sys.exit(
+                    refusal(
+                        where,
+                        ConfigError(
+                            f"hydra/launcher=slurm: this job's trainer needs {needed}, but SLURM "
+                            f"gets the sweep's one request for every job, {request}: run the "
+                            "jobs that differ as a sweep of their own"
+                        ),
+                    )
+                )
+
+
+def slurm_request(config: DictConfig) -> str:
+    """The trainer values SLURM's request follows (conf/hydra/launcher/slurm.yaml), as text."""
+    keys = ("trainer.num_nodes", "trainer.devices")
+    return ", ".join(f"{key}={OmegaConf.select(config, key)}" for key in keys)
 
 
 def swept_keys(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> set[str]:

@@ -51,6 +51,22 @@ def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path):
     assert _written(tmp_path) == []
 
 
+def test_a_sweep_over_a_users_own_configs_is_checked_with_them(tmp_path):
+    """Each job was composed without the command line's hydra overrides, so a config added with
+    `hydra.searchpath` (a user's own experiment) was "not found" and the sweep refused."""
+    mine = tmp_path / "my_conf" / "experiment"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("# @package _global_\nloader:\n  batch_size: 4\n")
+    args = [f"hydra.searchpath=[file://{mine.parent}]", "experiment=mine"]
+    proc = _start("train.py", "-m", *args, "trainer.max_epochs=1,0", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert (
+        "job 1 of 2 (experiment=mine trainer.max_epochs=0): ConfigError: trainer.max_epochs=0"
+        in (proc.stderr)
+    )
+    assert _written(tmp_path) == ["my_conf", "my_conf/experiment", "my_conf/experiment/mine.yaml"]
+
+
 def test_prepare_refuses_a_missing_input_before_the_run_folder_is_made(tmp_path):
     proc = _start("prepare.py", f"input_dir={tmp_path / 'nope'}", "output_dir=out", cwd=tmp_path)
     assert proc.returncode == 1

@@ -94,6 +94,31 @@ def test_a_sweep_that_varies_the_trainer_is_refused_before_submitting(
     assert isinstance(refused.value.__cause__, ConfigError)
 
 
+def test_a_job_whose_choice_sets_other_devices_is_refused_before_submitting(monkeypatch, tmp_path):
+    # a user's experiment sets the devices without the sweep naming any trainer key: the keys
+    # check let it through, and all jobs would have been submitted with job 1's request
+    extra = tmp_path / "conf"
+    (extra / "experiment").mkdir(parents=True)
+    (extra / "experiment" / "four_gpus.yaml").write_text(
+        "# @package _global_\ntrainer:\n  devices: 4\n"
+    )
+    with pytest.raises(SystemExit) as refused:
+        slurm_sweep(
+            monkeypatch,
+            tmp_path / "sweep",
+            "trainer=gpu",
+            f"hydra.searchpath=[file://{extra}]",
+            "experiment=gpu_384,four_gpus",
+        )
+    assert str(refused.value) == (
+        "train.py: job 1 of 2 (trainer=gpu experiment=four_gpus): ConfigError: hydra/launcher=slurm: "
+        "this job's trainer needs trainer.num_nodes=1, trainer.devices=4, but SLURM gets the sweep's "
+        "one request for every job, trainer.num_nodes=1, trainer.devices=1: run the jobs that "
+        "differ as a sweep of their own"
+    )
+    assert not (tmp_path / "sweep").exists()  # nothing submitted, nothing written
+
+
 def test_the_keys_a_sweep_varies_include_the_sweepers_search_space():
     overrides = ["trainer.devices=4", "aug=none,light", "optimizer.lr=interval(1e-4,1e-2)"]
     params = {"trainer.num_nodes": "choice(1,2)"}
