@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
+from typing import ClassVar
 
+import lightning as L
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
@@ -56,3 +59,13 @@ def small_overrides(root: Path, *extra: str, device: str = "cpu") -> list[str]:
 
 def train(root: Path, run_dir: Path, *extra: str, device: str = "cpu") -> float | None:
     return run(compose_train(small_overrides(root, *extra, device=device), run_dir))
+
+
+class FreezeProbe(L.Callback):
+    """Records, at each training epoch's start, how many objects Python's collector holds frozen
+    (`+callbacks.freeze._target_=support.train.FreezeProbe`)."""
+
+    seen: ClassVar[list[int]] = []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        FreezeProbe.seen.append(gc.get_freeze_count())
