@@ -65,7 +65,9 @@ clean:  ## remove outputs/, multirun/, the synthetic data sets and the tool cach
 	for d in data/synthetic data/synthetic-mix; do \
 		test ! -f $$d/raw/synthetic.json || rm -rf $$d/raw; \
 		test ! -f $$d/prepared/prepare.json || rm -rf $$d/prepared; \
+		rmdir $$d 2>/dev/null || true; \
 	done
+	rmdir data 2>/dev/null || true  # only when nothing else is in it
 
 bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
 	$(PY) -m nailseg.bench_predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)

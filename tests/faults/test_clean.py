@@ -41,6 +41,16 @@ def test_make_clean_removes_only_what_the_project_generates(tmp_path):
     assert [name for name in GENERATED if (tmp_path / name).exists()] == []
 
 
+def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path):
+    """It left data/, data/synthetic/ and data/synthetic-mix/ behind, empty."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    for name in GENERATED:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    subprocess.run(["make", "clean"], cwd=tmp_path, check=True, capture_output=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile"]
+
+
 @pytest.mark.parametrize(
     "folder",
     ["synthetic/raw", "synthetic/prepared", "synthetic-mix/raw", "synthetic-mix/prepared"],
