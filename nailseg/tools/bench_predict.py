@@ -166,13 +166,16 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
             f"batch_size={cfg.batch_size}",
             *(f"{k}={v}" for k, v in overrides.items()),
         ]
-        summary = predict(compose("predict", overrides=args), console=Console(quiet=True))
+        asked = compose("predict", overrides=args)
+        summary = predict(asked, console=Console(quiet=True))
     finally:
         shutil.rmtree(scratch)
     return {
         "device": summary.device,  # what ran: a run's settings that do not apply there are off
+        "engine": asked.engine,  # predict's own values (its defaults included), as it ran them
         "gpu_decode": summary.gpu_decode,
         "cuda_graphs": summary.cuda_graphs,
+        "overlays": asked.overlays,
         "photos": summary.images,
         "seconds": summary.seconds,
         **summary.stages,
@@ -194,8 +197,6 @@ def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict
         rows.append(
             {
                 "run": name,
-                "engine": overrides.get("engine", "torch"),
-                "overlays": overrides.get("overlays", True),
                 **measured,
                 "photos_per_s": measured["photos"] / measured["seconds"],
             }
