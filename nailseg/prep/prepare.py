@@ -50,6 +50,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nailseg.atomic import write_atomic, write_text
+from nailseg.collector import frozen_heap
 from nailseg.paths import overlap
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
@@ -539,7 +540,10 @@ def _convert_all(
                 progress.advance(task)
             return
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(convert_pair, p, out_root, threshold, settings) for p in pairs]
+            with frozen_heap():  # the pool forks its processes at the first submit
+                futures = [
+                    pool.submit(convert_pair, p, out_root, threshold, settings) for p in pairs
+                ]
             for future in as_completed(futures):
                 yield future.result()
                 progress.advance(task)

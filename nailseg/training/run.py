@@ -25,11 +25,8 @@ a session that trains measures. `train=false` skips the fit and evaluates `ckpt_
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.atomic import write_text
+from nailseg.collector import frozen_heap
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
@@ -121,20 +119,6 @@ def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> No
             )
 
 
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Python's cyclic garbage collector leaves the objects that exist when the fit starts alone
-    until it ends; what the fit creates is collected as usual. A full collection walks every
-    tracked object, ~620,000 once torch, Lightning, Hydra and the run are built: 350-430 ms on
-    the 2-core CPU, and on the H200 one such pause of 290-440 ms fell inside a training epoch
-    of most 10-epoch fits (docs/BENCHMARKS.md, eighth session). Frozen, they are not walked."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def run(cfg: DictConfig) -> float | None:
     """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
@@ -160,7 +144,7 @@ def run(cfg: DictConfig) -> float | None:
             "resumed_from": str(checkpoint) if checkpoint else None,
         }
         if cfg.train:
-            with frozen_heap():
+            with frozen_heap():  # no full collection walks the built run's objects mid-fit
                 trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
             best = _best(built)
             checkpoint = best["checkpoint"]

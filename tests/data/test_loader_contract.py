@@ -22,6 +22,7 @@ from support.loaders import EVERYTHING, Outputs, make_loader, run
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import Loader
+from nailseg.data.loaders.torch_workers import OpenCVTransform
 from nailseg.data.sampling import epoch_batches
 
 
@@ -195,6 +196,27 @@ class TestTorchLoaderWithWorkers(LoaderContract):
         # the fault waits >= 5 s (one worker's timeout); a prompt stop is well under a second,
         # so the bound only needs to tell the two apart, also on a machine under load
         assert time.perf_counter() - start < 4.5
+
+
+def test_a_worker_never_collects_what_it_inherited(prepared, tmp_path, monkeypatch):
+    """A forked worker collected the parent's garbage and ran its finalizers: a DALI pipeline
+    left in a reference cycle was destroyed in a torch worker, which hung in DALI's executor
+    destructor or died of a segmentation fault (2 of 4 CI runs). Everything a worker inherits is
+    frozen for its collector; the parent's own collector is back as it was once they started."""
+
+    worker_init = OpenCVTransform.worker_init
+
+    def report(worker_id: int) -> None:  # runs in the worker, as the loader's worker_init does
+        (tmp_path / f"worker{worker_id}").write_text(str(gc.get_freeze_count()))
+        worker_init(worker_id)
+
+    monkeypatch.setattr(OpenCVTransform, "worker_init", staticmethod(report))
+    loader = make_loader("torch-workers", prepared, AugSpec(), batch_size=2)
+    assert len(list(loader)) >= 2  # a whole pass: both workers started and took a batch
+    frozen = [int((tmp_path / f"worker{i}").read_text()) for i in range(2)]
+    loader.close()
+    assert min(frozen) > 100_000  # the test process's objects: torch, numpy, pytest, ...
+    assert gc.get_freeze_count() == 0
 
 
 class TestKorniaLoader(LoaderContract):

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from nailseg.collector import frozen_heap
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import Batch, PlannedLoader, Records
 
@@ -178,7 +179,8 @@ class WorkerLoader(PlannedLoader):
         self._sampler.epoch = epoch
         # Replacing the old pass's iterator frees its workers (persistent ones are reset and
         # drained instead). Only `workers.it` holds it, never a local across a yield.
-        workers.it = iter(workers.loader)
+        with frozen_heap():  # workers forked here never collect (and finalize) our garbage
+            workers.it = iter(workers.loader)
         step = 0
         while self._is_current(pass_id):
             try:
