@@ -369,6 +369,21 @@ def require_values(cfg: DictConfig, command: str) -> None:
         sys.exit(f"{command}: missing {keys} (python -m {command} --help says what each is)")
 
 
+def require_model_group(command: str, overrides: list[str]) -> None:
+    """Exit with one line when the command line sets a key of `model` without naming the model:
+    predict's and export's `model` is null (the checkpoint's) unless `model=` names one, and
+    `model.encoder_name=x` alone failed inside Hydra (`AssertionError: Unexpected type for root`)."""
+    keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
+    if "model" in keys:
+        return
+    for arg, key in zip(overrides, keys, strict=True):
+        if key.startswith("model."):
+            sys.exit(
+                f"{command}: {arg} changes the model, and model= does not name one (the model "
+                f"is the checkpoint's): give it as well, e.g. model=unet {arg}"
+            )
+
+
 def study_direction(mode: str) -> str:
     """The direction that improves `optimized_metric`, so a search never optimizes it backwards."""
     if mode not in DIRECTIONS:

@@ -37,7 +37,7 @@ from rich.console import Console
 from torch import nn
 
 from nailseg.atomic import write_bytes
-from nailseg.config import CONF_DIR, require_values
+from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.model.checkpoint import CheckpointError, load_net
 
@@ -234,12 +234,18 @@ def _refuse_to_replace(path: Path, ckpt: Path) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg.export")
     try:
         run(cfg)
     except (ExportError, CheckpointError) as err:
         sys.exit(f"export failed: {err}")
+
+
+def main() -> None:
+    """The command: its model-key check runs before Hydra composes the config."""
+    require_model_group("nailseg.export", sys.argv[1:])
+    _main()
 
 
 if __name__ == "__main__":

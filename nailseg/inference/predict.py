@@ -56,7 +56,7 @@ from rich.text import Text
 from torch import nn
 
 from nailseg.atomic import write_atomic
-from nailseg.config import CONF_DIR, require_values
+from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.device import resolve_device
 from nailseg.inference.decode import Loaded, load, to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
@@ -695,12 +695,18 @@ def print_summary(summary: PredictSummary, output: Path, console: Console) -> No
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg.predict")
     try:
         run(cfg)
     except (PredictError, CheckpointError, ThresholdError) as err:
         sys.exit(f"predict failed: {err}")
+
+
+def main() -> None:
+    """The command: its model-key check runs before Hydra composes the config."""
+    require_model_group("nailseg.predict", sys.argv[1:])
+    _main()
 
 
 if __name__ == "__main__":

@@ -352,6 +352,27 @@ def test_a_required_value_left_out_is_named_in_one_line(command, given, missing,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["nailseg.predict", "nailseg.export"])
+def test_a_model_key_without_the_model_is_named_in_one_line(command, tmp_path):
+    """predict's and export's model is the checkpoint's (null) unless model= names one:
+    `model.encoder_name=resnet18` alone failed inside Hydra with an AssertionError."""
+    proc = subprocess.run(
+        [sys.executable, "-m", command, "ckpt=x.ckpt", "model.encoder_name=resnet18"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"{command}: model.encoder_name=resnet18 changes the model, and model= does not name "
+        "one (the model is the checkpoint's): give it as well, e.g. model=unet "
+        "model.encoder_name=resnet18"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_stored_study_rerun_seeds_its_sampler_past_the_trials_it_holds(tmp_path):
     """The sampler's seed was ${seed} alone: rerunning a stored study to add trials drew the
     first trials again (the helper's walk: lr 0.000561, resnet18, light, dice_bce twice)."""
