@@ -92,7 +92,11 @@ def build_loggers(cfg: DictConfig, resumed: resume.Resume | None) -> list[Logger
                     extra["name"] = run_name(hydra.overrides.task)
         if name == "csv" and resumed is not None and cfg.train:
             extra["keep_steps_before"] = resumed.global_step
-        loggers.append(instantiate(conf, **extra))
+        logger = instantiate(conf, **extra)
+        if isinstance(logger, WandbLogger) and logger._wandb_init.get("anonymous") is None:
+            # Lightning passes anonymous=None, which W&B warns about on every run ("has no effect")
+            logger._wandb_init.pop("anonymous", None)
+        loggers.append(logger)
     return loggers
 
 

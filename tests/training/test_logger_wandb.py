@@ -1,5 +1,5 @@
 """The W&B logger writes only into its run dir: not its caches, service logs or staged tables
-into the home folder."""
+into the home folder; and a plain offline run draws no W&B warning."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from nailseg.training.build import WANDB_DIRS
 
 
 @pytest.mark.slow
-def test_a_wandb_run_writes_nothing_into_home(prepared, tmp_path, monkeypatch):
+def test_a_wandb_run_writes_nothing_into_home_and_warns_nothing(prepared, tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
@@ -32,6 +32,8 @@ def test_a_wandb_run_writes_nothing_into_home(prepared, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     # a final evaluation: its per-group table is staged as a W&B artifact
     overrides = small_overrides(prepared, "logger=wandb", "trainer.max_epochs=1")
-    run_train(*overrides, f"hydra.run.dir={run_dir}")
+    stderr = run_train(*overrides, f"hydra.run.dir={run_dir}")
+    # W&B warned on every run that "The anonymous setting has no effect": Lightning passed it
+    assert "wandb: WARNING" not in stderr
     assert sorted(home.rglob("*")) == []
     assert list(run_dir.glob("wandb/cache/wandb/logs/core-debug-*.log"))
