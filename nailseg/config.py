@@ -148,6 +148,7 @@ class AdamWConfig:
     lr: float = MISSING
     weight_decay: float = MISSING
     betas: list[float] = MISSING
+    fused: bool | None = None  # None: torch's choice (its multi-tensor kernels)
 
 
 @dataclass
@@ -286,6 +287,7 @@ class BenchConfig:
 
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
+    optimizer: Any = MISSING  # the training's (an optimizer group option, its own schema)
     loaders: dict[str, Any] = MISSING  # name -> a loader group option (its own schema)
     augs: dict[str, AugConfig] = MISSING
     normalize: NormalizeConfig = MISSING

@@ -174,7 +174,7 @@ def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainSt
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     dtype = torch.bfloat16 if device.type == "cuda" and cfg.precision in ("auto", "bf16") else None
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    optimizer = instantiate(cfg.optimizer)(net.parameters())
     model = compile_net(net.train(), cfg.compile_mode) if compile else net.train()
     return TrainStep(model, optimizer, build_loss(cfg.loss), device, dtype, channels_last)
 

@@ -187,6 +187,14 @@ def test_a_gpu_preset_builds_its_settings_on_any_machine(experiment, aug, epochs
     assert schedule_length(scheduler.state_dict()) == probe.steps == epochs * (40 // 32)
 
 
+@pytest.mark.parametrize("fused", [None, True])
+def test_adamws_fused_kernel_reaches_the_fits_optimizer(fused, data, tmp_path):
+    overrides = [] if fused is None else [f"optimizer.fused={fused}"]
+    probe = dry_fit(build(_compose(data, tmp_path, *overrides)))
+    (optimizer,) = probe.optimizers
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused
+
+
 def _encoder(net: torch.nn.Module) -> tuple[str, int]:
     return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
 
