@@ -148,7 +148,7 @@ class AdamWConfig:
     lr: float = MISSING
     weight_decay: float = MISSING
     betas: list[float] = MISSING
-    fused: bool | None = None  # None: torch's choice (its multi-tensor kernels)
+    fused: bool | None = None  # None: torch's choice (its multi-tensor kernels); True: one kernel
 
 
 @dataclass
