@@ -198,6 +198,7 @@ def build(cfg: DictConfig) -> Built:
     if resumed is not None:
         resume.check_matches(resumed, cfg)
         if cfg.train:  # continue in the checkpoint's own run folder (see resume.py)
+            resume.check_restored(resumed, cfg)
             cfg.run_dir = str(resumed.run_dir)
 
     L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it

@@ -14,6 +14,9 @@
 * A resumed fit restores the checkpoint's LR schedule, whose length is the checkpoint's fit: a fit
   of another length (a larger `trainer.max_epochs`, ...) would run it past its end (cosine climbs
   back up, one-cycle fails), so it is refused before anything is written.
+* A resumed fit also restores the optimizer's settings (lr, betas, weight decay, ...) and the
+  schedule's, whatever the config says: a config whose `optimizer` or `scheduler` differs from
+  the checkpoint's is refused too, naming each key, rather than trained with the checkpoint's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nailseg.model.checkpoint import (
     CheckpointError,
@@ -135,6 +138,49 @@ def check_matches(resume: Resume, cfg: DictConfig) -> None:
             f"{resume.checkpoint} was trained with another {' and '.join(differ)} ({detail}); "
             "pass the checkpoint's values"
         )
+
+
+# what Lightning restores on a resume, whatever the config says: the optimizer's param groups
+# (lr, betas, weight decay, ...) and the LR schedule's state
+_RESTORED = ("optimizer", "scheduler")
+# how the optimizer computes, not what: a checkpoint of either kind resumes under the other
+# (and keeps its own)
+_IMPLEMENTATION_KEYS = frozenset({"fused"})
+
+
+def check_restored(resume: Resume, cfg: DictConfig) -> None:
+    """The config's optimizer and LR schedule are the checkpoint's. Lightning restores both from
+    it, so `optimizer.lr=0.05` on a resume trained on with the checkpoint's lr, silently."""
+    theirs = resume.card.get("config")
+    if not theirs:  # a checkpoint older than cards' configs
+        return
+    ours = OmegaConf.to_container(cfg, resolve=True)
+    differ = [line for group in _RESTORED for line in _differences(group, theirs, ours)]
+    if differ:
+        raise CheckpointError(
+            f"{resume.checkpoint} was trained with other optimizer or schedule settings "
+            f"({'; '.join(differ)}): a resumed fit restores the checkpoint's, so this config's "
+            "would not take effect. Resume with the checkpoint's values, or start a new run "
+            f"from its weights: model.encoder_weights={resume.checkpoint} (the encoder; the "
+            "decoder starts afresh)"
+        )
+
+
+def _differences(group: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """`group.key: checkpoint a, config b` for each value that differs; another optimizer or
+    schedule altogether (or none) as one line naming both, `none` for a group set to null."""
+    before, now = theirs.get(group), ours.get(group)
+    if not (isinstance(before, Mapping) and isinstance(now, Mapping)) or (
+        before.get("_target_") != now.get("_target_")
+    ):
+        named = [g.get("_target_") if isinstance(g, Mapping) else "none" for g in (before, now)]
+        return [] if before == now else [f"{group}: checkpoint {named[0]}, config {named[1]}"]
+    keys = sorted((before.keys() | now.keys()) - _IMPLEMENTATION_KEYS)
+    return [
+        f"{group}.{key}: checkpoint {before.get(key, 'unset')}, config {now.get(key, 'unset')}"
+        for key in keys
+        if before.get(key, "unset") != now.get(key, "unset")
+    ]
 
 
 # the trainer keys that size a fit (with the batch size, the devices and the train split)

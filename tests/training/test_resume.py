@@ -1,5 +1,5 @@
 """Resuming a fit (`ckpt_path=...`): which checkpoint and folder, a schedule that cannot be
-continued, and a job's earlier failure."""
+continued, optimizer settings the resume would not apply, and a job's earlier failure."""
 
 from __future__ import annotations
 
@@ -50,6 +50,38 @@ def test_a_constant_lr_fit_may_be_extended(prepared, tmp_path):
     common = ["scheduler=none", "logger=none", "test=false"]
     train(prepared, runs / "a", "trainer.max_epochs=1", *common)
     train(prepared, runs / "b", "trainer.max_epochs=2", "ckpt_path=last", *common)
+    metrics = json.loads((runs / "a" / "metrics.json").read_text())
+    assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
+
+
+def test_a_resume_with_other_optimizer_settings_is_refused_naming_them(prepared, tmp_path):
+    """Lightning restores the optimizer's and the schedule's settings from the checkpoint:
+    `optimizer.lr=0.05` on a resume trained on at the checkpoint's lr, silently."""
+    runs = tmp_path / "runs"
+    common = ["scheduler=none", "logger=csv", "test=false"]
+    train(prepared, runs / "a", "trainer.max_epochs=1", *common)
+    before = _files(runs / "a")
+    resumed = [*common, "trainer.max_epochs=2", "ckpt_path=last"]
+    with pytest.raises(
+        CheckpointError,
+        match=r"a/checkpoints/last.ckpt was trained with other optimizer or schedule settings "
+        r"\(optimizer.lr: checkpoint 0.001, config 0.05\): a resumed fit restores the "
+        r"checkpoint's, so this config's would not take effect",
+    ):
+        train(prepared, runs / "b", *resumed, "optimizer.lr=0.05")
+    with pytest.raises(
+        CheckpointError,
+        match=r"settings \(optimizer: checkpoint torch.optim.AdamW, config torch.optim.SGD\)",
+    ):
+        train(prepared, runs / "b", *resumed, "optimizer=sgd")
+    with pytest.raises(
+        CheckpointError,
+        match=r"\(scheduler: checkpoint none, config torch.optim.lr_scheduler.CosineAnnealingLR\)",
+    ):
+        train(prepared, runs / "b", *resumed, "scheduler=cosine")
+    assert _files(runs / "a") == before and not (runs / "b").exists()
+    # how AdamW computes (one fused kernel or several) is not what: that resume trains on
+    train(prepared, runs / "b", *resumed, "optimizer.fused=null")
     metrics = json.loads((runs / "a" / "metrics.json").read_text())
     assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
 
