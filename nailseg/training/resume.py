@@ -154,7 +154,10 @@ def check_restored(resume: Resume, cfg: DictConfig) -> None:
     theirs = resume.card.get("config")
     if not theirs:  # a checkpoint older than cards' configs
         return
-    ours = OmegaConf.to_container(cfg, resolve=True)
+    ours = {
+        group: None if cfg[group] is None else OmegaConf.to_container(cfg[group], resolve=True)
+        for group in _RESTORED
+    }
     differ = [line for group in _RESTORED for line in _differences(group, theirs, ours)]
     if differ:
         raise CheckpointError(
