@@ -501,17 +501,17 @@ def _device(engine: str, device: str) -> torch.device:
         raise PredictError(str(err)) from err
 
 
-def _engine(
+def build_engine(
     engine: str, net: nn.Module, spec: InferenceSpec, device: torch.device, cuda_graphs: bool
 ) -> Net:
-    """What runs the net: PyTorch on `device` (on a GPU channels-last, the layout tensor cores
-    run convolutions fastest in, and with `cuda_graphs` replayed as CUDA graphs), or ONNX Runtime
-    on the CPU."""
+    """What runs the net: PyTorch on `device`, channels-last (the layout a GPU's tensor cores and
+    the CPU's oneDNN run convolutions fastest in: on 2 cores, UNet-r18 at 128², predict went from
+    37.6-41.4 to 42.3-48.4 photos/s), on a GPU with `cuda_graphs` replayed as CUDA graphs; or
+    ONNX Runtime on the CPU."""
     if engine == "torch":
-        net = net.to(device)
+        net = net.to(device, memory_format=torch.channels_last)
         if device.type != "cuda":
             return net
-        net = net.to(memory_format=torch.channels_last)
         return GraphedNet(net) if cuda_graphs else net
     from nailseg.inference.export import ExportError, OnnxNet  # onnx: only this engine needs it
 
@@ -577,7 +577,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
                 "pairs with <masks>/x.*"
             )
     spec = resolve_spec(cfg)
-    net = _engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
+    net = build_engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
     capture_seconds = (
         _capture(net, spec, cfg.batch_size, cfg.tta) if isinstance(net, GraphedNet) else 0.0
     )

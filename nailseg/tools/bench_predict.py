@@ -41,7 +41,7 @@ from rich.table import Table
 from nailseg.atomic import save_figure, write_atomic, write_text
 from nailseg.config import CONF_DIR, require_values
 from nailseg.inference.photos import find_images
-from nailseg.inference.predict import STAGES
+from nailseg.inference.predict import STAGES, build_engine
 from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.model.checkpoint import load_net
@@ -215,6 +215,7 @@ def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
     net = load_net(spec.ckpt, spec.model).eval()
     onnx = OnnxNet(net, spec)
     cpu = torch.device("cpu")
+    net = build_engine("torch", net, spec, cpu, cuda_graphs=False)  # as predict runs it
     batch = to_batch(image_tensors([read_rgb(p) for p in photos[: cfg.onnx_batch]], cpu), spec)
     result = {
         "onnx_logits_difference": onnx.difference,

@@ -21,7 +21,7 @@ from support.prepared import write_prepared
 from support.train import TINY_UNET
 
 from nailseg.data.datamodule import read_split
-from nailseg.inference.predict import PredictError, main, run
+from nailseg.inference.predict import PredictError, build_engine, main, run
 from nailseg.inference.scoring import score_image
 from nailseg.inference.spec import (
     full_size_probabilities,
@@ -133,7 +133,7 @@ def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     out = tmp_path / "out"
     predict(trained, photos / "top.jpeg", out, "threshold=0.3")
     spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
-    net = load_net(trained, spec.model)
+    net = build_engine("torch", load_net(trained, spec.model), spec, torch.device("cpu"), False)
     image = np.asarray(Image.open(photos / "top.jpeg").convert("RGB"))
     (prob,) = full_size_probabilities(net, image_tensors([image], torch.device("cpu")), spec)
     written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
@@ -568,15 +568,26 @@ def test_default_threads_leave_the_gpu_driving_thread_room(
 
 
 def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
-    """From predict's real config: on the CPU the net runs as it is (tests/test_gpu.py checks the
-    graphs against the eager net on a GPU)."""
-    from nailseg.inference.predict import _engine
-
+    """From predict's real config: on the CPU the net runs eagerly, channels-last, with the
+    probabilities of the net as loaded (tests/test_gpu.py checks the graphs against the eager
+    net on a GPU)."""
     cfg = compose_cli("predict", [f"ckpt={trained}", "input=y", "output=z"])
     assert cfg.cuda_graphs is True
     spec = resolve_spec(cfg)
-    net = load_net(spec.ckpt, spec.model)
-    assert _engine(cfg.engine, net, spec, torch.device("cpu"), cfg.cuda_graphs) is net
+    loaded, net = load_net(spec.ckpt, spec.model), load_net(spec.ckpt, spec.model)
+    assert build_engine(cfg.engine, net, spec, torch.device("cpu"), cfg.cuda_graphs) is net
+    kernels = [p for p in net.parameters() if p.dim() == 4]
+    assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) for p in kernels)
+    rng = np.random.default_rng(0)
+    images = image_tensors(
+        [rng.integers(0, 256, (*s, 3), np.uint8) for s in [(40, 30), (25, 50)]], torch.device("cpu")
+    )
+    for got, want in zip(
+        full_size_probabilities(net, images, spec),
+        full_size_probabilities(loaded, images, spec),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(("device", "during"), [("cuda", 0.0005), ("cpu", None)])
