@@ -184,8 +184,10 @@ def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
 
 
 def use_channels_last(setting: bool | None, on_cuda: bool) -> bool:
-    """`module.channels_last` (bench: `channels_last`): None means on for CUDA, where tensor
-    cores run channels-last convolutions faster under AMP, and off on the CPU."""
+    """`module.channels_last` (bench: `channels_last`): None means on for CUDA only, where tensor
+    cores run channels-last convolutions faster under AMP. The configs say true: on the CPU
+    oneDNN runs UNet's convolutions faster channels-last too (2 cores, the default UNet-r18 at
+    128²: +22% training images/s; docs/BENCHMARKS.md, ninth session)."""
     return on_cuda if setting is None else bool(setting)
 
 

@@ -194,6 +194,17 @@ def test_adamws_fused_kernel_reaches_the_fits_optimizer(overrides, fused, data, 
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused
 
 
+@pytest.mark.parametrize(("overrides", "on"), [([], True), (["module.channels_last=null"], False)])
+def test_the_net_trains_channels_last_on_the_cpu_too_by_default(overrides, on, data, tmp_path):
+    """oneDNN runs UNet's convolutions faster channels-last (the default UNet-r18 on 2 cores:
+    +22% training images/s); null keeps it to CUDA."""
+    module = build(_compose(data, tmp_path, *overrides)).module
+    kernels = [p for p in module.net.parameters() if p.dim() == 4]
+    assert module.channels_last is on
+    layout = torch.channels_last if on else torch.contiguous_format
+    assert kernels and all(p.is_contiguous(memory_format=layout) for p in kernels)
+
+
 def _encoder(net: torch.nn.Module) -> tuple[str, int]:
     return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
 
