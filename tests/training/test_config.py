@@ -205,6 +205,17 @@ def test_the_net_trains_channels_last_on_the_cpu_too_by_default(overrides, on, d
     assert kernels and all(p.is_contiguous(memory_format=layout) for p in kernels)
 
 
+def test_the_benchs_training_step_has_train_pys_defaults():
+    """bench.yaml holds the training step's settings at its top level (its command line's
+    `channels_last=`, `loss=`, ...), a second copy of train.py's `module:` defaults; the optimizer
+    is the same group. A default changed in one file only would make the ceiling another
+    training's than the one it is compared with."""
+    bench, train = _compose_app("bench", []), _compose_app("train", [])
+    for key in ("loss", "channels_last", "compile", "compile_mode"):
+        assert bench[key] == train.module[key], key
+    assert bench.optimizer == train.optimizer
+
+
 def _encoder(net: torch.nn.Module) -> tuple[str, int]:
     return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
 
