@@ -233,8 +233,9 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert masks["true"][name].shape == cpu.shape
         assert (masks["true"][name] == cpu).mean() > 0.98, name
     # the decoded pixels themselves: nvJPEG against libjpeg (PIL), EXIF orientation applied
-    from nailseg.inference.decode import load, to_device
+    from nailseg.inference.decode import to_device
     from nailseg.inference.photos import Photo
+    from nailseg.inference.workers import load
     from nailseg.prep.imageio import read_rgb
 
     files = sorted(photos.iterdir())

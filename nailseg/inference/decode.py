@@ -1,9 +1,9 @@
 """Photos from files to RGB uint8 C×H×W tensors on the device predict runs on.
 
-On a GPU, JPEG files are read as bytes by the reading threads and decoded in batches by nvJPEG
-(torchvision's `decode_jpeg(device="cuda")`), so the CPU threads only read files and encode the
-masks; their EXIF orientation is read from the header on the CPU and applied on the GPU (nvJPEG
-ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is decoded on the
+On a GPU, JPEG files are read as bytes by predict's worker processes (workers.py) and decoded in
+batches by nvJPEG (torchvision's `decode_jpeg(device="cuda")`), so the CPU only reads files and
+encodes the masks; their EXIF orientation is read from the header on the CPU and applied on the GPU
+(nvJPEG ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is decoded on the
 CPU by `read_rgb`, the decoder prepare uses, which also names what is wrong with a broken file.
 On the CPU everything goes through `read_rgb`.
 """
@@ -12,45 +12,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from nailseg.inference.photos import Photo
 from nailseg.inference.spec import image_tensors
-from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
-
-JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
-
-
-@dataclass(frozen=True)
-class EncodedJpeg:
-    """A JPEG file's bytes (uint8, 1-D, on the CPU) and its EXIF orientation (1: as stored)."""
-
-    data: torch.Tensor
-    orientation: int
-
-
-Loaded = np.ndarray | EncodedJpeg  # what a reading thread hands over
-
-
-def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
-    """Run on a reading thread: a JPEG's bytes when the GPU decodes them, else the decoded photo
-    (RGB uint8 HxWx3). Raises UnreadableImage naming the file and the fault."""
-    if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
-        return read_rgb(photo.path)
-    try:
-        with Image.open(photo.path) as im:  # the header only: format check and EXIF
-            if im.format != "JPEG":
-                return read_rgb(photo.path)
-            orientation = exif_orientation(im)
-        data = photo.path.read_bytes()
-    except DECODE_ERRORS as err:
-        raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
-    return EncodedJpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), orientation)
+from nailseg.inference.workers import EncodedJpeg, Loaded
+from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -82,7 +52,7 @@ def to_device(
     jpegs = [i for i, item in enumerate(loaded) if isinstance(item, EncodedJpeg)]
     if not jpegs:
         return out
-    data = [loaded[i].data for i in jpegs]
+    data = [torch.from_numpy(loaded[i].data) for i in jpegs]
     try:
         decoded = _decode_jpeg(data, device)
     except RuntimeError:  # one bad file fails the batch: decode them one by one

@@ -23,13 +23,13 @@ reported and skipped; the run fails only when no photo could be read.
 
 from __future__ import annotations
 
-import errno
+import multiprocessing
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -58,7 +59,7 @@ from torch import nn
 from nailseg.atomic import write_atomic
 from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.device import resolve_device
-from nailseg.inference.decode import Loaded, load, to_device
+from nailseg.inference.decode import to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
 from nailseg.inference.output import (
     OUTPUT_FOLDERS,
@@ -77,7 +78,7 @@ from nailseg.inference.photos import (
     list_inputs,
     read_true_masks,
 )
-from nailseg.inference.scoring import ImageScore, score_image, score_table, totals
+from nailseg.inference.scoring import ImageScore, score_table, totals
 from nailseg.inference.spec import (
     InferenceConfig,
     InferenceSpec,
@@ -88,10 +89,10 @@ from nailseg.inference.spec import (
     to_batch,
 )
 from nailseg.inference.threshold import ThresholdError, auto_threshold
+from nailseg.inference.workers import Loaded, NotWritten, PhotoWriter, Prediction, read_photos
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
 from nailseg.tables import print_table
-from nailseg.viz import overlay, save_png_atomic
 
 
 @dataclass
@@ -135,6 +136,7 @@ class PredictSummary:
     # for the masks to come back from the device, waiting for the writing threads
     stages: dict[str, float] = field(default_factory=dict)
     capture_seconds: float = 0.0  # capturing the net's CUDA graph, before `seconds` start
+    workers_seconds: float = 0.0  # starting the worker processes, before `seconds` start
     # what ran, whatever was asked: nvJPEG and CUDA graphs exist on a GPU only, graphs for torch
     device: str = "cpu"
     gpu_decode: bool = False
@@ -145,30 +147,24 @@ class PredictSummary:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
-def _load(photo: Photo, gpu_jpeg: bool) -> Loaded | UnreadableImage:
-    try:
-        return load(photo, gpu_jpeg)
-    except UnreadableImage as err:
-        return err
-
-
 def _read_ahead(
-    photos: Sequence[Photo], pool: ThreadPoolExecutor, depth: int, gpu_jpeg: bool
+    photos: Sequence[Photo], pool: Executor, depth: int, chunk: int, gpu_jpeg: bool
 ) -> Iterator[tuple[Photo, Loaded | UnreadableImage]]:
-    """Loaded photos in order, with at most `depth` reads in flight (not all at once, as
-    `pool.map` would: that holds every decoded photo of a large folder in memory)."""
-    queue: deque[tuple[Photo, Future]] = deque()
-    pending = iter(photos)
-    for photo in pending:
-        queue.append((photo, pool.submit(_load, photo, gpu_jpeg)))
-        if len(queue) >= depth:
+    """Loaded photos in order, read by the workers `chunk` at a time with at most `depth` photos
+    in flight (not all at once, as `pool.map` would: that holds every decoded photo of a large
+    folder in memory)."""
+    chunks = (photos[i : i + chunk] for i in range(0, len(photos), chunk))
+    queue: deque[tuple[Sequence[Photo], Future]] = deque()
+    for part in chunks:
+        queue.append((part, pool.submit(read_photos, part, gpu_jpeg)))
+        if len(queue) * chunk >= depth:
             break
     while queue:
-        photo, future = queue.popleft()
-        following = next(pending, None)
+        part, future = queue.popleft()
+        following = next(chunks, None)
         if following is not None:
-            queue.append((following, pool.submit(_load, following, gpu_jpeg)))
-        yield photo, future.result()
+            queue.append((following, pool.submit(read_photos, following, gpu_jpeg)))
+        yield from zip(part, future.result(), strict=True)
 
 
 class _RateColumn(ProgressColumn):
@@ -179,60 +175,9 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:.1f} img/s" if speed else "… img/s", style="progress.data.speed")
 
 
-# what a filesystem answers to an output name it cannot hold (any other error fails the run)
-_NAME_REFUSED = frozenset(
-    {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EINVAL}
-)
-
-
-class NotWritten(Skipped):
-    """A photo predicted but not written: the filesystem refused its output name."""
-
-
-@dataclass(frozen=True)
-class PhotoWriter:
-    """Writes one photo's mask and overlay and scores the mask: run on the thread pool, off the
-    net's thread. `truths` holds every photo's true mask (read before anything was written) or
-    why it has none; None when not scoring. Every file gets the run's `stamp` as its
-    modification time: what tells predict's outputs from files put in their place (output.py)."""
-
-    output: Path
-    truths: Mapping[str, TrueMask | str] | None
-    stamp: int
-
-    def __call__(
-        self, photo: Photo, image: np.ndarray | None, pred: np.ndarray
-    ) -> ImageScore | Skipped | None:
-        """`image`: the photo (HxWx3) for its overlay, None to write no overlay. A name the
-        filesystem refuses (too long, a folder in the way) leaves that photo out, named: the
-        other photos are still written."""
-        mask = pred.astype(np.uint8) * 255  # zlib's fastest level: a 0/255 mask barely differs
-        try:
-            masks, overlays = self.output / "masks", self.output / "overlays"
-            save_png_atomic(masks / f"{photo.key}.png", mask, 1, self.stamp)
-            if image is not None:
-                save_png_atomic(overlays / f"{photo.key}.png", overlay(image, pred), 6, self.stamp)
-        except OSError as err:
-            if err.errno not in _NAME_REFUSED:
-                raise
-            return NotWritten(photo.path, f"cannot write {err.filename}: {err.strerror}")
-        if self.truths is None:
-            return None
-        truth = self.truths[photo.key]
-        if isinstance(truth, str):
-            return Skipped(photo.path, truth)
-        if truth.shape != pred.shape:
-            return Skipped(
-                photo.path, f"mask {truth.path} is {truth.shape}, the photo is {pred.shape}"
-            )
-        return score_image(
-            pred,
-            truth.array(),
-            key=photo.key,
-            image=str(photo.path),
-            mask=str(truth.path),
-            group=photo.group,
-        )
+def _advance(progress: Progress, task: TaskID, photos: int) -> Callable[[Future], None]:
+    """A written chunk's callback: the progress bar moves by its photos."""
+    return lambda _: progress.advance(task, photos)
 
 
 # the names of `PredictSummary.stages` (bench_predict reports them as columns)
@@ -259,6 +204,8 @@ def _predict_all(
     spec: InferenceSpec,
     photos: Sequence[Photo],
     writer: PhotoWriter,
+    truths: Mapping[str, TrueMask | str] | None,
+    pool: Executor,
     *,
     threshold: float,
     tta: bool,
@@ -269,12 +216,14 @@ def _predict_all(
     overlays: bool,
     console: Console,
 ) -> tuple[int, list[Skipped], list[ImageScore], list[Skipped], dict[str, float]]:
-    """Predict and write every photo (JPEGs decoded by nvJPEG with `gpu_jpeg`); returns (written,
-    unreadable, scores, unscored, stages). Files left out are listed by `print_summary` once the
-    progress bar is done."""
+    """Predict every photo, read and written by the `num_workers` processes of `pool` (JPEGs
+    decoded by nvJPEG with `gpu_jpeg`); `truths`: every photo's true mask or why it has none (None:
+    not scoring). Returns (written, unreadable, scores, unscored, stages). Files left out are
+    listed by `print_summary` once the progress bar is done."""
     unreadable: list[Skipped] = []
     results: list[ImageScore | Skipped | None] = []
     depth = max(2 * batch_size, num_workers)
+    chunk = -(-batch_size // num_workers)  # a batch spread over every worker
     clock = _Stopwatch(*STAGES)
     columns = (
         TextColumn("predicting"),
@@ -286,9 +235,9 @@ def _predict_all(
     )
     Launched = list[tuple[Photo, np.ndarray | torch.Tensor | None, torch.Tensor]]
     Fetched = tuple[Launched, HostCopy, HostCopy | None]
-    with ThreadPoolExecutor(num_workers) as pool, Progress(*columns, console=console) as progress:
+    with Progress(*columns, console=console) as progress:
         task = progress.add_task("predicting", total=len(photos))
-        writes: deque[Future] = deque()
+        writes: deque[tuple[int, Future]] = deque()  # (photos, their writing)
         batch: list[tuple[Photo, Loaded]] = []
         launched: Launched = []
 
@@ -336,13 +285,18 @@ def _predict_all(
                     next(hosted).transpose(1, 2, 0) if isinstance(s, torch.Tensor) else s
                     for _, s, _ in work
                 ]
-            for (photo, _, _), image, pred in zip(work, shown, preds, strict=True):
-                future = pool.submit(writer, photo, image, pred)
-                future.add_done_callback(lambda _: progress.advance(task))
-                writes.append(future)
+            predictions: list[Prediction] = [
+                (photo, image, pred, None if truths is None else truths[photo.key])
+                for (photo, _, _), image, pred in zip(work, shown, preds, strict=True)
+            ]
+            for start in range(0, len(predictions), chunk):
+                part = predictions[start : start + chunk]
+                future = pool.submit(writer, part)
+                future.add_done_callback(_advance(progress, task, len(part)))
+                writes.append((len(part), future))
             with clock("write_wait"):
-                while len(writes) > depth:
-                    results.append(writes.popleft().result())
+                while sum(n for n, _ in writes) > depth:
+                    results.extend(writes.popleft()[1].result())
 
         def advance(next_batch: bool) -> None:
             """The last launched batch's copies are queued before the next batch's work, so
@@ -354,7 +308,7 @@ def _predict_all(
                 launched = launch() if next_batch else []
             finish(fetched)
 
-        reads = _read_ahead(photos, pool, depth, gpu_jpeg)
+        reads = _read_ahead(photos, pool, depth, chunk, gpu_jpeg)
         while True:
             with clock("read_wait"):
                 photo, item = next(reads, (None, None))
@@ -370,7 +324,7 @@ def _predict_all(
         advance(next_batch=bool(batch))
         advance(next_batch=False)
         with clock("write_wait"):
-            results += [f.result() for f in writes]
+            results += [result for _, future in writes for result in future.result()]
     scores = [r for r in results if isinstance(r, ImageScore)]
     unwritten = [r for r in results if isinstance(r, NotWritten)]
     unscored = [r for r in results if isinstance(r, Skipped) and not isinstance(r, NotWritten)]
@@ -465,6 +419,30 @@ def _workers(cfg: DictConfig, device: torch.device) -> int:
         return cfg.num_workers
     cores = os.cpu_count() or 1
     return cores if device.type == "cpu" or cfg.overlays else max(1, min(8, cores // 2))
+
+
+@contextmanager
+def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]:
+    """`count` processes that read the photos and write the outputs (workers.py), and the seconds
+    their start took (they are started before predicting's clock starts). They fork from
+    multiprocessing's forkserver: forking this process, which holds CUDA's state and threads, is
+    unsafe. The server imports the main module once (`_preloaded`), so a worker starts as a copy
+    of it instead of importing torch and the rest again."""
+    start = time.perf_counter()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_preloaded())
+    with ProcessPoolExecutor(count, mp_context=context) as pool:
+        for started in [pool.submit(os.getpid) for _ in range(count)]:
+            started.result()
+        yield pool, time.perf_counter() - start
+
+
+def _preloaded() -> list[str]:
+    """What the forkserver imports: the main module (by path: "__main__"; by name when run with
+    `python -m`, which each worker would otherwise import itself) and the workers' module."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    named = [spec.name] if spec is not None and not spec.name.endswith("__main__") else []
+    return ["__main__", *named, "nailseg.inference.workers"]
 
 
 @contextmanager
@@ -596,13 +574,15 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         raise PredictError(str(err)) from err
 
     gpu_jpeg = cfg.gpu_decode and device.type == "cuda"
-    start = time.perf_counter()
-    with _gil_handoff(device):
+    with _worker_processes(num_workers) as (pool, workers_seconds), _gil_handoff(device):
+        start = time.perf_counter()
         written, unreadable, scores, unscored, stages = _predict_all(
             net,
             spec,
             photos,
-            PhotoWriter(output, truths, stamp),
+            PhotoWriter(output, stamp),
+            truths,
+            pool,
             threshold=threshold,
             tta=cfg.tta,
             device=device,
@@ -612,15 +592,17 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             overlays=cfg.overlays,
             console=console,
         )
+        seconds = time.perf_counter() - start
     summary = PredictSummary(
         images=written,
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         threshold=threshold,
         threshold_source=source,
         skipped=skipped + unreadable,
         unscored=unscored,
         stages={name: round(seconds, 3) for name, seconds in stages.items()},
         capture_seconds=round(capture_seconds, 3),
+        workers_seconds=round(workers_seconds, 3),
         device=str(device),
         gpu_decode=gpu_jpeg,
         cuda_graphs=isinstance(net, GraphedNet),
@@ -651,6 +633,7 @@ def _summary_json(
         "images_per_s": round(summary.images_per_s, 3),
         "stages_s": summary.stages,
         "capture_s": summary.capture_seconds,
+        "workers_start_s": summary.workers_seconds,
         "checkpoint": str(spec.ckpt),
         "image_size": list(spec.image_size),
         "tta": tta,

@@ -49,6 +49,9 @@ class UnreadableImage(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
 
+    def __reduce__(self):  # pickled by its arguments: predict's worker processes raise it
+        return type(self), (self.path, self.reason)
+
 
 def _png_depth(path: Path) -> tuple[int, int | None]:
     """(bits per sample from IHDR, significant bits from sBIT or None) of a PNG file."""

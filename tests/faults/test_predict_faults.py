@@ -3,7 +3,6 @@ the true masks, and the order of reads and writes. docs/FAULTS.md lists the case
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rich.console import Console
+from support.faulty_writer import DiskFullAfter
 from support.image_files import save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
@@ -84,27 +84,33 @@ def test_output_overlapping_photos_or_masks_is_refused_before_any_write(case, ck
     assert _files(data) == before  # not a byte changed, nothing added
 
 
+def _fill_the_disk_after(files: int, monkeypatch) -> None:
+    """predict's next run finds the disk full once `files` of its PNGs are written."""
+    monkeypatch.setattr(
+        nailseg.inference.predict,
+        "PhotoWriter",
+        lambda output, stamp: DiskFullAfter(output, stamp, files=files),
+    )
+
+
 def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, monkeypatch):
     for i in range(5):
         save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 30 * i, np.uint8))
         save_image(
             data / "DATA" / "masks" / f"p{i}.png", np.full((20, 24), 255 * (i % 2), np.uint8)
         )
-    events = []
-    read, write = nailseg.inference.photos.TrueMask.read, nailseg.inference.predict.save_png_atomic
+    out = tmp_path / "out"
+    written_before = []  # at each true mask's read: what was in the output folder already
+    read = nailseg.inference.photos.TrueMask.read
     monkeypatch.setattr(
         nailseg.inference.photos.TrueMask,
         "read",
-        classmethod(lambda cls, *a: events.append("read") or read(*a)),
+        classmethod(lambda cls, *a: written_before.append(list(out.rglob("*"))) or read(*a)),
     )
-    monkeypatch.setattr(
-        nailseg.inference.predict,
-        "save_png_atomic",
-        lambda *a, **k: events.append("write") or write(*a, **k),
-    )
-    summary = _predict(ckpt, data / "photos", tmp_path / "out", data / "DATA" / "masks")
+    summary = _predict(ckpt, data / "photos", out, data / "DATA" / "masks")
     assert summary.scores["overall"]["images"] == 6
-    assert events[:6] == ["read"] * 6 and events.count("read") == 6  # then only writes
+    assert written_before == [[]] * 6  # the output files are written by other processes: the
+    # folder, not a hook, says whether a write came first
 
 
 def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
@@ -168,14 +174,7 @@ def test_a_run_that_stops_part_way_leaves_no_earlier_scores_and_says_unfinished(
         save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
     assert _predict(ckpt, data / "photos", output, data / "DATA" / "masks").images == 4
     assert (output / "scores.csv").exists()
-    write = nailseg.inference.predict.save_png_atomic
-
-    def disk_full_after_two(path, *args, **kwargs):
-        if len(list((output / "masks").glob("*.png"))) >= 2:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return write(path, *args, **kwargs)
-
-    monkeypatch.setattr(nailseg.inference.predict, "save_png_atomic", disk_full_after_two)
+    _fill_the_disk_after(2, monkeypatch)
     for old in (output / "masks").glob("*.png"):
         old.unlink()
     with pytest.raises(OSError, match="No space left"):
@@ -311,16 +310,7 @@ def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path,
     for i in range(3):
         save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
     _predict(ckpt, data / "photos", output)
-    write = nailseg.inference.predict.save_png_atomic
-    written = []
-
-    def disk_full_after_three(path, *args, **kwargs):
-        if len(written) >= 3:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        written.append(path)
-        return write(path, *args, **kwargs)
-
-    monkeypatch.setattr(nailseg.inference.predict, "save_png_atomic", disk_full_after_three)
+    _fill_the_disk_after(3, monkeypatch)
     (data / "photos" / "p2.png").unlink()
     with pytest.raises(OSError, match="No space left"):
         _predict(ckpt, data / "photos", output)

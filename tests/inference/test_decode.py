@@ -13,9 +13,10 @@ import torch
 from PIL import Image, ImageOps
 from support.image_files import save_image
 
-from nailseg.inference.decode import EncodedJpeg, load, orient, to_device
+from nailseg.inference.decode import orient, to_device
 from nailseg.inference.photos import Photo
 from nailseg.inference.spec import image_tensors
+from nailseg.inference.workers import EncodedJpeg, load
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 CPU = torch.device("cpu")
