@@ -12,9 +12,9 @@ photos or the true masks, in either direction, ignoring case, through links, nor
 every true mask is read before the first write: a prediction can never replace a file it is scored
 against, nor a file of the user's. `summary.json` is written first, unfinished, and rewritten
 finished at the end; `outputs.txt` lists the masks, overlays and scores, a rerun first removes
-the ones the run before listed, and a file it did not list where it would write is refused. Photos are read and written by a thread pool while the net
-runs, a bounded number ahead, so memory stays flat for any number of photos (true masks are kept
-bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
+the ones the run before listed, and a file it did not list where it would write is refused.
+Photos are read and written by worker processes (workers.py) while the net runs, a bounded number
+ahead, so memory stays flat for any number of photos (true masks are kept bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
 is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
 back to full size and thresholded there, and one batch's masks are copied back and written while
 the next batch runs. An unreadable photo, or one whose output name the filesystem refuses, is
@@ -107,11 +107,11 @@ class PredictConfig(InferenceConfig):
     data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
     batch_size: int = MISSING
     device: str = MISSING  # auto | cpu | cuda | cuda:N
-    gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else on the CPU threads)
+    gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else by the worker processes)
     engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
     cuda_graphs: bool = MISSING  # on a GPU: the net's forward replayed as a CUDA graph
     overlays: bool = MISSING  # also write OUT/overlays/<key>.png
-    num_workers: int | None = None  # threads reading and writing files (None: see _workers)
+    num_workers: int | None = None  # processes reading and writing files (None: see _workers)
     mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
 
 
@@ -133,7 +133,7 @@ class PredictSummary:
     scores: dict[str, Any] | None = None  # totals: `overall` and per group (`groups`)
     # where the main thread's time went (seconds): waiting for photos to be read, queueing the
     # device work (decode, resize, net, full-size maps, thresholds, copies to the host), waiting
-    # for the masks to come back from the device, waiting for the writing threads
+    # for the masks to come back from the device, waiting for the writing processes
     stages: dict[str, float] = field(default_factory=dict)
     capture_seconds: float = 0.0  # capturing the net's CUDA graph, before `seconds` start
     workers_seconds: float = 0.0  # starting the worker processes, before `seconds` start
@@ -410,11 +410,11 @@ def _threshold(
 
 
 def _workers(cfg: DictConfig, device: torch.device) -> int:
-    """Threads reading and writing files: `num_workers`, or when null one per core, except on a
-    GPU writing masks only: half the cores, at most 8. There the main thread queues the device's
-    work and each thread more takes Python's GIL from it (H200 machine, 16 cores, 2,660 photos,
-    the code before size groups: 640 photos/s with 16 threads, 997 with 8, 921 with 4). With
-    overlays the writers are the limit (8 threads: 15.6 of 17.4 s waiting for them)."""
+    """Worker processes reading and writing files: `num_workers`, or when null one per core,
+    except on a GPU writing masks only: half the cores, at most 8, leaving cores to the main
+    thread that drives the GPU. (The rule was set for threads, when each thread more took
+    Python's GIL from that thread; with processes, 8 and 15 measured within each other's spread on
+    the H200: 1,591-2,473 and 1,604-1,804 photos/s.) With overlays the writers are the limit."""
     if cfg.num_workers is not None:
         return cfg.num_workers
     cores = os.cpu_count() or 1
@@ -426,8 +426,8 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
     """`count` processes that read the photos and write the outputs (workers.py), and the seconds
     their start took (they are started before predicting's clock starts). They fork from
     multiprocessing's forkserver: forking this process, which holds CUDA's state and threads, is
-    unsafe. The server imports the main module once (`_preloaded`), so a worker starts as a copy
-    of it instead of importing torch and the rest again."""
+    unsafe. The server imports predict once (`_preloaded`), so a worker starts as a copy of it
+    instead of importing torch and the rest again."""
     start = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_preloaded())
@@ -438,20 +438,22 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
 
 
 def _preloaded() -> list[str]:
-    """What the forkserver imports: the main module (by path: "__main__"; by name when run with
-    `python -m`, which each worker would otherwise import itself) and the workers' module."""
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    named = [spec.name] if spec is not None and not spec.name.endswith("__main__") else []
-    return ["__main__", *named, "nailseg.inference.workers"]
+    """What the forkserver imports once: the main module when run as a file ("__main__"), and
+    predict with all it imports (torch included). A worker imports a main module run with
+    `python -m` itself: preloading that module by name too would make runpy warn in every worker
+    that it was imported twice (as predict and as bench_predict did on the H200)."""
+    return ["__main__", __name__]
 
 
 @contextmanager
 def _gil_handoff(device: torch.device) -> Iterator[None]:
     """On a GPU, Python's GIL switch interval at 0.5 ms (its default 5 ms) while predicting, then
-    back. The main thread queues the device's work and the reading/writing threads run Python
-    too; a thread waiting for the GIL asks for it only after the interval, so the main thread
-    lost up to 5 ms each time it needed it back (H200, 2,660 photos, 8 threads, runs alternated in
-    one call: 913 and 906 photos/s at 5 ms, 1,006 and 1,009 at 0.5 ms; docs/BENCHMARKS.md)."""
+    back. The main thread queues the device's work while other threads of this process run Python
+    too (the process pool's, passing work to the workers and back, and the progress bar's); a
+    thread waiting for the GIL asks for it only after the interval, so the main thread lost up to
+    5 ms each time it needed it back (measured when the files were read and written by 8 threads:
+    H200, 2,660 photos, runs alternated in one call: 913 and 906 photos/s at 5 ms, 1,006 and 1,009
+    at 0.5 ms; docs/BENCHMARKS.md)."""
     if device.type != "cuda":
         yield
         return

@@ -190,7 +190,7 @@ def predict_rows(cfg: DictConfig, folder: Path, photos: list[Path]) -> list[dict
         if str(overrides.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
             Console().print(f"run {name}: skipped, no CUDA device here")
             continue
-        if not rows:  # warm-up: CUDA context, kernels, thread pools
+        if not rows:  # warm-up: CUDA context, kernels, the workers' forkserver
             _predict_once(cfg, folder, photos[: 4 * cfg.batch_size], overrides)
         chosen = photos[: cfg.limit[name]] if name in cfg.limit else photos
         measured = _predict_once(cfg, folder, chosen, overrides)

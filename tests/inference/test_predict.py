@@ -4,7 +4,9 @@ unreadable files skipped, scoring against true masks, threshold=auto, checkpoint
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -225,6 +227,26 @@ def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         main()
     assert "predict failed" in str(exit_.value.code) and "could be read" in str(exit_.value.code)
+
+
+def test_the_command_as_users_run_it_writes_every_mask_and_warns_of_nothing(trained, tmp_path):
+    """`python -m nailseg.predict` in a process of its own, as users run it (its worker processes
+    then start from its main module): every mask written, and no warning printed (a worker
+    importing the main module a second time made runpy warn)."""
+    for i in range(4):
+        save_image(tmp_path / "in" / f"p{i}.png", np.full((20, 30, 3), 60 * i, np.uint8))
+    out = tmp_path / "out"
+    args = [f"ckpt={trained}", f"input={tmp_path / 'in'}", f"output={out}", "num_workers=2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=2"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONWARNINGS": "default"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr + done.stdout, done.stderr
+    assert sorted(p.name for p in (out / "masks").iterdir()) == [f"p{i}.png" for i in range(4)]
 
 
 class _Pointwise(torch.nn.Module):
@@ -551,20 +573,20 @@ def test_real_photos_of_both_groups_scored(trained, real_data, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("cores", "device", "overrides", "threads"),
+    ("cores", "device", "overrides", "workers"),
     [(16, "cpu", [], 16), (16, "cuda", [], 16), (16, "cuda", ["overlays=false"], 8),
      (32, "cuda", ["overlays=false"], 8), (6, "cuda", ["overlays=false"], 3),
      (1, "cuda", ["overlays=false"], 1), (16, "cuda", ["overlays=false", "num_workers=3"], 3)],
 )  # fmt: skip
-def test_default_threads_leave_the_gpu_driving_thread_room(
-    monkeypatch, cores, device, overrides, threads
+def test_default_workers_leave_the_gpu_driving_thread_room(
+    monkeypatch, cores, device, overrides, workers
 ):
     """From predict's real config (overlays on, num_workers null by default)."""
     from nailseg.inference import predict as predict_module
 
     monkeypatch.setattr(predict_module.os, "cpu_count", lambda: cores)
     cfg = compose_cli("predict", ["ckpt=x", "input=y", "output=z", *overrides])
-    assert predict_module._workers(cfg, torch.device(device)) == threads
+    assert predict_module._workers(cfg, torch.device(device)) == workers
 
 
 def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
