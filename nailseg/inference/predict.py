@@ -89,7 +89,14 @@ from nailseg.inference.spec import (
     to_batch,
 )
 from nailseg.inference.threshold import ThresholdError, auto_threshold
-from nailseg.inference.workers import Loaded, NotWritten, PhotoWriter, Prediction, read_photos
+from nailseg.inference.workers import (
+    Loaded,
+    NotWritten,
+    PhotoWriter,
+    Prediction,
+    leave_interrupts_to_the_command,
+    read_photos,
+)
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
 from nailseg.tables import print_table
@@ -431,7 +438,9 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
     start = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_preloaded())
-    with ProcessPoolExecutor(count, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        count, mp_context=context, initializer=leave_interrupts_to_the_command
+    ) as pool:
         for started in [pool.submit(os.getpid) for _ in range(count)]:
             started.result()
         yield pool, time.perf_counter() - start

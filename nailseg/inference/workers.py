@@ -16,6 +16,7 @@ arrays, JPEG files as their bytes.
 from __future__ import annotations
 
 import errno
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,13 @@ from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientatio
 from nailseg.viz import overlay, save_png_atomic
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+
+
+def leave_interrupts_to_the_command() -> None:
+    """Each worker's start: Ctrl-C reaches the whole process group, and the command handles it by
+    shutting the workers down (each finishes what it was given; every write is atomic). A worker
+    that took it too would die printing a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -354,3 +358,48 @@ def test_a_bad_setting_is_refused_before_any_write(override, message, ckpt, data
     with pytest.raises((PredictError, CheckpointError), match=message):
         run(compose_cli("predict", overrides), console=Console(quiet=True))
     assert not (tmp_path / "out").exists()
+
+
+def _session_processes(session: int) -> list[str]:
+    """The command lines of the live processes of a session (Linux's /proc)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session
+            alive.append(cmdline)
+    return alive
+
+
+def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, tmp_path):
+    """Ctrl-C, sent to the command's process group as a terminal sends it, part-way through a
+    run: predict stops with its own KeyboardInterrupt only (its worker processes leave the
+    interrupt to it and are shut down; before, each idle worker printed a traceback of its own),
+    leaves no temporary file and no process behind, and its summary says unfinished."""
+    for i in range(1500):
+        save_image(tmp_path / "photos" / f"p{i:04d}.png", np.full((20, 24, 3), i % 256, np.uint8))
+    out = tmp_path / "out"
+    args = [f"ckpt={ckpt}", f"input={tmp_path / 'photos'}", f"output={out}", "num_workers=2"]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    while command.poll() is None and len(list(out.glob("masks/*.png"))) < 10:
+        time.sleep(0.01)
+    os.killpg(command.pid, signal.SIGINT)
+    _, stderr = command.communicate(timeout=120)
+    assert command.returncode != 0, "the run ended before it could be interrupted"
+    assert stderr.count("Traceback") == 1 and "KeyboardInterrupt" in stderr, stderr
+    assert "ForkServerProcess" not in stderr, stderr
+    assert json.loads((out / "summary.json").read_text())["finished"] is False
+    assert not list(out.rglob("*.tmp"))
+    deadline = time.monotonic() + 10
+    while _session_processes(command.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_processes(command.pid) == []
