@@ -114,12 +114,15 @@ class PhotoWriter:
     ) -> ImageScore | Skipped | None:
         """A name the filesystem refuses (too long, a folder in the way) leaves that photo out,
         named: the other photos are still written."""
-        mask = pred.astype(np.uint8) * 255  # zlib's fastest level: a 0/255 mask barely differs
+        mask = pred.astype(np.uint8) * 255
+        # zlib's fastest level: a 0/255 mask barely differs from the default's; an overlay (a
+        # photo) is 4x faster to encode than at PIL's default 6 and ~25% larger (573x450 on the
+        # 2-core CPU: 18 against 80 ms, 248 against 200 kB); overlays bound predict's speed
         try:
             masks, overlays = self.output / "masks", self.output / "overlays"
             save_png_atomic(masks / f"{photo.key}.png", mask, 1, self.stamp)
             if image is not None:
-                save_png_atomic(overlays / f"{photo.key}.png", overlay(image, pred), 6, self.stamp)
+                save_png_atomic(overlays / f"{photo.key}.png", overlay(image, pred), 1, self.stamp)
         except OSError as err:
             if err.errno not in _NAME_REFUSED:
                 raise
