@@ -1,11 +1,11 @@
 """Photos from files to RGB uint8 C×H×W tensors on the device predict runs on.
 
-On a GPU, JPEG files are read as bytes by predict's worker processes (workers.py) and decoded in
-batches by nvJPEG (torchvision's `decode_jpeg(device="cuda")`), so the CPU only reads files and
-encodes the masks; their EXIF orientation is read from the header on the CPU and applied on the GPU
-(nvJPEG ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is decoded on the
-CPU by `read_rgb`, the decoder prepare uses, which also names what is wrong with a broken file.
-On the CPU everything goes through `read_rgb`.
+On a GPU, JPEG files are read as bytes by predict's worker processes (workers.py) and decoded
+in batches by nvJPEG (torchvision's `decode_jpeg(device="cuda")`), so the CPU only reads files
+and encodes the masks; their EXIF orientation is read from the header on the CPU and applied on
+the GPU (nvJPEG ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is
+decoded on the CPU by `read_rgb`, the decoder prepare uses, which also names what is wrong with a
+broken file. On the CPU everything goes through `read_rgb`.
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ against, nor a file of the user's. `summary.json` is written first, unfinished, 
 finished at the end; `outputs.txt` lists the masks, overlays and scores, a rerun first removes
 the ones the run before listed, and a file it did not list where it would write is refused.
 Photos are read and written by worker processes (workers.py) while the net runs, a bounded number
-ahead, so memory stays flat for any number of photos (true masks are kept bit-packed). On a GPU, JPEGs are decoded there (decode.py), every photo is resized there, the net
-is replayed as a CUDA graph (graphed.py; captured before the first write), each mask is brought
-back to full size and thresholded there, and one batch's masks are copied back and written while
-the next batch runs. An unreadable photo, or one whose output name the filesystem refuses, is
-reported and skipped; the run fails only when no photo could be read.
+ahead, so memory stays flat for any number of photos (true masks are kept bit-packed). On a GPU,
+JPEGs are decoded there (decode.py), every photo is resized there, the net is replayed as a CUDA
+graph (graphed.py; captured before the first write), each mask is brought back to full size and
+thresholded there, and one batch's masks are copied back and written while the next batch runs. An
+unreadable photo, or one whose output name the filesystem refuses, is reported and skipped; the run
+fails only when no photo could be read.
 """
 
 from __future__ import annotations
