@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,9 +443,16 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
     with ProcessPoolExecutor(
         count, mp_context=context, initializer=leave_interrupts_to_the_command
     ) as pool:
-        for started in [pool.submit(os.getpid) for _ in range(count)]:
-            started.result()
-        yield pool, time.perf_counter() - start
+        try:
+            for started in [pool.submit(os.getpid) for _ in range(count)]:
+                started.result()
+            yield pool, time.perf_counter() - start
+        except BrokenProcessPool as err:
+            raise PredictError(
+                "a worker process reading or writing the files died (killed by the system or a "
+                "signal: out of memory?), so the run stopped; its summary.json says unfinished, "
+                "and a rerun into the same output folder replaces what it wrote"
+            ) from err
 
 
 def _preloaded() -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rich.console import Console
-from support.faulty_writer import DiskFullAfter
+from support.faulty_writer import FailsAfter
 from support.image_files import save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
@@ -88,12 +88,13 @@ def test_output_overlapping_photos_or_masks_is_refused_before_any_write(case, ck
     assert _files(data) == before  # not a byte changed, nothing added
 
 
-def _fill_the_disk_after(files: int, monkeypatch) -> None:
-    """predict's next run finds the disk full once `files` of its PNGs are written."""
+def _fill_the_disk_after(files: int, monkeypatch, fault: str = "disk_full") -> None:
+    """predict's next run finds the disk full (or a worker killed: `fault`) once `files` of its
+    PNGs are written."""
     monkeypatch.setattr(
         nailseg.inference.predict,
         "PhotoWriter",
-        lambda output, stamp: DiskFullAfter(output, stamp, files=files),
+        lambda output, stamp: FailsAfter(output, stamp, files=files, fault=fault),
     )
 
 
@@ -403,3 +404,20 @@ def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, 
     while _session_processes(command.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _session_processes(command.pid) == []
+
+
+def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
+    ckpt, data, tmp_path, monkeypatch
+):
+    """A worker process killed mid-run (the kernel's out-of-memory killer, say): predict stops with
+    a PredictError saying so (before, concurrent.futures' BrokenProcessPool and a traceback), its
+    summary unfinished; a rerun into the same folder completes."""
+    output = tmp_path / "out"
+    for i in range(3):
+        save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
+    _fill_the_disk_after(2, monkeypatch, fault="killed")
+    with pytest.raises(PredictError, match=r"a worker process .* died"):
+        _predict(ckpt, data / "photos", output)
+    assert json.loads((output / "summary.json").read_text())["finished"] is False
+    monkeypatch.undo()
+    assert _predict(ckpt, data / "photos", output).images == 4
