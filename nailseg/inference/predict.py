@@ -156,13 +156,18 @@ class PredictSummary:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """`items` in consecutive slices of `size` (the last may be shorter): the workers' tasks."""
+    return (items[start : start + size] for start in range(0, len(items), size))
+
+
 def _read_ahead(
     photos: Sequence[Photo], pool: Executor, depth: int, chunk: int, gpu_jpeg: bool
 ) -> Iterator[tuple[Photo, Loaded | UnreadableImage]]:
     """Loaded photos in order, read by the workers `chunk` at a time with at most `depth` photos
     in flight (not all at once, as `pool.map` would: that holds every decoded photo of a large
     folder in memory)."""
-    chunks = (photos[i : i + chunk] for i in range(0, len(photos), chunk))
+    chunks = _chunks(photos, chunk)
     queue: deque[tuple[Sequence[Photo], Future]] = deque()
     for part in chunks:
         queue.append((part, pool.submit(read_photos, part, gpu_jpeg)))
@@ -298,8 +303,7 @@ def _predict_all(
                 (photo, image, pred, None if truths is None else truths[photo.key])
                 for (photo, _, _), image, pred in zip(work, shown, preds, strict=True)
             ]
-            for start in range(0, len(predictions), chunk):
-                part = predictions[start : start + chunk]
+            for part in _chunks(predictions, chunk):
                 future = pool.submit(writer, part)
                 future.add_done_callback(_advance(progress, task, len(part)))
                 writes.append((len(part), future))

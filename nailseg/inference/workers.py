@@ -60,10 +60,10 @@ def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
             if im.format != "JPEG":
                 return read_rgb(photo.path)
             orientation = exif_orientation(im)
-        data = photo.path.read_bytes()
+        data = np.fromfile(photo.path, dtype=np.uint8)  # read once, writable (torch takes it)
     except DECODE_ERRORS as err:
         raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
-    return EncodedJpeg(np.frombuffer(bytearray(data), dtype=np.uint8), orientation)
+    return EncodedJpeg(data, orientation)
 
 
 def read_photos(photos: Sequence[Photo], gpu_jpeg: bool) -> list[Loaded | UnreadableImage]:
