@@ -11,12 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from support.train import TINY_UNET, compose_train, small_overrides, train
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
+from nailseg.model.step_log import StepValues
 from nailseg.prep.format import CSV_COLUMNS
 from nailseg.training.run import run
 
@@ -102,6 +104,40 @@ def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
         for mask, row in zip(batch["mask"].cpu(), batch["index"].tolist(), strict=True):
             assert bool(mask.min() == mask.max() == row % 2)
     loader.close()
+
+
+class _Rows(Logger):
+    """A logger that keeps what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    name = "rows"
+    version = 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, metrics))
+
+    def log_hyperparams(self, params: object) -> None:
+        pass
+
+
+def test_a_logged_steps_loss_reaches_the_loggers_without_waiting_for_queued_work():
+    """A logged step's loss must not make the host wait for the GPU (Lightning's `.item()` did,
+    at every `log_every_n_steps`-th step): it is handed over once it has arrived."""
+    loss = torch.full((), 0.25, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4_000_000_000)  # one GPU thread spinning for ~2 s, queued on torch's stream
+    queued = torch.cuda.Event()
+    queued.record()
+    loss = loss * 2  # the step's value, computed after the queued work
+    values, logger = StepValues(), _Rows()
+    values.record({"train/loss_step": loss}, step=9, epoch=1)
+    values.hand_over([logger])
+    assert not queued.query() and logger.rows == []  # neither call waited for the device
+    values.hand_over([logger], wait=True)
+    assert logger.rows == [(9, {"train/loss_step": 0.5, "epoch": 1})]
 
 
 def test_closing_a_gpu_loader_returns_its_memory(prepared):

@@ -4,14 +4,15 @@ It reads only the batch contract (`image`, `mask`, `group`; see docs/DESIGN.md),
 backend works. Every epoch number is computed from sums over the whole epoch (torchmetrics states
 reduced with "sum" across DDP ranks), never from an average of per-batch or per-rank values:
 
-    train/loss (step and epoch)  train/samples
+    train/loss  train/loss_step  train/samples
     val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>  val/dice_best
     <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `final_prefix`
 
 `*/samples` counts the samples actually seen (batch sizes, reset every epoch), so a loader that
 drops, repeats or pads samples shows up in the logs. Nothing in a step waits for the device (no
 `.item()`, no metric that checks its input on the host, nothing per step in the progress bar):
-the CPU keeps queueing steps while the GPU runs them; values are read once per epoch. Groups that
+the CPU keeps queueing steps while the GPU runs them; epoch values are read once per epoch, and
+the logged steps' losses once they have reached the host (step_log.py). Groups that
 got no samples in an epoch are not logged that epoch (their scores would be NaN). `val/dice_best`
 is the best `val/dice` so far; it is part of the module's state, so a resumed fit keeps it.
 
@@ -38,6 +39,7 @@ from torchmetrics import SumMetric
 from nailseg.model.losses import build_loss
 from nailseg.model.metrics import BatchMean, SegmentationScores
 from nailseg.model.schedules import LENGTH_ARGS
+from nailseg.model.step_log import StepValues, logs_step
 
 _EVAL_STAGES = ("val", "test")
 
@@ -87,6 +89,9 @@ class SegModule(L.LightningModule):
         self.train_loss = BatchMean()
         self.train_samples = SumMetric()  # updated once an epoch, from `_train_seen`
         self._train_seen = 0  # samples this epoch (this rank), counted on the host
+        self._step_values = StepValues()  # logged steps' losses on their way to the loggers
+        self._step_loss: torch.Tensor | None = None  # the last training step's
+        self._stepped = 0  # optimizer steps before the last training batch
         self.eval_loss = nn.ModuleDict({stage: BatchMean() for stage in _EVAL_STAGES})
         self.eval_scores = nn.ModuleDict(
             {stage: SegmentationScores(len(self.group_names), threshold) for stage in _EVAL_STAGES}
@@ -103,19 +108,31 @@ class SegModule(L.LightningModule):
         logits = self(batch["image"])
         loss = self.loss_fn(logits, batch["mask"])
         n = len(batch["image"])
-        # forward() caches this batch's value for the step log (read by the loggers every
-        # log_every_n_steps); Lightning computes (synced across ranks, weighted by batch size)
-        # and resets the metric at epoch end. Not in the progress bar: it would read the
-        # value, a device sync, every step.
-        self.train_loss(loss, n)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True)
+        # Lightning computes the epoch's value (synced across ranks, weighted by batch size)
+        # and resets the metric at epoch end. The step value goes to the loggers through
+        # `_step_values`, never through self.log(on_step=True): Lightning reads such a value
+        # with a device sync at every logged step (step_log.py). Not in the progress bar
+        # either: it would read the value, a device sync, every step.
+        self.train_loss.update(loss, n)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
+        self._step_loss = loss
         self._train_seen += n
         return loss
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        stepped = self.trainer.global_step  # optimizer steps so far: this batch's is the last
+        if stepped != self._stepped and logs_step(self.trainer, stepped - 1):
+            values = {"train/loss_step": self._step_loss}
+            self._step_values.record(values, stepped - 1, self.current_epoch)
+        self._stepped = stepped  # unchanged after a batch that accumulated gradients
+        self._step_values.hand_over(self.loggers)
+
     def on_train_epoch_start(self) -> None:
         self._train_seen = 0
+        self._stepped = self.trainer.global_step
 
     def on_train_epoch_end(self) -> None:
+        self._step_values.hand_over(self.loggers, wait=True)
         # compute() sums over ranks; sync_dist only marks the (now identical) value as global
         self.train_samples.update(self._train_seen)
         self.log("train/samples", self.train_samples.compute(), sync_dist=True)
@@ -192,11 +209,9 @@ class SegModule(L.LightningModule):
 
 
 EVAL_METRICS = ("loss", "dice", "iou", "samples")  # every evaluation's; per group all but the loss
-# what training logs each epoch: the module's loss (Lightning adds _step and _epoch names), its
-# sample count, and TrainSpeedMonitor's speed
-TRAIN_METRICS = frozenset(
-    {"loss", "loss_step", "loss_epoch", "samples", "images_per_s", "data_wait_frac"}
-)
+# what training logs each epoch: the module's loss, its sample count, and TrainSpeedMonitor's
+# speed (`train/loss_step`, logged per step, is no epoch value to follow)
+TRAIN_METRICS = frozenset({"loss", "samples", "images_per_s", "data_wait_frac"})
 
 
 def monitorable(name: str) -> bool:

@@ -26,7 +26,7 @@ and `RUN/timeline_steps.csv`, one row per training step, to tell which steps run
 `global_step`, `step_ms` (on the device), `gap_ms` (the device's time before it since the last
 step's end, a validation between them included, or since the epoch's start for its first step),
 `host_wait_ms` (empty for a step after the epoch's start or a validation) and `logged` (a step
-at which Lightning logs, every `trainer.log_every_n_steps`-th, turning its values into numbers).
+at which Lightning logs, every `trainer.log_every_n_steps`-th).
 
 Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
 """

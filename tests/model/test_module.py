@@ -127,7 +127,7 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_fit_logs_named_metrics_and_exact_sample_counts(fitted: dict[str, Any]) -> None:
     metrics = fitted["metrics"]
-    expected = {"train/loss_step", "train/loss_epoch", "train/samples", "val/loss", "val/dice"}
+    expected = {"train/loss", "train/samples", "val/loss", "val/dice"}
     expected |= {"val/iou", "val/samples", "train/images_per_s", "train/data_wait_frac"}
     expected |= {f"val/{m}_group_{g}" for m in ("dice", "iou", "samples") for g in GROUPS}
     assert expected <= set(metrics), sorted(expected - set(metrics))

@@ -432,6 +432,31 @@ def test_a_resumed_fit_keeps_every_earlier_csv_row_once(prepared, tmp_path):
     assert _per_epoch(frame, "val_best/samples") == [5]
 
 
+@pytest.mark.parametrize("extra", [[], ["trainer.accumulate_grad_batches=2"]])
+def test_step_losses_reach_the_loggers_at_lightnings_own_steps(extra, prepared, tmp_path):
+    # the LR monitor logs by Lightning's own rule; the loss, logged past Lightning, must match
+    # it step for step, accumulation included (3 batches an epoch: steps of 2 and 1 batches)
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=4", "trainer.log_every_n_steps=2", "logger=csv", "test=false", *extra)  # fmt: skip
+    frame = _metrics_csv(run_dir)
+    losses = frame.dropna(subset=["train/loss_step"])
+    assert losses["step"].tolist() == frame.dropna(subset=["lr-AdamW"])["step"].tolist()
+    assert losses["step"].tolist() == list(range(1, 12 if not extra else 8, 2))
+    steps_per_epoch = 3 if not extra else 2
+    assert losses["epoch"].tolist() == [s // steps_per_epoch for s in losses["step"]]
+
+
+def test_the_step_losses_average_to_the_epochs_loss(prepared, tmp_path):
+    # every step logged: each epoch's 3 equal batches average to the epoch's value exactly
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=2", "logger=csv", "test=false")
+    frame = _metrics_csv(run_dir)
+    steps = frame.dropna(subset=["train/loss_step"]).groupby("epoch")["train/loss_step"]
+    assert steps.size().tolist() == [3, 3]
+    epochs = frame.dropna(subset=["train/loss"]).set_index("epoch")["train/loss"]
+    assert steps.mean().to_numpy() == pytest.approx(epochs.to_numpy(), rel=1e-6)
+
+
 def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp_path):
     # val/samples never changes: only epoch 0 is a "best"; last.ckpt must still move on
     train(prepared, tmp_path / "run", "trainer.max_epochs=3", "optimized_metric=val/samples", "logger=none", "test=false")  # fmt: skip

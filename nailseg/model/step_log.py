@@ -1,0 +1,80 @@
+"""Per-step values handed to the loggers without waiting for the device.
+
+Lightning turns a value logged with `on_step=True` into a number at every
+`log_every_n_steps`-th step (`.item()`), which waits for the GPU to finish every step queued so
+far; the GPU then idles while the host queues the next one. With the net replayed as a CUDA graph
+the host is far ahead of the GPU, and each such step cost about 10 ms of the device's time
+(SegFormer-b2, docs/BENCHMARKS.md). Here a logged step's values are copied to pinned host memory
+behind that step's work, with an event; the loggers get them, labelled with their own step, once
+a later step finds the event done, and at the latest at the epoch's end, where the fit waits for
+the device anyway.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import Logger
+
+
+def logs_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether Lightning logs the step values of optimizer step `step` (0-based), by its own rule
+    (`_LoggerConnector.should_update_logs`): every `log_every_n_steps`-th step, the step at which
+    the fit is told to stop, and every step of a `fast_dev_run`."""
+    every = trainer.log_every_n_steps
+    every_nth = every > 0 and ((step + 1) % every == 0 or trainer.should_stop)
+    return bool(trainer.fast_dev_run) or every_nth
+
+
+@dataclass
+class _Pending:
+    step: int
+    epoch: int
+    values: dict[str, torch.Tensor]  # host scalars; filled once `copied` completes
+    copied: torch.cuda.Event | None  # None: the values were on the host already
+
+
+class StepValues:
+    """A queue of logged steps' values on their way from the device to the loggers."""
+
+    def __init__(self) -> None:
+        self._pending: deque[_Pending] = deque()
+
+    def record(self, values: Mapping[str, torch.Tensor], step: int, epoch: int) -> None:
+        """Queue scalar tensors as optimizer step `step`'s values (in epoch `epoch`): on a GPU,
+        copied to the host in stream order, so the copy waits for the step, not the host."""
+        device = next(iter(values.values())).device
+        if device.type != "cuda":
+            host = {name: value.detach() for name, value in values.items()}
+            self._pending.append(_Pending(step, epoch, host, None))
+            return
+        host = {
+            name: torch.empty((), dtype=value.dtype, pin_memory=True).copy_(
+                value.detach(), non_blocking=True
+            )
+            for name, value in values.items()
+        }
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(device))
+        self._pending.append(_Pending(step, epoch, host, copied))
+
+    def hand_over(self, loggers: Iterable[Logger], wait: bool = False) -> None:
+        """Log the queued steps whose values have reached the host, oldest first, as Lightning
+        would have (with the epoch, at the step's own number); with `wait`, all of them."""
+        loggers = list(loggers)
+        while self._pending and (wait or _arrived(self._pending[0])):
+            pending = self._pending.popleft()
+            if pending.copied is not None:
+                pending.copied.synchronize()
+            metrics = {name: value.item() for name, value in pending.values.items()}
+            metrics["epoch"] = pending.epoch
+            for logger in loggers:
+                logger.log_metrics(metrics, step=pending.step)
+
+
+def _arrived(pending: _Pending) -> bool:
+    return pending.copied is None or pending.copied.query()
