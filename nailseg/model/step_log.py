@@ -68,7 +68,7 @@ class StepValues:
         loggers = list(loggers)
         while self._pending and (wait or _arrived(self._pending[0])):
             pending = self._pending.popleft()
-            if pending.copied is not None:
+            if wait and pending.copied is not None:
                 pending.copied.synchronize()
             metrics = {name: value.item() for name, value in pending.values.items()}
             metrics["epoch"] = pending.epoch

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, Timer
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -247,8 +247,6 @@ def build(cfg: DictConfig) -> Built:
         callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
     except InstantiationException as err:
         raise checks.ConfigError(f"callbacks: {err.__cause__ or err}") from None
-    if not loggers:  # logger=none: nothing to monitor the learning rate into (Lightning refuses)
-        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     callbacks.append(CheckpointCard(make_card(cfg, datamodule.group_names), wandb_run_id))
     trainer: L.Trainer = instantiate(
         _trainer_kwargs(cfg),

@@ -1,5 +1,5 @@
-"""Lightning callbacks: training speed / loader wait, time to a target score, prediction overlays
-of validation, and the card every checkpoint carries.
+"""Lightning callbacks: training speed / loader wait, the learning rates, time to a target score,
+prediction overlays of validation, and the card every checkpoint carries.
 
 The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's
 `forward` (logits B×1×H×W), so they work with every loader backend.
@@ -22,6 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from nailseg.model.checkpoint import CARD_KEY
+from nailseg.model.step_log import logs_step
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,32 @@ class TrainSpeedMonitor(L.Callback):
             "epochs_counted": [e["epoch"] for e in counted],
             "per_epoch": self.epochs,
         }
+
+
+class LearningRates(L.Callback):
+    """Logs each optimizer's learning rate at the steps Lightning logs, under the names Lightning's
+    `LearningRateMonitor(logging_interval="step")` gives them (`lr-AdamW`, `lr-AdamW/pg2` for a
+    second parameter group), without waiting for the device. Lightning's monitor also copies each
+    rate into a tensor on the device for `trainer.callback_metrics`, a host-to-device copy that
+    waits for every queued step, at every logged step (docs/BENCHMARKS.md, eleventh session)."""
+
+    def __init__(self) -> None:
+        self._logged: int | None = None  # the last step logged (an accumulating batch repeats it)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step  # the optimizer step this batch is part of
+        if step == self._logged or not logs_step(trainer, step):
+            return
+        self._logged = step
+        rates = {}
+        for optimizer in trainer.optimizers:
+            name, groups = f"lr-{type(optimizer).__name__}", optimizer.param_groups
+            for i, group in enumerate(groups):
+                rates[name if len(groups) == 1 else f"{name}/pg{i + 1}"] = float(group["lr"])
+        for logger in trainer.loggers:
+            logger.log_metrics(rates, step=step)
 
 
 def process_start_time() -> float:

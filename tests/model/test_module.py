@@ -18,14 +18,15 @@ import pytest
 import segmentation_models_pytorch as smp
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import OmegaConf
 from PIL import Image
+from support.loggers import KeptRows
 from torch.utils.data import DataLoader, Dataset
 
 from nailseg.model.module import SegModule
-from nailseg.training.callbacks import PredictionOverlays, TrainSpeedMonitor
+from nailseg.training.callbacks import LearningRates, PredictionOverlays, TrainSpeedMonitor
 
 GROUPS = ("a", "b")
 SIZE = 32
@@ -138,6 +139,53 @@ def test_fit_logs_named_metrics_and_exact_sample_counts(fitted: dict[str, Any]) 
     assert metrics["val/samples_group_b"].item() == 3
     for name in ("val/dice", "val/iou", "val/dice_group_a", "val/iou_group_b"):
         assert 0.0 <= metrics[name].item() <= 1.0, name
+
+
+class _TwoGroups(SegModule):
+    """The encoder and the decoder as two parameter groups at their own learning rates."""
+
+    def configure_optimizers(self) -> Any:
+        groups = [
+            {"params": self.net.encoder.parameters(), "lr": 1e-3},
+            {"params": self.net.decoder.parameters(), "lr": 1e-2},
+        ]
+        optimizer = torch.optim.SGD([*groups, {"params": self.net.segmentation_head.parameters()}], lr=0.1)  # fmt: skip
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5),
+                "interval": "step",
+            },
+        }
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_learning_rates_are_logged_as_lightnings_monitor_logs_them(accumulate, tmp_path) -> None:
+    kept = []
+    for monitor in (LearningRateMonitor(logging_interval="step"), LearningRates()):
+        torch.manual_seed(0)
+        logger = KeptRows()
+        L.Trainer(
+            accelerator="cpu",
+            max_epochs=2,
+            log_every_n_steps=2,
+            accumulate_grad_batches=accumulate,
+            default_root_dir=tmp_path,
+            logger=logger,
+            callbacks=[monitor],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        ).fit(_TwoGroups(_net(), functools.partial(torch.optim.SGD)), _loader(N_TRAIN, TRAIN_BS, 0))
+        kept.append([(step, row) for step, row in logger.rows if any("lr-" in k for k in row)])
+    lightnings, ours = kept
+    # Lightning's logs a step once per batch of it (twice with accumulate=2, the same rates)
+    once = [row for i, row in enumerate(lightnings) if i == 0 or row != lightnings[i - 1]]
+    assert ours == once and len(ours) >= 2
+    assert len(lightnings) == accumulate * len(ours)
+    assert set(ours[0][1]) == {"lr-SGD/pg1", "lr-SGD/pg2", "lr-SGD/pg3"}
 
 
 def test_throughput_metrics(fitted: dict[str, Any]) -> None:
