@@ -26,7 +26,7 @@ and `RUN/timeline_steps.csv`, one row per training step, to tell which steps run
 `global_step`, `step_ms` (on the device), `gap_ms` (the device's time before it since the last
 step's end, a validation between them included, or since the epoch's start for its first step),
 `host_wait_ms` (empty for a step after the epoch's start or a validation) and `logged` (a step
-at which Lightning logs, every `trainer.log_every_n_steps`-th).
+at which the step values are logged: `step_log.logs_step`, Lightning's rule).
 
 Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
 """
@@ -45,6 +45,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from nailseg.atomic import write_text
+from nailseg.model.step_log import logs_step
 from nailseg.training.callbacks import settled
 
 COLUMNS = [
@@ -152,7 +153,7 @@ class GpuTimeline(L.Callback):
             None if host_end is None else 1000.0 * (time.perf_counter() - host_end)
         )
         self._steps.global_steps.append(step)
-        self._steps.logged.append((step + 1) % trainer.log_every_n_steps == 0)
+        self._steps.logged.append(logs_step(trainer, step))
         self._mark("step")
 
     def on_train_batch_end(

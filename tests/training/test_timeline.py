@@ -68,3 +68,18 @@ def test_a_resumed_fit_leaves_its_own_first_two_epochs_out_of_the_medians():
     text = table(rows, "host clock")
     assert "median: epochs 7-7" in text
     assert text.splitlines()[-1].split()[:2] == ["median", "1.0"]  # epoch 7's one step
+
+
+@pytest.mark.parametrize(("every", "expected"), [(2, [1, 3, 5, 7]), (0, [])])
+def test_the_steps_marked_logged_are_those_whose_loss_the_loggers_got(
+    every, expected, prepared, tmp_path
+):
+    # log_every_n_steps=0 (no step logging) once failed the timeline with a division by zero
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=3", f"trainer.log_every_n_steps={every}", "logger=csv", "test=false", "+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline")  # fmt: skip
+    steps = pd.read_csv(run_dir / "timeline_steps.csv")
+    metrics = pd.read_csv(run_dir / "csv" / "metrics.csv")
+    no_column = "train/loss_step" not in metrics  # no step was logged
+    logged = [] if no_column else metrics.dropna(subset=["train/loss_step"]).step.tolist()
+    assert logged == expected
+    assert steps.global_step[steps.logged].tolist() == expected
