@@ -204,7 +204,7 @@ class ModuleConfig:
 
     loss: str = MISSING  # dice | bce | focal | lovasz | dice_bce
     threshold: float = MISSING
-    channels_last: bool | None = None  # None: on for CUDA only
+    channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
     compile: bool = MISSING  # torch.compile the net: fewer kernel launches
     compile_mode: str = MISSING  # reduce-overhead: also CUDA graphs (SegFormer is launch-bound)
 
@@ -296,7 +296,7 @@ class BenchConfig:
     device: str = MISSING  # auto | cpu | cuda
     measure_train: Any = MISSING  # auto | true | false
     precision: str = MISSING  # auto | bf16 | fp32
-    channels_last: bool | None = None  # None: on for CUDA only
+    channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
     compile: bool = MISSING
     compile_mode: str = MISSING
     loss: str = MISSING
