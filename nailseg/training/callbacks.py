@@ -134,9 +134,10 @@ class TrainSpeedMonitor(L.Callback):
 class LearningRates(L.Callback):
     """Logs each optimizer's learning rate at the steps Lightning logs, under the names Lightning's
     `LearningRateMonitor(logging_interval="step")` gives them (`lr-AdamW`; `lr-AdamW/pg1`,
-    `/pg2`, ... with several parameter groups), without waiting for the device. Lightning's monitor also copies each
-    rate into a tensor on the device for `trainer.callback_metrics`, a host-to-device copy that
-    waits for every queued step, at every logged step (docs/BENCHMARKS.md, eleventh session)."""
+    `/pg2`, ... with several parameter groups), without waiting for the device. Lightning's
+    monitor also copies each rate into a tensor on the device for `trainer.callback_metrics`, a
+    host-to-device copy that waits for every queued step, at every logged step
+    (docs/BENCHMARKS.md, eleventh session)."""
 
     def __init__(self) -> None:
         self._logged: int | None = None  # the last step logged (an accumulating batch repeats it)
