@@ -108,22 +108,25 @@ def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
 
 def test_a_logged_steps_loss_reaches_the_loggers_without_waiting_for_queued_work():
     """A logged step's loss must not make the host wait for the GPU (Lightning's `.item()` did,
-    at every `log_every_n_steps`-th step): it is handed over once it has arrived. The first
-    logged step of a process allocates pinned host memory, which may wait (CUDA's allocation):
-    it is made here before the work is queued, as in a fit, where the later steps reuse it."""
+    at every `log_every_n_steps`-th step): it is handed over once it has arrived. A process's
+    first logged step may wait once: it loads the step's kernels (CUDA loads each lazily, and
+    loading one waits for the running kernels) and allocates pinned host memory. So a first step
+    runs here before the work is queued, as in a fit, whose later steps wait for neither."""
     values, logger = StepValues(), KeptRows()
     loss = torch.full((), 0.25, device="cuda")
-    values.record({"train/loss_step": loss}, step=8, epoch=1)
+    values.record({"train/loss_step": loss * 2}, step=8, epoch=1)
     values.hand_over([logger], wait=True)
     torch.cuda._sleep(4_000_000_000)  # one GPU thread spinning for ~2 s, queued on torch's stream
     queued = torch.cuda.Event()
     queued.record()
-    loss = loss * 2  # the step's value, computed after the queued work
-    values.record({"train/loss_step": loss}, step=9, epoch=1)
+    values.record({"train/loss_step": loss * 3}, step=9, epoch=1)  # computed after the queued work
     values.hand_over([logger])
     assert not queued.query() and len(logger.rows) == 1  # neither call waited for the device
     values.hand_over([logger], wait=True)
-    assert logger.rows[1:] == [(9, {"train/loss_step": 0.5, "epoch": 1})]
+    assert logger.rows == [
+        (8, {"train/loss_step": 0.5, "epoch": 1}),
+        (9, {"train/loss_step": 0.75, "epoch": 1}),
+    ]
 
 
 def test_closing_a_gpu_loader_returns_its_memory(prepared):
