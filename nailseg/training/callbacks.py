@@ -132,15 +132,35 @@ class TrainSpeedMonitor(L.Callback):
 
 
 class LearningRates(L.Callback):
-    """Logs each optimizer's learning rate at the steps Lightning logs, under the names Lightning's
-    `LearningRateMonitor(logging_interval="step")` gives them (`lr-AdamW`; `lr-AdamW/pg1`,
-    `/pg2`, ... with several parameter groups), without waiting for the device. Lightning's
-    monitor also copies each rate into a tensor on the device for `trainer.callback_metrics`, a
-    host-to-device copy that waits for every queued step, at every logged step
-    (docs/BENCHMARKS.md, eleventh session)."""
+    """Logs the learning rate at the steps Lightning logs, under the names Lightning's
+    `LearningRateMonitor(logging_interval="step")` gives them (`lr-AdamW`, or the scheduler's
+    `name`; `/pg1`, `/pg2`, ... or the groups' `name`s with several parameter groups), without
+    waiting for the device. Lightning's monitor also copies each rate into a tensor on the device
+    for `trainer.callback_metrics`, a host-to-device copy that waits for every queued step, at
+    every logged step (docs/BENCHMARKS.md, eleventh session). It covers what `SegModule`
+    configures, one optimizer with automatic optimization, and refuses anything else at the
+    fit's start rather than log rates under wrong steps or clashing names."""
 
     def __init__(self) -> None:
         self._logged: int | None = None  # the last step logged (an accumulating batch repeats it)
+        self._base = ""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        schedulers = trainer.lr_scheduler_configs
+        if (
+            len(trainer.optimizers) != 1
+            or len(schedulers) > 1
+            or not pl_module.automatic_optimization
+        ):
+            raise ValueError(
+                "callbacks.lr_monitor (nailseg's LearningRates) logs one optimizer with at most "
+                f"one scheduler under automatic optimization; {type(pl_module).__name__} has "
+                f"{len(trainer.optimizers)} optimizers, {len(schedulers)} schedulers, automatic "
+                f"optimization {pl_module.automatic_optimization}: use "
+                "lightning.pytorch.callbacks.LearningRateMonitor as callbacks.lr_monitor"
+            )
+        named = schedulers[0].name if schedulers else None
+        self._base = named or f"lr-{type(trainer.optimizers[0]).__name__}"
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -149,11 +169,11 @@ class LearningRates(L.Callback):
         if step == self._logged or not logs_step(trainer, step):
             return
         self._logged = step
+        groups = trainer.optimizers[0].param_groups
         rates = {}
-        for optimizer in trainer.optimizers:
-            name, groups = f"lr-{type(optimizer).__name__}", optimizer.param_groups
-            for i, group in enumerate(groups):
-                rates[name if len(groups) == 1 else f"{name}/pg{i + 1}"] = float(group["lr"])
+        for i, group in enumerate(groups):
+            suffix = group.get("name", f"pg{i + 1}" if len(groups) > 1 else None)
+            rates[self._base if suffix is None else f"{self._base}/{suffix}"] = float(group["lr"])
         for logger in trainer.loggers:
             logger.log_metrics(rates, step=step)
 

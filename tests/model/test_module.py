@@ -142,50 +142,92 @@ def test_fit_logs_named_metrics_and_exact_sample_counts(fitted: dict[str, Any]) 
 
 
 class _TwoGroups(SegModule):
-    """The encoder and the decoder as two parameter groups at their own learning rates."""
+    """The encoder and the decoder as two parameter groups at their own learning rates (and the
+    head as a third, at the optimizer's); `_NamedGroups` names them and the scheduler."""
+
+    param_group_names: tuple[str, ...] = ()
+    scheduler_name: str | None = None
 
     def configure_optimizers(self) -> Any:
-        groups = [
-            {"params": self.net.encoder.parameters(), "lr": 1e-3},
-            {"params": self.net.decoder.parameters(), "lr": 1e-2},
-        ]
-        optimizer = torch.optim.SGD([*groups, {"params": self.net.segmentation_head.parameters()}], lr=0.1)  # fmt: skip
+        parts = (self.net.encoder, self.net.decoder, self.net.segmentation_head)
+        groups = [{"params": part.parameters()} for part in parts]
+        groups[0]["lr"], groups[1]["lr"] = 1e-3, 1e-2
+        for group, name in zip(groups, self.param_group_names, strict=False):
+            group["name"] = name
+        optimizer = torch.optim.SGD(groups, lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {
-                "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5),
+                "scheduler": scheduler,
                 "interval": "step",
+                "name": self.scheduler_name,
             },
         }
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_learning_rates_are_logged_as_lightnings_monitor_logs_them(accumulate, tmp_path) -> None:
-    kept = []
-    for monitor in (LearningRateMonitor(logging_interval="step"), LearningRates()):
-        torch.manual_seed(0)
-        logger = KeptRows()
-        L.Trainer(
-            accelerator="cpu",
-            max_epochs=2,
-            log_every_n_steps=2,
-            accumulate_grad_batches=accumulate,
-            default_root_dir=tmp_path,
-            logger=logger,
-            callbacks=[monitor],
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        ).fit(_TwoGroups(_net(), functools.partial(torch.optim.SGD)), _loader(N_TRAIN, TRAIN_BS, 0))
-        kept.append([(step, row) for step, row in logger.rows if any("lr-" in k for k in row)])
-    lightnings, ours = kept
+class _NamedGroups(_TwoGroups):
+    param_group_names = ("encoder", "decoder", "head")
+    scheduler_name = "lr-steps"
+
+
+class _TwoOptimizers(SegModule):
+    """Two optimizers, as a GAN has them (manual optimization): beyond `LearningRates`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.net.encoder.parameters()), torch.optim.SGD(self.net.decoder.parameters())]  # fmt: skip
+
+
+def _fit_logging_rates(
+    module: type[SegModule], monitor: L.Callback, accumulate: int, root: Path
+) -> list[tuple[int | None, dict[str, float]]]:
+    """The rows with learning rates a short CPU fit of `module` logged through `monitor`."""
+    torch.manual_seed(0)
+    logger = KeptRows()
+    L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        log_every_n_steps=2,
+        accumulate_grad_batches=accumulate,
+        default_root_dir=root,
+        logger=logger,
+        callbacks=[monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    ).fit(module(_net(), functools.partial(torch.optim.SGD)), _loader(N_TRAIN, TRAIN_BS, 0))
+    return [(step, row) for step, row in logger.rows if any("lr-" in k for k in row)]
+
+
+@pytest.mark.parametrize(
+    ("module", "accumulate", "names"),
+    [
+        (_TwoGroups, 1, {"lr-SGD/pg1", "lr-SGD/pg2", "lr-SGD/pg3"}),
+        (_TwoGroups, 2, {"lr-SGD/pg1", "lr-SGD/pg2", "lr-SGD/pg3"}),
+        (_NamedGroups, 1, {"lr-steps/encoder", "lr-steps/decoder", "lr-steps/head"}),
+    ],
+)
+def test_learning_rates_are_logged_as_lightnings_monitor_logs_them(
+    module, accumulate, names, tmp_path
+) -> None:
+    lightnings = _fit_logging_rates(module, LearningRateMonitor("step"), accumulate, tmp_path)
+    ours = _fit_logging_rates(module, LearningRates(), accumulate, tmp_path)
     # Lightning's logs a step once per batch of it (twice with accumulate=2, the same rates)
     once = [row for i, row in enumerate(lightnings) if i == 0 or row != lightnings[i - 1]]
     assert ours == once and len(ours) >= 2
     assert len(lightnings) == accumulate * len(ours)
-    assert set(ours[0][1]) == {"lr-SGD/pg1", "lr-SGD/pg2", "lr-SGD/pg3"}
+    assert set(ours[0][1]) == names
+
+
+def test_learning_rates_refuse_what_they_cannot_name_as_lightning_does(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"2 optimizers.*LearningRateMonitor"):
+        _fit_logging_rates(_TwoOptimizers, LearningRates(), 1, tmp_path)
 
 
 def test_throughput_metrics(fitted: dict[str, Any]) -> None:
