@@ -11,7 +11,9 @@ modification time, as listed): one where this run would write (a user's `masks/x
 older predict's, which listed none) is refused before the first write. The
 folder may not overlap the photos or the true masks, nor hold a symbolic link (predict never
 makes one: a link inside it could lead the writes into the photos or the true masks). All of it
-is checked before the first write.
+is checked before the first write. One run writes into a folder at a time: a second one fails at
+once, naming the lock file the first holds (`nailseg.folder_lock`). A rerun removes what a killed
+run's atomic writes left behind: temporary files, for listed outputs only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from nailseg.prep.format import (
     below,
     delete_listed,
     new_stamp,
+    remove_temp_files,
     require_owned,
     stamp_of,
 )
@@ -38,10 +41,12 @@ SCORES = "scores.csv"
 OUTPUTS = "outputs.txt"  # what predict writes here besides its marker, with its stamp
 OUTPUT_FOLDERS = ("masks", "overlays")
 CREATOR = "nailseg.predict"
+PREDICT_LOCK = ".predict.lock"  # held while predict writes here (nailseg.folder_lock)
 # what every summary.json predict wrote holds, unfinished ones and earlier versions' included
 # (each since the first, 2f98124): a user's summary.json rarely has all three
 _MARKER_KEYS = frozenset({"checkpoint", "images", "threshold"})
-_OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp")
+# what a run killed before its marker was in place leaves: the marker's temporary file, the lock
+_OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp|{re.escape(PREDICT_LOCK)}")
 
 
 class OutputError(RuntimeError):
@@ -106,6 +111,7 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     write_summary(output, report, finished=False)
     list_outputs(output, earlier | dict.fromkeys(outputs, stamp))
     delete_listed(output, earlier)
+    remove_temp_files(output, [*earlier, *outputs, SUMMARY, OUTPUTS])  # a killed run's, if any
     return stamp
 
 

@@ -61,10 +61,12 @@ from torch import nn
 from nailseg.atomic import write_atomic
 from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.device import resolve_device
+from nailseg.folder_lock import locked
 from nailseg.inference.decode import to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
 from nailseg.inference.output import (
     OUTPUT_FOLDERS,
+    PREDICT_LOCK,
     SCORES,
     OutputError,
     check_output,
@@ -588,64 +590,70 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     folders = OUTPUT_FOLDERS if cfg.overlays else OUTPUT_FOLDERS[:1]
     outputs = [f"{folder}/{photo.key}.png" for photo in photos for folder in folders]
     outputs += [SCORES] if truths is not None else []
-    try:
-        stamp = claim(
-            output,
-            {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold, "config": config},
-            outputs,
-        )
-    except OutputError as err:
-        raise PredictError(str(err)) from err
+    with locked(output, PREDICT_LOCK, "predict", "output", PredictError):  # till the last write
+        try:
+            stamp = claim(
+                output,
+                {
+                    "images": 0,
+                    "checkpoint": str(spec.ckpt),
+                    "threshold": threshold,
+                    "config": config,
+                },
+                outputs,
+            )
+        except OutputError as err:
+            raise PredictError(str(err)) from err
 
-    gpu_jpeg = cfg.gpu_decode and device.type == "cuda"
-    with _worker_processes(num_workers) as (pool, workers_seconds), _gil_handoff(device):
-        start = time.perf_counter()
-        written, unreadable, scores, unscored, stages = _predict_all(
-            net,
-            spec,
-            photos,
-            PhotoWriter(output, stamp),
-            truths,
-            pool,
+        gpu_jpeg = cfg.gpu_decode and device.type == "cuda"
+        with _worker_processes(num_workers) as (pool, workers_seconds), _gil_handoff(device):
+            start = time.perf_counter()
+            written, unreadable, scores, unscored, stages = _predict_all(
+                net,
+                spec,
+                photos,
+                PhotoWriter(output, stamp),
+                truths,
+                pool,
+                threshold=threshold,
+                tta=cfg.tta,
+                device=device,
+                batch_size=cfg.batch_size,
+                num_workers=num_workers,
+                gpu_jpeg=gpu_jpeg,
+                overlays=cfg.overlays,
+                console=console,
+            )
+            seconds = time.perf_counter() - start
+        summary = PredictSummary(
+            images=written,
+            seconds=seconds,
             threshold=threshold,
-            tta=cfg.tta,
-            device=device,
-            batch_size=cfg.batch_size,
-            num_workers=num_workers,
-            gpu_jpeg=gpu_jpeg,
-            overlays=cfg.overlays,
-            console=console,
+            threshold_source=source,
+            skipped=skipped + unreadable,
+            unscored=unscored,
+            stages={name: round(spent, 3) for name, spent in stages.items()},
+            capture_seconds=round(capture_seconds, 3),
+            workers_seconds=round(workers_seconds, 3),
+            device=str(device),
+            gpu_decode=gpu_jpeg,
+            cuda_graphs=isinstance(net, GraphedNet),
         )
-        seconds = time.perf_counter() - start
-    summary = PredictSummary(
-        images=written,
-        seconds=seconds,
-        threshold=threshold,
-        threshold_source=source,
-        skipped=skipped + unreadable,
-        unscored=unscored,
-        stages={name: round(spent, 3) for name, spent in stages.items()},
-        capture_seconds=round(capture_seconds, 3),
-        workers_seconds=round(workers_seconds, 3),
-        device=str(device),
-        gpu_decode=gpu_jpeg,
-        cuda_graphs=isinstance(net, GraphedNet),
-    )
-    if scores:
-        table = score_table(scores)
-        # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written
-        # escaped, as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
-        text = table.to_csv(index=False, lineterminator="\n")
-        data = text.encode("utf-8", "backslashreplace")
-        write_atomic(output / SCORES, lambda f: f.write(data), stamp)
-        summary.scores = totals(table)
-    report = _summary_json(summary, spec, tta=cfg.tta, device=device)
-    list_outputs(output, dict.fromkeys(outputs, stamp))  # the earlier run's are gone
-    write_summary(output, report | {"config": config}, finished=True)
-    print_summary(summary, output, console)
-    if not written:
-        raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
-    return summary
+        if scores:
+            table = score_table(scores)
+            # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written
+            # escaped, as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
+            text = table.to_csv(index=False, lineterminator="\n")
+            data = text.encode("utf-8", "backslashreplace")
+            write_atomic(output / SCORES, lambda f: f.write(data), stamp)
+            summary.scores = totals(table)
+        report = _summary_json(summary, spec, tta=cfg.tta, device=device)
+        list_outputs(output, dict.fromkeys(outputs, stamp))  # the earlier run's are gone
+        write_summary(output, report | {"config": config}, finished=True)
+        print_summary(summary, output, console)
+        if not written:
+            raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
+        return summary
 
 
 def _summary_json(

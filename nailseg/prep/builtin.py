@@ -13,8 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
+from nailseg.folder_lock import locked
 from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
-from nailseg.prep.prepare import check_config, locked, run
+from nailseg.prep.prepare import PrepareError, check_config, run
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 
@@ -63,7 +64,9 @@ def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool
     cfg = _compose_prepare(dataset)
     cfg.prune = True
     check_config(cfg)  # before the lock file: the first write
-    with locked(Path(cfg.output_dir), BUILTIN_LOCK_FILE, wait_s):
+    with locked(
+        Path(cfg.output_dir), BUILTIN_LOCK_FILE, "prepare", "output_dir", PrepareError, wait_s
+    ):
         if _builtin_current(dataset):  # made by another process while this one waited
             return False
         log.info(

@@ -104,6 +104,21 @@ def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Patt
         )
 
 
+def remove_temp_files(root: Path, targets: Iterable[str]) -> None:
+    """Temporary files that interrupted runs left (`nailseg.atomic`'s names) for one of `targets`,
+    the paths below `root` that nailseg owns there: an atomic write killed before its rename."""
+    targets = set(targets)
+    for folder in {PurePosixPath(t).parent for t in targets}:
+        try:
+            entries = list(os.scandir(root / folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            match = TEMP_NAME.fullmatch(entry.name)
+            if match and (folder / match["target"]).as_posix() in targets:
+                os.unlink(entry.path)
+
+
 def below(rel: str) -> bool:
     """Whether `rel`, a path read from a listing on disk, names something below its root: not
     empty, not absolute, no `..` (a listing edited by hand or damaged must not reach out)."""

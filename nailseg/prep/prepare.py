@@ -26,8 +26,6 @@ nothing; outputs of pairs that left the input are kept on disk (and dropped from
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -37,7 +35,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -51,6 +48,7 @@ from rich.table import Table
 
 from nailseg.atomic import write_atomic, write_text
 from nailseg.collector import frozen_heap
+from nailseg.folder_lock import locked
 from nailseg.paths import overlap
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
@@ -63,12 +61,12 @@ from nailseg.prep.format import (
     ROOT_FILES,
     SOURCE_FILE,
     SPLITS,
-    TEMP_NAME,
     ForeignFolderError,
     below,
     delete_listed,
     has_marker,
     read_table,
+    remove_temp_files,
     require_owned,
     split_file,
     write_table,
@@ -98,7 +96,6 @@ from nailseg.tables import print_table
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
 _READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
-_LOCK_POLL_S = 0.2  # how often a waiting process tries the lock again
 _MARKER_KEYS = frozenset({"format"})
 _OURS_IN_NEW_ROOT = re.compile(
     rf"{re.escape(LOCK_FILE)}|{re.escape(BUILTIN_LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp"
@@ -314,52 +311,6 @@ def _check_creatable(out_root: Path) -> None:
                 ) from None
             continue
         raise PrepareError(f"output_dir={out_root}: {path} is a file, not a folder")
-
-
-@contextmanager
-def locked(out_root: Path, name: str = LOCK_FILE, wait_s: float = 0.0) -> Iterator[None]:
-    """Hold the root's lock file `name`, waiting up to `wait_s` for another process holding it
-    (0: fail at once).
-
-    A POSIX record lock (`lockf`), not `flock`: it belongs to this process alone, so worker
-    processes forked while it is held never inherit it, and it dies with the process, so even
-    `kill -9` leaves no stale lock. A process holds each lock file once: closing any descriptor
-    of it would drop the lock, hence a separate file for the built-in dataset's lock.
-    """
-    out_root.mkdir(parents=True, exist_ok=True)
-    lock = out_root / name
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        if not _try_lock(fd):
-            _wait_for_lock(fd, f"another prepare is writing {out_root} (it holds {lock})", wait_s)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _wait_for_lock(fd: int, held: str, wait_s: float) -> None:
-    """Try the lock until it is free, up to `wait_s`; then (at once when 0) fail saying `held`."""
-    if not wait_s:
-        raise PrepareError(f"{held}: wait for it to finish, or choose another output_dir")
-    log.info("%s: waiting for it, up to %g s", held, wait_s)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        time.sleep(_LOCK_POLL_S)
-        if _try_lock(fd):
-            return
-    raise PrepareError(
-        f"{held} and has not finished after {wait_s:g} s: if it is stuck, stop it, then rerun"
-    )
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno not in (errno.EACCES, errno.EAGAIN):
-            raise
-        return False
-    return True
 
 
 def _journal_entries(path: Path) -> Iterator[dict]:
@@ -619,20 +570,6 @@ def _split(records: list[Record], split_settings: dict) -> list[str]:
     return names
 
 
-def _remove_temp_files(out_root: Path, targets: set[str]) -> None:
-    """Temporary files of interrupted runs: named like `nailseg.atomic`'s, for one of our files."""
-    targets = targets | ROOT_FILES
-    for folder in {PurePosixPath(t).parent for t in targets}:
-        try:
-            entries = list(os.scandir(out_root / folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            match = TEMP_NAME.fullmatch(entry.name)
-            if match and (folder / match["target"]).as_posix() in targets:
-                os.unlink(entry.path)
-
-
 def _finish(
     out_root: Path,
     owned: Owned,
@@ -650,7 +587,7 @@ def _finish(
     manifest = sorted(records + kept, key=lambda r: (r.group, r.stem))
     keep_paths = {p for r in manifest for p in r.outputs}
     delete_listed(out_root, sorted(owned.paths - keep_paths))
-    _remove_temp_files(out_root, owned.paths)
+    remove_temp_files(out_root, owned.paths | ROOT_FILES)
     columns = [f.name for f in fields(Record)]
     table = pd.DataFrame([asdict(r) for r in manifest], columns=columns).astype({"listed": int})
     write_table(out_root / MANIFEST_FILE, table)
@@ -734,7 +671,7 @@ def prepare(
         raise PrepareError(str(err)) from err
     settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
 
-    with locked(out_root):
+    with locked(out_root, LOCK_FILE, "prepare", "output_dir", PrepareError):
         new_root = not has_marker(out_root, MARKER_FILE, _MARKER_KEYS)
         if new_root:
             write_text(out_root / MARKER_FILE, settings + "\n")  # the first write: the root is ours

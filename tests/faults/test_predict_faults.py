@@ -21,6 +21,8 @@ from support.prepared import write_prepared
 
 import nailseg.inference.photos
 import nailseg.inference.predict
+from nailseg.atomic import temp_path
+from nailseg.inference.output import PREDICT_LOCK
 from nailseg.inference.predict import PredictError, run
 from nailseg.model.checkpoint import CheckpointError
 
@@ -279,7 +281,8 @@ def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
     overrides = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "overlays=false"]
     assert run(compose_cli("predict", overrides), console=Console(quiet=True)).images == 2
     assert _outputs(output) == [
-        "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt", "outputs.txt", "summary.json",
+        ".predict.lock", "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt", "outputs.txt",
+        "summary.json",
     ]  # fmt: skip
     assert _listed(output) == ["masks/a.png", "masks/x.png"]
 
@@ -320,12 +323,52 @@ def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path,
     with pytest.raises(OSError, match="No space left"):
         _predict(ckpt, data / "photos", output)
     listed = set(_listed(output))
-    assert set(_outputs(output)) - {"outputs.txt", "summary.json"} <= listed
+    assert set(_outputs(output)) - {"outputs.txt", "summary.json", PREDICT_LOCK} <= listed
     assert "masks/p2.png" in listed  # the run before's, until it is gone
     monkeypatch.undo()
     _predict(ckpt, data / "photos", output)
     assert not (output / "masks" / "p2.png").exists()
-    assert len(_outputs(output)) == 2 + 2 * 3  # outputs.txt, summary.json, p0, p1, x
+    assert len(_outputs(output)) == 3 + 2 * 3  # outputs.txt, summary.json, the lock; p0, p1, x
+
+
+def test_a_rerun_removes_the_temporary_files_a_killed_run_left_for_its_outputs_only(
+    ckpt, data, tmp_path
+):
+    """`kill -9` between an atomic write's start and its rename leaves a hidden temporary file;
+    the next run removes those of the outputs listed as predict's, and no other file."""
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)
+    left = [temp_path(output / rel) for rel in ("masks/x.png", "overlays/x.png", "summary.json")]
+    mine = [temp_path(output / rel) for rel in ("masks/mine.png", "notes.txt")]
+    for path in left + mine:
+        path.write_bytes(b"part of a file")
+    _predict(ckpt, data / "photos", output)
+    assert [path.exists() for path in left + mine] == [False] * len(left) + [True] * len(mine)
+
+
+def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_nothing(
+    ckpt, data, tmp_path
+):
+    """Two runs into one folder interleaved their files, and the second removed what the first
+    had written as an earlier run's outputs; the second now stops at the first's lock."""
+    output = tmp_path / "out"
+    hold = (
+        "import sys, time; from pathlib import Path; from nailseg.folder_lock import locked\n"
+        "with locked(Path(sys.argv[1]), sys.argv[2], 'predict', 'output', RuntimeError):\n"
+        "    print('held', flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(output), PREDICT_LOCK], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(PredictError, match=rf"another predict is writing {output} \(it holds"):
+            _predict(ckpt, data / "photos", output)
+        assert _outputs(output) == [PREDICT_LOCK]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _predict(ckpt, data / "photos", output).images == 1  # the lock died with its holder
 
 
 def test_outputs_txt_never_leads_a_removal_outside_predicts_folders(ckpt, data, tmp_path):
