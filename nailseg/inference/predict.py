@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +36,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -450,8 +453,9 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
         count, mp_context=context, initializer=leave_interrupts_to_the_command
     ) as pool:
         try:
-            for started in [pool.submit(os.getpid) for _ in range(count)]:
-                started.result()
+            with _workers_starting():
+                for started in [pool.submit(os.getpid) for _ in range(count)]:
+                    started.result()
             yield pool, time.perf_counter() - start
         except BrokenProcessPool as err:
             raise PredictError(
@@ -459,6 +463,30 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
                 "signal: out of memory?), so the run stopped; its summary.json says unfinished, "
                 "and a rerun into the same output folder replaces what it wrote"
             ) from err
+
+
+@contextmanager
+def _workers_starting() -> Iterator[None]:
+    """Ctrl-C kept from the worker processes' start (in the main thread: only it sets handlers).
+    multiprocessing's forkserver, their parent, ignores Ctrl-C only once it has imported its
+    preload (torch: seconds), and one before made it print a traceback of its own beside the
+    command's: it is started with Ctrl-C ignored, which it inherits (one in the milliseconds of
+    that spawn is lost). A Ctrl-C after it is held until the workers have started, then raised:
+    taken at once, it cut the start short, and a worker still being made printed a traceback (the
+    pool's semaphore was gone with the command)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _preloaded() -> list[str]:

@@ -404,9 +404,9 @@ def test_a_bad_setting_is_refused_before_any_write(override, message, ckpt, data
     assert not (tmp_path / "out").exists()
 
 
-def _session_processes(session: int) -> list[str]:
-    """The command lines of the live processes of a session (Linux's /proc)."""
-    alive = []
+def _session_processes(session: int) -> dict[int, str]:
+    """The live processes of a session, pid → command line (Linux's /proc)."""
+    alive = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -414,8 +414,49 @@ def _session_processes(session: int) -> list[str]:
         except OSError:  # gone meanwhile
             continue
         if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session
-            alive.append(cmdline)
+            alive[int(stat.parent.name)] = cmdline
     return alive
+
+
+def _importing_torch(pid: int) -> bool:
+    """Whether process `pid`, a forkserver, is importing its preload: torch's library is loaded
+    (/proc's maps), the server's own SIGCHLD handler, set once the preload is done, is not (SigCgt)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        masks = dict(
+            line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except (OSError, ValueError):  # gone meanwhile
+        return False
+    return "libtorch" in maps and not int(masks["SigCgt"], 16) & 1 << (signal.SIGCHLD - 1)
+
+
+def _predict_in_a_session(ckpt: Path, photos: Path, out: Path) -> subprocess.Popen:
+    """`python -m nailseg.predict` on the CPU, one photo a batch, in a session (and process
+    group) of its own, as a terminal's foreground job: a test can send it Ctrl-C."""
+    args = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", "num_workers=2"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _interrupted_alone(command: subprocess.Popen, out: Path) -> None:
+    """After Ctrl-C: predict stopped with its own KeyboardInterrupt only, leaving no temporary
+    file, no process, and a summary that says unfinished."""
+    _, stderr = command.communicate(timeout=120)
+    assert command.returncode != 0, "the run ended before it could be interrupted"
+    assert stderr.count("Traceback") == 1 and "KeyboardInterrupt" in stderr, stderr
+    assert "ForkServerProcess" not in stderr, stderr
+    assert json.loads((out / "summary.json").read_text())["finished"] is False
+    assert not list(out.rglob("*.tmp"))
+    deadline = time.monotonic() + 10
+    while _session_processes(command.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_processes(command.pid) == {}
 
 
 def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, tmp_path):
@@ -426,27 +467,26 @@ def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, 
     for i in range(1500):
         save_image(tmp_path / "photos" / f"p{i:04d}.png", np.full((20, 24, 3), i % 256, np.uint8))
     out = tmp_path / "out"
-    args = [f"ckpt={ckpt}", f"input={tmp_path / 'photos'}", f"output={out}", "num_workers=2"]
-    command = subprocess.Popen(
-        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
+    command = _predict_in_a_session(ckpt, tmp_path / "photos", out)
     while command.poll() is None and len(list(out.glob("masks/*.png"))) < 10:
         time.sleep(0.01)
     os.killpg(command.pid, signal.SIGINT)
-    _, stderr = command.communicate(timeout=120)
-    assert command.returncode != 0, "the run ended before it could be interrupted"
-    assert stderr.count("Traceback") == 1 and "KeyboardInterrupt" in stderr, stderr
-    assert "ForkServerProcess" not in stderr, stderr
-    assert json.loads((out / "summary.json").read_text())["finished"] is False
-    assert not list(out.rglob("*.tmp"))
-    deadline = time.monotonic() + 10
-    while _session_processes(command.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session_processes(command.pid) == []
+    _interrupted_alone(command, out)
+
+
+def test_ctrl_c_while_the_workers_start_leaves_the_interrupt_to_predict(ckpt, data, tmp_path):
+    """Ctrl-C while multiprocessing's forkserver, the workers' parent, imports predict (torch:
+    seconds): the server ignores Ctrl-C only once that is done, so before, it died printing a
+    traceback of its own beside the command's."""
+    out = tmp_path / "out"
+    command = _predict_in_a_session(ckpt, data / "photos", out)
+    importing = False
+    while command.poll() is None and not importing:
+        servers = [pid for pid, line in _session_processes(command.pid).items() if "forkserver" in line]  # fmt: skip
+        importing = any(_importing_torch(pid) for pid in servers)
+    assert importing, "predict ended before its forkserver was seen importing torch"
+    os.killpg(command.pid, signal.SIGINT)
+    _interrupted_alone(command, out)
 
 
 def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
