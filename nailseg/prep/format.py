@@ -106,7 +106,9 @@ def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Patt
 
 def remove_temp_files(root: Path, targets: Iterable[str]) -> None:
     """Temporary files that interrupted runs left (`nailseg.atomic`'s names) for one of `targets`,
-    the paths below `root` that nailseg owns there: an atomic write killed before its rename."""
+    the paths below `root` that nailseg owns there: an atomic write killed before its rename.
+    Only plain files: an atomic write makes nothing else, so a folder or link of that name is
+    someone else's."""
     targets = set(targets)
     for folder in {PurePosixPath(t).parent for t in targets}:
         try:
@@ -115,7 +117,8 @@ def remove_temp_files(root: Path, targets: Iterable[str]) -> None:
             continue
         for entry in entries:
             match = TEMP_NAME.fullmatch(entry.name)
-            if match and (folder / match["target"]).as_posix() in targets:
+            owned = match and (folder / match["target"]).as_posix() in targets
+            if owned and entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
 
 

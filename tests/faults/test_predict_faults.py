@@ -335,15 +335,19 @@ def test_a_rerun_removes_the_temporary_files_a_killed_run_left_for_its_outputs_o
     ckpt, data, tmp_path
 ):
     """`kill -9` between an atomic write's start and its rename leaves a hidden temporary file;
-    the next run removes those of the outputs listed as predict's, and no other file."""
+    the next run removes those of the outputs listed as predict's, and no other file, nor a
+    folder so named (an atomic write makes none: before, the run crashed removing it)."""
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)
     left = [temp_path(output / rel) for rel in ("masks/x.png", "overlays/x.png", "summary.json")]
     mine = [temp_path(output / rel) for rel in ("masks/mine.png", "notes.txt")]
     for path in left + mine:
         path.write_bytes(b"part of a file")
+    folder = output / "masks" / ".x.png.7.tmp"  # a temporary name of a listed output's
+    (folder / "inside").mkdir(parents=True)
     _predict(ckpt, data / "photos", output)
     assert [path.exists() for path in left + mine] == [False] * len(left) + [True] * len(mine)
+    assert (folder / "inside").is_dir()
 
 
 def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_nothing(
