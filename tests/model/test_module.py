@@ -188,17 +188,13 @@ def _fit_logging_rates(
     """The rows with learning rates a short CPU fit of `module` logged through `monitor`."""
     torch.manual_seed(0)
     logger = KeptRows()
-    L.Trainer(
-        accelerator="cpu",
-        max_epochs=2,
+    _bare_trainer(
+        root,
+        2,
+        [monitor],
+        logger=logger,
         log_every_n_steps=2,
         accumulate_grad_batches=accumulate,
-        default_root_dir=root,
-        logger=logger,
-        callbacks=[monitor],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
     ).fit(module(_net(), functools.partial(torch.optim.SGD)), _loader(N_TRAIN, TRAIN_BS, 0))
@@ -310,17 +306,23 @@ def _conv_module() -> SegModule:
     )
 
 
-def _bare_trainer(root: Path, max_epochs: int, callbacks: list[L.Callback]) -> L.Trainer:
-    """A CPU trainer with only the callbacks under test: no logger, checkpoints or bars."""
+def _bare_trainer(
+    root: Path, max_epochs: int, callbacks: list[L.Callback], **settings: Any
+) -> L.Trainer:
+    """A CPU trainer with only the callbacks under test: no logger, checkpoints or bars, unless
+    `settings` (more Trainer arguments) give a logger."""
     return L.Trainer(
-        accelerator="cpu",
-        max_epochs=max_epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-        callbacks=callbacks,
+        **{
+            "accelerator": "cpu",
+            "max_epochs": max_epochs,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": root,
+            "callbacks": callbacks,
+        }
+        | settings
     )
 
 
