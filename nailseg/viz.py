@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from nailseg.atomic import write_atomic
+from nailseg.io.atomic import write_atomic
 
 TRUTH_COLOR = (0, 255, 0)
 PRED_COLOR = (255, 0, 0)

@@ -38,7 +38,7 @@ import pandas as pd
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
 from nailseg.data.sampling import is_weight, source_shares
-from nailseg.paths import within
+from nailseg.io.overlap import within
 from nailseg.prep.format import CSV_COLUMNS
 
 log = logging.getLogger(__name__)

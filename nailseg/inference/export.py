@@ -36,9 +36,9 @@ from omegaconf import MISSING, DictConfig
 from rich.console import Console
 from torch import nn
 
-from nailseg.atomic import write_bytes
 from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
+from nailseg.io.atomic import write_bytes
 from nailseg.model.checkpoint import CheckpointError, load_net
 
 FORMATS = ("onnx",)

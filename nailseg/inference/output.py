@@ -24,8 +24,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nailseg.atomic import write_bytes, write_text
-from nailseg.paths import overlap
+from nailseg.io.atomic import write_bytes, write_text
+from nailseg.io.overlap import overlap
 from nailseg.prep.format import (
     ForeignFolderError,
     below,

@@ -61,10 +61,8 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
-from nailseg.atomic import write_atomic
 from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.device import resolve_device
-from nailseg.folder_lock import locked
 from nailseg.inference.decode import to_device
 from nailseg.inference.graphed import CaptureError, GraphedNet
 from nailseg.inference.output import (
@@ -104,6 +102,8 @@ from nailseg.inference.workers import (
     leave_interrupts_to_the_command,
     read_photos,
 )
+from nailseg.io.atomic import write_atomic
+from nailseg.io.lock import locked
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
 from nailseg.tables import print_table

@@ -26,9 +26,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from nailseg.atomic import write_text
 from nailseg.inference.scoring import dice_iou
 from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities, image_tensors
+from nailseg.io.atomic import write_text
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
 CACHE_FILE = "threshold.json"

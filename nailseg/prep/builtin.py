@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
-from nailseg.folder_lock import locked
+from nailseg.io.lock import locked
 from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
 from nailseg.prep.prepare import PrepareError, check_config, run
 

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
-from nailseg.atomic import write_bytes
+from nailseg.io.atomic import write_bytes
 
 CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
 SPLITS = ("train", "valid", "test")

@@ -46,10 +46,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from nailseg.atomic import write_atomic, write_text
 from nailseg.collector import frozen_heap
-from nailseg.folder_lock import locked
-from nailseg.paths import overlap
+from nailseg.io.atomic import write_atomic, write_text
+from nailseg.io.lock import locked
+from nailseg.io.overlap import overlap
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
     CSV_COLUMNS,

@@ -33,8 +33,8 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from nailseg.atomic import write_bytes, write_text
 from nailseg.config import CONF_DIR, require_values
+from nailseg.io.atomic import write_bytes, write_text
 from nailseg.prep.format import ForeignFolderError, require_owned
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated

@@ -39,10 +39,10 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from nailseg.atomic import save_figure, write_text
 from nailseg.config import CONF_DIR
 from nailseg.data.datamodule import NailDataModule
 from nailseg.device import resolve_device
+from nailseg.io.atomic import save_figure, write_text
 from nailseg.model.losses import build_loss
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin

@@ -38,14 +38,14 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from nailseg.atomic import save_figure, write_atomic, write_text
 from nailseg.config import CONF_DIR, require_values
 from nailseg.inference.photos import find_images
 from nailseg.inference.predict import STAGES, build_engine
 from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
+from nailseg.io.atomic import save_figure, write_atomic, write_text
+from nailseg.io.overlap import overlap
 from nailseg.model.checkpoint import load_net
-from nailseg.paths import overlap
 from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
 from nailseg.tables import print_table

@@ -23,8 +23,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from nailseg.atomic import write_text
 from nailseg.config import CONF_DIR
+from nailseg.io.atomic import write_text
 from nailseg.prep.prepare import prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table

@@ -30,8 +30,8 @@ import pandas as pd
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from nailseg.atomic import save_figure, write_text
 from nailseg.config import CONF_DIR, require_values
+from nailseg.io.atomic import save_figure, write_text
 from nailseg.training.failure import job_folders, read_failure
 from nailseg.training.ledger import train_rows_once
 

@@ -28,8 +28,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.atomic import write_text
 from nailseg.data.datamodule import NailDataModule
+from nailseg.io.atomic import write_text
 from nailseg.model.checkpoint import make_card
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net

@@ -30,7 +30,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from nailseg.atomic import write_atomic
+from nailseg.io.atomic import write_atomic
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

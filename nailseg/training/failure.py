@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from nailseg.atomic import write_text
+from nailseg.io.atomic import write_text
 
 FAILED = "failed.json"
 _KEYS = frozenset({"error", "traceback"})  # exactly what `write_failure` writes

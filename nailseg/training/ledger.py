@@ -22,7 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from nailseg.atomic import write_text
+from nailseg.io.atomic import write_text
 
 
 class SampleLedger(L.Callback):

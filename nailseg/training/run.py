@@ -35,8 +35,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.atomic import write_text
 from nailseg.collector import frozen_heap
+from nailseg.io.atomic import write_text
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from nailseg.atomic import write_text
+from nailseg.io.atomic import write_text
 from nailseg.model.step_log import logs_step
 from nailseg.training.callbacks import settled
 

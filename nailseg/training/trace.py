@@ -32,7 +32,7 @@ import lightning as L
 import torch
 from torch.autograd.profiler import record_function
 
-from nailseg.atomic import write_bytes, write_text
+from nailseg.io.atomic import write_bytes, write_text
 
 log = logging.getLogger(__name__)
 PHASE = "phase:"  # the host-phase annotations' prefix

@@ -21,9 +21,9 @@ from support.prepared import write_prepared
 
 import nailseg.inference.photos
 import nailseg.inference.predict
-from nailseg.atomic import temp_path
 from nailseg.inference.output import PREDICT_LOCK
 from nailseg.inference.predict import PredictError, run
+from nailseg.io.atomic import temp_path
 from nailseg.model.checkpoint import CheckpointError
 
 
@@ -357,7 +357,7 @@ def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_n
     had written as an earlier run's outputs; the second now stops at the first's lock."""
     output = tmp_path / "out"
     hold = (
-        "import sys, time; from pathlib import Path; from nailseg.folder_lock import locked\n"
+        "import sys, time; from pathlib import Path; from nailseg.io.lock import locked\n"
         "with locked(Path(sys.argv[1]), sys.argv[2], 'predict', 'output', RuntimeError):\n"
         "    print('held', flush=True); time.sleep(120)"
     )

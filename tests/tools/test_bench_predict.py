@@ -17,7 +17,7 @@ from support.image_files import save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
-from nailseg.atomic import write_atomic
+from nailseg.io.atomic import write_atomic
 from nailseg.tools import bench_predict
 from nailseg.tools.bench_predict import MARKER, make_photos
 
