@@ -99,8 +99,8 @@ from nailseg.inference.workers import (
     NotWritten,
     PhotoWriter,
     Prediction,
-    leave_interrupts_to_the_command,
     read_photos,
+    start_worker,
 )
 from nailseg.io.atomic import write_atomic
 from nailseg.io.lock import locked
@@ -449,9 +449,7 @@ def _worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]
     start = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_preloaded())
-    with ProcessPoolExecutor(
-        count, mp_context=context, initializer=leave_interrupts_to_the_command
-    ) as pool:
+    with ProcessPoolExecutor(count, mp_context=context, initializer=start_worker) as pool:
         try:
             with _workers_starting():
                 for started in [pool.submit(os.getpid) for _ in range(count)]:

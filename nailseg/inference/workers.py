@@ -26,16 +26,20 @@ from PIL import Image
 
 from nailseg.inference.photos import Photo, Skipped, TrueMask
 from nailseg.inference.scoring import ImageScore, score_image
+from nailseg.lifetime import die_with_parent
 from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
 from nailseg.viz import overlay, save_png_atomic
 
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 
-def leave_interrupts_to_the_command() -> None:
-    """Each worker's start: Ctrl-C reaches the whole process group, and the command handles it by
-    shutting the workers down (each finishes what it was given; every write is atomic). A worker
-    that took it too would die printing a traceback of its own."""
+def start_worker() -> None:
+    """Each worker's start: it dies with its parent, the forkserver, which exits with the command
+    (lifetime.py), so a command killed outright leaves no worker behind. Ctrl-C reaches the whole
+    process group, and the command handles it by shutting the workers down (each finishes what it
+    was given; every write is atomic); a worker that took it too would die printing a traceback of
+    its own."""
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

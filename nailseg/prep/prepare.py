@@ -50,6 +50,7 @@ from nailseg.collector import frozen_heap
 from nailseg.io.atomic import write_atomic, write_text
 from nailseg.io.lock import locked
 from nailseg.io.overlap import overlap
+from nailseg.lifetime import die_with_parent
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
     CSV_COLUMNS,
@@ -490,7 +491,7 @@ def _convert_all(
                 yield convert_pair(pair, out_root, threshold, settings)
                 progress.advance(task)
             return
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent) as pool:
             with frozen_heap():  # the pool forks its processes at the first submit
                 futures = [
                     pool.submit(convert_pair, p, out_root, threshold, settings) for p in pairs

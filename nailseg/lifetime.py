@@ -1,0 +1,43 @@
+"""Worker processes that end with their parent, even a parent killed with `kill -9` (which runs
+no cleanup): an idle pool worker otherwise waits for its next task forever, since it holds both
+ends of its task queue's pipe itself and so never sees it close.
+
+On Linux, prctl(PR_SET_PDEATHSIG) has the kernel kill a process when its parent exits. A worker
+arms it first thing (`die_with_parent`, a pool's initializer); a parent that died before that is
+caught by comparing os.getppid() with the process that forked the worker, noted just before every
+fork. A worker forked by multiprocessing's forkserver has the server as its parent, and the server
+exits by itself when the process that started it does (the pipe it watches closes). Elsewhere than
+on Linux, nothing is armed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# the process that forked this one: noted before every fork; as imported, the parent then
+_forked_by = os.getppid()
+
+
+def _note_forker() -> None:
+    global _forked_by
+    _forked_by = os.getpid()
+
+
+os.register_at_fork(before=_note_forker)
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent exits; if the parent is gone already,
+    die now. Raises OSError when the kernel refuses."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != _forked_by:  # reparented: the parent died before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
