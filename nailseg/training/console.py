@@ -1,4 +1,5 @@
-"""What a run shows and keeps: the resolved config as a tree at start, and the log in its folder.
+"""What a run shows and keeps: the resolved config as a tree at start (also `config_tree.txt` in
+the run folder), the model's parameters, the log in its folder, and no library chatter.
 
 Lightning gives its loggers a console handler of their own, and stops them from propagating, when
 it is imported before logging is configured (which Hydra does later): its messages then never
@@ -8,34 +9,174 @@ and, when a resumed fit writes to an earlier run's folder, also appends the log 
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import yaml
+from lightning.pytorch.callbacks import RichModelSummary
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size
+from lightning.pytorch.utilities.model_summary import get_human_readable_count as count
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
+from rich.table import Table
 from rich.tree import Tree
+
+from nailseg.io.atomic import write_text
+from nailseg.tables import print_table
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 # the top-level keys shown first, in the order data flows; the rest follow as composed
 ORDER = ("dataset", "loader", "aug", "normalize", "model", "optimizer", "scheduler", "module")
+CONFIG_TREE = "config_tree.txt"  # the printed tree, kept in the run folder
+# Lightning's info messages that say nothing about the run: its advertisements, and that our
+# ParameterSummary replaces its own summary
+LIGHTNING_CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+# (category, message regex, module regex) of library warnings known to be harmless here
+KNOWN_WARNINGS = (
+    (  # Lightning 2.6 still uses the LeafSpec that torch deprecated
+        FutureWarning,
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        r"lightning\.pytorch\.utilities\._pytree",
+    ),
+)
 
 
-def print_config_tree(cfg: DictConfig, console: Console | None = None) -> None:
-    """The resolved config, one branch per top-level key (groups first, in data-flow order)."""
+def _drop_chatter(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_CHATTER)
+
+
+def quiet_libraries() -> None:
+    """Silence what libraries print on every run without saying anything about it: Lightning's
+    tips, the known warnings above, W&B's banner and history (the run's summary names its folder
+    and `wandb sync` command; WANDB_SILENT=false set by the user brings them back)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_chatter)
+    for category, message, module in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message, category, module)
+    os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def _pruned(value: Any) -> Any:
+    """`value` without its null leaves and empty mappings or lists (they set nothing)."""
+    if isinstance(value, dict):
+        kept = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {} and v != []}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+class _Compact(yaml.SafeDumper):
+    """Mappings in block style, but a list of plain values, and each mapping in a list (an aug
+    op), on one line."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flat = not any(isinstance(item, list | dict) for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=False)
+
+
+class _InList(dict):
+    """A mapping inside a list, shown on one line."""
+
+
+_Compact.add_representer(list, _represent_list)
+_Compact.add_representer(dict, _represent_dict)
+_Compact.add_representer(
+    _InList,
+    lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True),
+)
+
+
+def _as_yaml(value: Any) -> str:
+    def mark(item: Any, in_list: bool = False) -> Any:
+        if isinstance(item, dict):
+            marked = {k: mark(v) for k, v in item.items()}
+            return _InList(marked) if in_list else marked
+        if isinstance(item, list):
+            return [mark(v, in_list=True) for v in item]
+        return item
+
+    text = yaml.dump(mark(value), Dumper=_Compact, sort_keys=False, width=1000)
+    return text.removesuffix("\n...\n").rstrip()
+
+
+def config_tree(cfg: DictConfig, choices: dict[str, str] | None = None) -> Tree:
+    """The resolved config, one branch per top-level key (groups first, in data-flow order, each
+    with the option chosen), without null or empty values."""
+    choices = choices or {}
     tree = Tree("config", guide_style="dim")
-    keys = [k for k in ORDER if k in cfg] + [k for k in cfg if k not in ORDER]
+    values = _pruned(OmegaConf.to_container(cfg, resolve=True))
+    keys = [k for k in ORDER if k in values] + [k for k in values if k not in ORDER]
     for key in keys:
-        node = cfg[key]
-        if OmegaConf.is_config(node):
-            text = OmegaConf.to_yaml(node, resolve=True).rstrip()
-            tree.add(f"[bold]{key}[/]").add(Syntax(text, "yaml", theme="ansi_dark"))
+        node = values[key]
+        label = f"[bold]{key}[/]" + (f" ({escape(choices[key])})" if key in choices else "")
+        if isinstance(node, dict):
+            syntax = Syntax(_as_yaml(node), "yaml", theme="ansi_dark", word_wrap=True)
+            tree.add(label).add(syntax)
         else:
-            tree.add(f"[bold]{key}[/]: {escape(str(node))}")
+            tree.add(f"{label}: {escape(_as_yaml(node))}")
+    for key in [k for k in choices if k in cfg and k not in values]:  # sets nothing: logger=none
+        tree.add(f"[bold]{key}[/] ({escape(choices[key])})")
+    return tree
+
+
+def print_config_tree(
+    cfg: DictConfig,
+    console: Console | None = None,
+    save_to: Path | None = None,
+    choices: dict[str, str] | None = None,
+) -> None:
+    """Print `config_tree`; with `save_to`, also write it there as plain text (`CONFIG_TREE`)."""
+    tree = config_tree(cfg, choices)
     (console or Console()).print(tree)
+    if save_to is not None:
+        plain = Console(file=io.StringIO(), width=1000, color_system=None)
+        plain.print(tree)
+        lines = plain.file.getvalue().splitlines()
+        write_text(save_to / CONFIG_TREE, "\n".join(line.rstrip() for line in lines) + "\n")
+
+
+class ParameterSummary(RichModelSummary):
+    """Lightning's table of the model's parameters without its FLOPs column and total, which it
+    counts only for a module with an `example_input_array` (elsewhere every run printed
+    `Total FLOPs: 0`)."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        columns = [(name, cells) for name, cells in summary_data if name != "FLOPs"]
+        table = Table(header_style="bold magenta")
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name == "Params" else "left")
+        for row in zip(*(cells for _, cells in columns), strict=True):
+            table.add_row(*row)
+        print_table(table)
+        frozen = total_parameters - trainable_parameters
+        Console().print(
+            f"parameters: {count(trainable_parameters).strip()} trainable, "
+            f"{count(frozen).strip()} frozen "
+            f"({get_formatted_model_size(model_size)} MB)",
+            highlight=False,
+        )
 
 
 def route_library_logs() -> None:

@@ -12,7 +12,8 @@ The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`
                   seconds since the job started (a process's first job: since the process
                   did), and its start-up / train / val split; a resumed fit adds its earlier
                   sessions' time), or null when it never did
-    best          optimized_metric's best value, its mode and checkpoint (what train.py returns)
+    best          optimized_metric's best value, its mode, checkpoint and epoch (the value is
+                  what train.py returns)
     evaluated_on  the split of the final evaluation: test when the data has one, else valid
     final         the final evaluation's metrics, named `test/...` only for a test split
                   (`val_best/...` for the validation split the best checkpoint was chosen on)
@@ -30,9 +31,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
@@ -41,12 +43,18 @@ from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.checks import ConfigError
-from nailseg.training.console import print_config_tree, route_library_logs, run_log
+from nailseg.training.console import (
+    print_config_tree,
+    quiet_libraries,
+    route_library_logs,
+    run_log,
+)
 from nailseg.training.failure import clear_failure, write_failure
 from nailseg.training.jobs import isolated_job
 
 log = logging.getLogger(__name__)
 MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
+SUMMARISED = ("dice", "iou", "loss")  # the final evaluation's metrics in the run's summary
 
 
 def _choices() -> dict[str, str]:
@@ -92,7 +100,14 @@ def _best(built: Built) -> dict[str, Any]:
         "mode": cfg.optimized_mode,
         "value": value,
         "checkpoint": path,
+        "epoch": _epoch(path) if path else None,
     }
+
+
+def _epoch(checkpoint: str) -> int:
+    """The epoch a checkpoint was saved in, read from the checkpoint itself (mapped, not read
+    whole): its file name is the user's to choose."""
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"])
 
 
 def _measured_before(run_dir: Path, global_step: int) -> dict[str, Any]:
@@ -119,17 +134,55 @@ def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> No
             )
 
 
+def _logger_lines(loggers: list[Logger]) -> list[str]:
+    """Where each logger's record of the run is, and how to view it."""
+    lines = []
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            wandb_run = logger.experiment
+            if wandb_run.offline:
+                lines.append(f"W&B (offline): wandb sync {wandb_run.settings.sync_dir}")
+            else:
+                lines.append(f"W&B: {wandb_run.url}")
+        elif isinstance(logger, CSVLogger):
+            lines.append(f"CSV log: {logger.experiment.metrics_file_path}")
+        elif isinstance(logger, TensorBoardLogger):
+            lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}")
+    return lines
+
+
+def _summary(report: dict[str, Any], run_dir: Path, loggers: list[Logger]) -> str:
+    """The run's last lines: where it went, what it reached, and where to look next."""
+    lines = [f"run folder: {run_dir}"]
+    best = report.get("best")
+    if best is not None and best["value"] is not None:
+        epoch = f" (epoch {best['epoch']})" if best.get("epoch") is not None else ""
+        lines.append(f"best {best['metric']}: {best['value']:.4g}{epoch}")
+    if best is not None and best["checkpoint"]:
+        lines.append(f"best checkpoint: {best['checkpoint']}")
+    if "final" in report:
+        final = report["final"]
+        scores = {k: v for k, v in final["metrics"].items() if k.split("/")[-1] in SUMMARISED}
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
+        lines.append(f"final evaluation ({report['evaluated_on']}): {shown}")
+        if best is None and final["checkpoint"]:
+            lines.append(f"evaluated checkpoint: {final['checkpoint']}")
+    lines.append(f"metrics: {run_dir / 'metrics.json'}")
+    return "\n  ".join(["run summary", *lines, *_logger_lines(loggers)])
+
+
 def run(cfg: DictConfig) -> float | None:
     """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
     (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
     start_job_clock()
+    quiet_libraries()
     route_library_logs()
     built = build(cfg)
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if trainer.is_global_zero:
-        print_config_tree(cfg)
+        print_config_tree(cfg, save_to=run_dir, choices=_choices())
     with run_log(run_dir, _job_log()):
         if built.resume is not None:
             log.info("checkpoint %s; writing to %s", built.resume.checkpoint, run_dir)
@@ -175,9 +228,12 @@ def run(cfg: DictConfig) -> float | None:
             clear_failure(run_dir)  # an earlier attempt's, now resumed
             if "final" in report:
                 _log_group_table(built, report["final"]["metrics"], module.test_prefix)
+            summary = _summary(report, run_dir, built.loggers)
         for logger in built.loggers:
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()
+        if trainer.is_global_zero:
+            log.info(summary)
     return report["best"]["value"] if cfg.train else None
 
 
