@@ -67,7 +67,7 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
     """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
     plain config values) with `cfg`'s non-null overrides applied."""
     ckpt = Path(cfg.ckpt)
-    card = card_of(read_checkpoint(ckpt))
+    card = card_of(read_checkpoint(ckpt), ckpt)
     if card is None:
         run_dir = run_dir_of(ckpt)
         card = legacy_card(run_dir) if run_dir is not None else {}

@@ -11,28 +11,47 @@ Nothing read off disk is ever instantiated: a `_target_` in a checkpoint or in a
 arbitrary code). The net is built by `plain_model` + `build_net` from an allow-list instead: an
 smp architecture, an encoder name and keyword arguments that are plain values. Checkpoints written
 before cards existed are still read, through the same allow-list, from their run folder's config.
+
+A checkpoint is data from anywhere: `validate_card` checks every key of its card before any is used
+(resume, evaluation, predict, export), so no value can make nailseg read another file or reach the
+network: encoder names only from the installed smp and timm registries, options only the
+architecture's own plain arguments, none that loads weights.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import math
 import pickle
-from collections.abc import Mapping, Sequence
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import segmentation_models_pytorch as smp
+import timm
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from nailseg.data.augment import rgb_triple
 from nailseg.model.net import build_net, state_dict_mismatch
+from nailseg.prep.format import SPLITS, split_file
 
 CARD_KEY = "nailseg"
 CARD_FORMAT = 1
 NET_PREFIX = "net."  # SegModule keeps the network under `self.net`
 RUN_CONFIG = Path(".hydra") / "config.yaml"
 _PLAIN = (str, int, float, bool, type(None))
+TIMM_PREFIX = "tu-"  # smp's timm universal encoders: tu-<a name timm lists>
+# arguments of an architecture a card may not set: build_net sets them, or they load weights
+_NOT_OPTIONS = frozenset({"encoder_name", "encoder_weights", "in_channels", "classes", "kwargs"})
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+_WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B names a folder after it
+_SHOWN_CHARS = 80  # of a refused value, in its one-line message
 
 
 class CheckpointError(ValueError):
@@ -50,20 +69,44 @@ def nailseg_version() -> str:
         return "unknown"
 
 
-def make_card(cfg: DictConfig, group_names: Sequence[str]) -> dict[str, Any]:
-    """The card for checkpoints of a training run composed as `cfg` (plain data only)."""
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def make_card(
+    cfg: DictConfig, group_names: Sequence[str], run_id: str | None = None
+) -> dict[str, Any]:
+    """The card for checkpoints of a training run composed as `cfg` (plain data only); `run_id`
+    names the run folder the checkpoints belong to (None: a new run). A model a card could not
+    hold (a `tu-` encoder given timm's own arguments, say) is refused now, not when the
+    checkpoint is used."""
+    model = plain_model(cfg.model, "model")
+    _check_model(model, "this run's checkpoint card")
     return {
         "format": CARD_FORMAT,
         "nailseg_version": nailseg_version(),
-        "model": plain_model(cfg.model, "model"),
+        "run_id": run_id or new_run_id(),
+        "model": model,
         "image_size": [int(v) for v in cfg.dataset.image_size],
         "mean": [float(v) for v in cfg.normalize.mean],
         "std": [float(v) for v in cfg.normalize.std],
         "threshold": float(cfg.module.threshold),
         "group_names": [str(g) for g in group_names],
         "data_root": str(Path(cfg.dataset.root).absolute()),
+        "data": data_identity(cfg.dataset.root),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+
+
+def data_identity(root: str | Path) -> dict[str, Any]:
+    """Which prepared data a fit trains on: the root, resolved, and each split file's SHA-256
+    (None for a split it lacks), compared on resume like the model is."""
+    root = Path(root).expanduser().resolve()
+    splits = {}
+    for split in SPLITS:
+        path = root / split_file(split)
+        splits[split] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return {"root": str(root), "splits": splits}
 
 
 def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
@@ -74,15 +117,205 @@ def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
     try:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"{ckpt} cannot be loaded as a checkpoint: {err}") from err
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise CheckpointError(f"{ckpt} cannot be loaded as a checkpoint: {first}") from err
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (it has no state_dict)")
     return checkpoint
 
 
-def card_of(checkpoint: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def card_of(checkpoint: Mapping[str, Any], ckpt: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's card, every key validated (`validate_card`); None for a checkpoint older
+    than cards."""
     card = checkpoint.get(CARD_KEY)
-    return card if isinstance(card, Mapping) else None
+    return None if card is None else validate_card(card, str(ckpt))
+
+
+class _CardError(CheckpointError):
+    def __init__(self, where: str, key: str, value: Any, problem: str) -> None:
+        shown = repr(value)
+        if len(shown) > _SHOWN_CHARS:
+            shown = shown[:_SHOWN_CHARS] + "…"
+        super().__init__(f"{where}: card key {key}={shown}: {problem}")
+
+
+def validate_card(card: Any, where: str) -> dict[str, Any]:
+    """`card` (a checkpoint's, or one made from a run folder's config) with every key checked
+    before any is used; the first value that is wrong fails as one line, `WHERE: card key K=V:
+    what is wrong`. Keys may be missing (older cards): the caller's default applies."""
+    if not isinstance(card, Mapping):
+        raise _CardError(where, CARD_KEY, card, "the card is not a mapping")
+    unknown = sorted(str(key) for key in card if key not in _CARD_CHECKS)
+    if unknown:
+        raise _CardError(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
+    for key, check in _CARD_CHECKS.items():
+        if card.get(key) is not None:
+            problem = check(card[key])
+            if problem:
+                raise _CardError(where, key, card[key], problem)
+    if card.get("model") is not None:
+        _check_model(card["model"], where)
+        if card.get("image_size") is not None:
+            _check_stride(card["model"], card["image_size"], where)
+    return dict(card)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _triple_problem(value: Any, positive: bool) -> str | None:
+    if not isinstance(value, list | tuple) or not all(_number(v) for v in value):
+        return "must be a list of 3 numbers"
+    try:
+        rgb_triple(value, "", positive)
+    except ValueError as err:
+        return str(err).split(": ", 1)[1]
+    return None
+
+
+def _text_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+
+
+def _data_problem(value: Any) -> str | None:
+    splits = value.get("splits") if isinstance(value, Mapping) else None
+    if (
+        set(value if isinstance(value, Mapping) else ()) != {"root", "splits"}
+        or not isinstance(value["root"], str)
+        or not isinstance(splits, Mapping)
+        or not set(splits) <= set(SPLITS)
+        or not all(v is None or (isinstance(v, str) and len(v) == 64) for v in splits.values())
+    ):
+        return "must be {root: a path, splits: {split: its SHA-256 or null}}"
+    return None
+
+
+def _config_problem(value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return "must be a mapping (the run's resolved config)"
+    try:  # compared with the config, never instantiated: its `_target_`s are text here
+        _check_plain(value, "config", allow_private=True)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def _rule(holds: Callable[[Any], bool], problem: str) -> Callable[[Any], str | None]:
+    return lambda value: None if holds(value) else problem
+
+
+# each key a card may hold, and what is wrong with a value (None: nothing)
+_CARD_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "format": _rule(
+        lambda v: _count(v) and v <= CARD_FORMAT,
+        f"must be a card format this nailseg reads (1 to {CARD_FORMAT})",
+    ),
+    "nailseg_version": _rule(lambda v: isinstance(v, str), "must be text"),
+    "run_id": _rule(lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v), "must be 32 hex digits"),
+    "wandb_run_id": _rule(
+        lambda v: isinstance(v, str) and _WANDB_RUN_ID.fullmatch(v),
+        "must be a W&B run id (letters, digits, _ and -)",
+    ),
+    "model": _rule(
+        lambda v: isinstance(v, Mapping), "must be a mapping of arch, encoder_name and options"
+    ),
+    "image_size": _rule(
+        lambda v: isinstance(v, list | tuple) and len(v) == 2 and all(_count(x) for x in v),
+        "must be [height, width], both positive integers",
+    ),
+    "mean": lambda v: _triple_problem(v, positive=False),
+    "std": lambda v: _triple_problem(v, positive=True),
+    "threshold": _rule(lambda v: _number(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+    "group_names": _rule(_text_list, "must be a list of names"),
+    "data_root": _rule(lambda v: isinstance(v, str) and bool(v), "must be a path"),
+    "data": _data_problem,
+    "config": _config_problem,
+}
+
+
+def _check_model(model: Mapping[str, Any], where: str) -> None:
+    """A card's model: an smp architecture, an encoder of the installed smp or timm registries
+    (a `tu-` name exactly as timm lists it: no hub prefix, path or URL) and only the
+    architecture's own arguments as plain values, none that loads weights."""
+    unknown = sorted(set(model) - {"arch", "encoder_name", "options"})
+    if unknown:
+        raise _CardError(where, f"model.{unknown[0]}", model[unknown[0]], "not a model key")
+    arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
+    if not isinstance(arch, str) or arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
+        raise _CardError(
+            where,
+            "model.arch",
+            arch,
+            f"not one of smp's architectures ({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})",
+        )
+    if not isinstance(encoder, str) or not _installed_encoder(encoder):
+        raise _CardError(
+            where,
+            "model.encoder_name",
+            encoder,
+            f"refused: not an encoder smp lists, nor {TIMM_PREFIX}<a model timm lists>",
+        )
+    options = {} if options is None else options
+    if not isinstance(options, Mapping):
+        raise _CardError(where, "model.options", options, "must be a mapping")
+    taken = set(inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters)
+    for key, value in options.items():
+        if not isinstance(key, str) or key not in taken - _NOT_OPTIONS:
+            raise _CardError(
+                where,
+                f"model.options.{key}",
+                value,
+                f"refused: not an argument {arch} takes from a card",
+            )
+        items = value if isinstance(value, list | tuple) else [value]
+        if not all(isinstance(item, _PLAIN) for item in items):
+            raise _CardError(
+                where,
+                f"model.options.{key}",
+                value,
+                "refused: only plain values (numbers, text, booleans, null, lists of them)",
+            )
+
+
+def _installed_encoder(name: str) -> bool:
+    if name.startswith(TIMM_PREFIX):
+        return name.removeprefix(TIMM_PREFIX) in timm.list_models()
+    return name in smp.encoders.get_encoder_names()
+
+
+def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
+    """An architecture that needs sides divisible by its encoder's stride gets them: the net is
+    built (no weights) to ask it, as training's check does."""
+    arch = smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()]
+    if not arch.requires_divisible_input_shape:
+        return
+    net = _built(model, where)
+    stride = net.encoder.output_stride
+    if net.requires_divisible_input_shape and any(side % stride for side in image_size):
+        raise _CardError(
+            where,
+            "image_size",
+            list(image_size),
+            f"{model['arch']}/{model['encoder_name']} needs sides that are multiples of {stride}",
+        )
+
+
+def _built(model: Mapping[str, Any], where: str) -> nn.Module:
+    """The net a validated card's model describes, without weights; a value the architecture
+    itself refuses fails naming the card."""
+    try:
+        return build_net(
+            model["arch"], model["encoder_name"], None, dict(model.get("options") or {})
+        )
+    except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
+        raise _CardError(
+            where, "model", dict(model), f"{type(err).__name__}: {err}".replace("\n", " ")
+        ) from err
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
@@ -109,7 +342,8 @@ def legacy_card(run_dir: Path) -> dict[str, Any]:
         "data_root": (raw.get("dataset") or {}).get("root"),
     }
     # a key the old config lacks (or sets to null) is left out: the caller's default applies
-    return {key: value for key, value in card.items() if value is not None and _is_plain(value)}
+    card = {key: value for key, value in card.items() if value is not None and _is_plain(value)}
+    return validate_card(card, where)
 
 
 def plain_model(model: Any, where: str) -> dict[str, Any]:
@@ -135,18 +369,20 @@ def plain_model(model: Any, where: str) -> dict[str, Any]:
     return {"arch": arch, "encoder_name": encoder, "options": dict(options)}
 
 
-def _check_plain(value: Any, where: str) -> None:
+def _check_plain(value: Any, where: str, allow_private: bool = False) -> None:
+    """Only mappings, lists and plain values; `allow_private`: `_`-keys too (data that is
+    compared, never instantiated)."""
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, str) or key.startswith("_"):
+            if not isinstance(key, str) or (key.startswith("_") and not allow_private):
                 raise CheckpointError(
                     f"{where}: key {key!r} is refused (only plain keyword arguments are allowed; "
                     "nothing read from a file is instantiated)"
                 )
-            _check_plain(item, f"{where}.{key}")
+            _check_plain(item, f"{where}.{key}", allow_private)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
+            _check_plain(item, f"{where}[{i}]", allow_private)
     elif not isinstance(value, _PLAIN):
         raise CheckpointError(f"{where}: {value!r} is not a plain value")
 

@@ -16,12 +16,19 @@ snapshot is taken here, before returning: each CUDA tensor is cloned on the devi
 (later steps cannot change the clone), and the clones are copied into pinned host memory on a
 separate stream, which the GPU's copy engines run beside the training kernels; the thread waits
 for that copy, then writes host tensors only.
+
+A run folder may be moved or copied: its checkpoints' ModelCheckpoint states still name the folder
+they were written in, absolute. Lightning then restores no best score (another `dirpath`) but the
+stale best checkpoint path, which the final evaluation would read from the old place. So a
+checkpoint read here has those paths mapped into the folder it was read from (`relocate`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +49,40 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         write_atomic(path, lambda f: torch.save(checkpoint, f))
+
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        relocate(checkpoint, Path(path))
+        return checkpoint
+
+
+# the checkpoint files a ModelCheckpoint's state names, besides its `best_k_models`
+_PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def relocate(checkpoint: dict[str, Any], path: Path) -> None:
+    """Map each ModelCheckpoint state of `checkpoint` (read from `path`) whose `dirpath` is another
+    folder into `path`'s folder, when every file it names there is there: the run folder was
+    moved or copied, and the resumed fit keeps its best score and best checkpoint. Lightning's
+    own `dirpath` is the folder's real path, so the mapped one is too."""
+    here = os.path.realpath(path.parent)
+    for state in (checkpoint.get("callbacks") or {}).values():
+        before = state.get("dirpath") if isinstance(state, dict) else None
+        if not isinstance(before, str) or before == here:
+            continue
+
+        def moved(file: str, before: str = before) -> str:
+            inside = os.path.dirname(file) == before
+            return os.path.join(here, os.path.basename(file)) if inside else file
+
+        best_k = state.get("best_k_models") or {}
+        named = [state.get(key) for key in _PATH_KEYS] + list(best_k)
+        mapped = {file: moved(file) for file in named if isinstance(file, str) and file}
+        if not all(os.path.isfile(new) for old, new in mapped.items() if new != old):
+            continue
+        state["dirpath"] = here
+        state.update({key: mapped[state[key]] for key in _PATH_KEYS if state.get(key)})
+        state["best_k_models"] = {mapped.get(file, file): v for file, v in best_k.items()}
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):

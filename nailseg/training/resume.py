@@ -1,15 +1,21 @@
 """Which checkpoint `ckpt_path` means, and which run folder a resumed fit continues in.
 
 * `ckpt_path=last` in a run folder that holds a `last.ckpt` (a rerun with a fixed
-  `hydra.run.dir`): that one. Otherwise, in a single run, the newest *valid* `last.ckpt` among
-  the runs beside this one (a checkpoint that cannot be read, say truncated by a crash, is
-  skipped, and said so). In a sweep (`-m`): this job's own `last.ckpt` only, never a sibling
-  job's (rerun the sweep with the same `hydra.sweep.dir`); a job without one starts afresh.
-* A fit resumes in the run folder its checkpoint lives in (`<run>/checkpoints/x.ckpt`): the
-  checkpoint callback then finds its own folder and keeps the best score and best checkpoint from
-  before the resume, and the loggers continue their files. Only a checkpoint kept elsewhere
-  resumes into the new run folder.
-* The checkpoint must describe the model and input size the config composes: resuming another
+  `hydra.run.dir`): that one. Otherwise, in a single run, the newest `last.ckpt` among the runs
+  beside this one that can be resumed: one that cannot be read (say truncated by a crash), whose
+  card is refused, or that another config trained is skipped, and said so; when none can, each is
+  named with why. In a sweep (`-m`): this job's own `last.ckpt` only, never a sibling job's
+  (rerun the sweep with the same `hydra.sweep.dir`); a job without one starts afresh.
+* A fit resumes in the run folder its checkpoint lives in (`<run>/checkpoints/x.ckpt`) when that
+  folder is the checkpoint's own run, by identity: the folder's marker (`RUN_MARKER`, written by
+  the run that holds it) names the run id the checkpoint's card carries. The checkpoint callback
+  then finds its own folder and keeps the best score and best checkpoint from before the resume
+  (also after the folder was moved or copied: checkpoint_io.py), and the loggers continue their
+  files. Any other checkpoint is only read: the fit writes into the new run folder.
+* One training writes a run folder at a time: rank 0 holds its lock (`hold_run_folder`) for the
+  whole run, and a second train.py into it fails at once, naming it.
+* The checkpoint must describe the model and input size the config composes, and a fit must
+  resume on the data it trained on (`dataset.root` and its split files): resuming another
   architecture would fail deep inside Lightning, or silently mix two experiments.
 * A resumed fit restores the checkpoint's LR schedule, whose length is the checkpoint's fit: a fit
   of another length (a larger `trainer.max_epochs`, ...) would run it past its end (cosine climbs
@@ -21,82 +27,102 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg.io.atomic import write_text
+from nailseg.io.lock import locked
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
+    data_identity,
     plain_model,
     read_checkpoint,
 )
 from nailseg.model.schedules import schedule_length
+from nailseg.training.checks import ConfigError
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
+RUN_MARKER = "run.json"  # {"run_id": ...}: the run a folder holds, named by its checkpoints
+RUN_LOCK = ".train.lock"  # held by the one train.py writing the folder
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Resume:
     checkpoint: Path
-    run_dir: Path  # where the resumed fit writes: the checkpoint's own run folder
-    card: Mapping[str, Any]  # empty for a checkpoint older than cards
+    run_dir: Path  # where the resumed fit writes: the checkpoint's own run folder, else the new one
+    card: Mapping[str, Any]  # validated; empty for a checkpoint older than cards
     schedule_steps: int | None = None  # the length of its LR schedule; None without one
     global_step: int = 0  # optimizer steps done: what the loggers keep of the earlier sessions
+    run_id: str | None = None  # the run continued in its own folder; None: a new run
 
 
-def _valid(path: Path) -> Mapping[str, Any] | None:
-    try:
-        return read_checkpoint(path)
-    except CheckpointError as err:
-        log.warning("skipping %s: %s", path, err)
-        return None
-
-
-def _newest_valid(candidates: list[Path]) -> tuple[Path, Mapping[str, Any]] | None:
-    for path in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
-        checkpoint = _valid(path)
-        if checkpoint is not None:
-            return path, checkpoint
-    return None
-
-
-def resolve(ckpt_path: str | None, run_dir: Path, sweep_job: bool) -> Resume | None:
-    """The checkpoint `ckpt_path` names (see the module docstring), or None to start afresh."""
+def resolve(
+    ckpt_path: str | None, run_dir: Path, sweep_job: bool, cfg: DictConfig | None = None
+) -> Resume | None:
+    """The checkpoint `ckpt_path` names (see the module docstring), or None to start afresh; with
+    `cfg`, one that can resume (or evaluate) the fit `cfg` composes (`check_resumable`)."""
     if ckpt_path is None:
         return None
-    if ckpt_path == LAST:
-        candidates = _last_candidates(run_dir, sweep_job)
-        found = _newest_valid(candidates)
-        if found is None and sweep_job:
-            log.info("ckpt_path=last: no checkpoint of this job in %s; starting afresh", run_dir)
-            return None
-        if found is None:
-            unreadable = f" ({len(candidates)} found, none readable)" if candidates else ""
-            if len(candidates) == 1:  # this run's own, or the only one beside it
-                unreadable = f" ({candidates[0]} is not readable)"
-            raise CheckpointError(
-                f"ckpt_path=last: no valid */checkpoints/last.ckpt under {run_dir.parent}"
-                + unreadable
-            )
-        path, checkpoint = found
-    else:
-        path = Path(ckpt_path)
-        checkpoint = read_checkpoint(path)
-    log.info("resuming from %s", path)
-    return Resume(
-        path,
-        _run_folder(path) or run_dir,
-        card_of(checkpoint) or {},
-        _schedule_steps(checkpoint),
-        int(checkpoint.get("global_step", 0)),
+    if ckpt_path != LAST:
+        found = _resume(Path(ckpt_path), run_dir, cfg)
+        log.info("resuming from %s", found.checkpoint)
+        return found
+    candidates = _last_candidates(run_dir, sweep_job)
+    if not candidates and sweep_job:
+        log.info("ckpt_path=last: no checkpoint of this job in %s; starting afresh", run_dir)
+        return None
+    rejected = []
+    for path in candidates:
+        try:
+            found = _resume(path, run_dir, cfg)
+        except CheckpointError as err:
+            log.warning("ckpt_path=last: skipping %s: %s", path, err)
+            rejected.append(str(err))
+            continue
+        log.info("resuming from %s", path)
+        return found
+    raise CheckpointError(
+        f"ckpt_path=last: no run under {run_dir.parent} can be resumed"
+        + (f": {'; '.join(rejected)}" if rejected else f" (no */{CHECKPOINTS}/last.ckpt)")
     )
+
+
+def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
+    checkpoint = read_checkpoint(path)
+    card = card_of(checkpoint, path) or {}
+    step = checkpoint.get("global_step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{path}: global_step={step!r} is not a step count")
+    own = _run_folder(path, card.get("run_id"))
+    found = Resume(
+        path,
+        own or run_dir,
+        card,
+        _schedule_steps(checkpoint),
+        step,
+        card.get("run_id") if own else None,
+    )
+    if cfg is not None:
+        check_resumable(found, cfg)
+    return found
+
+
+def check_resumable(resume: Resume, cfg: DictConfig) -> None:
+    """The checkpoint fits `cfg`: its model and input size; to resume a fit (`train=true`) also
+    its data and its optimizer and schedule settings."""
+    check_matches(resume, cfg)
+    if cfg.train:
+        check_restored(resume, cfg)
 
 
 def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
@@ -106,23 +132,62 @@ def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
     own = run_dir / CHECKPOINTS / "last.ckpt"
     if own.is_file() or sweep_job:
         return [own] if own.is_file() else []
-    return list(run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt"))
+    found = [(p.stat().st_mtime_ns, p) for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt")]
+    return [path for _, path in sorted(found, reverse=True)]  # the newest first
 
 
 def _schedule_steps(checkpoint: Mapping[str, Any]) -> int | None:
     """The length (`T_max`, `total_steps`) of the checkpoint's LR schedule, from its state."""
-    states = checkpoint.get("lr_schedulers") or []
-    return schedule_length(states[0]) if states else None
+    states = checkpoint.get("lr_schedulers")
+    if not isinstance(states, list) or not states or not isinstance(states[0], Mapping):
+        return None
+    return schedule_length(states[0])
 
 
-def _run_folder(checkpoint: Path) -> Path | None:
-    """`<run>` for a checkpoint the checkpoint callback wrote (`<run>/checkpoints/<name>.ckpt`)."""
+def _run_folder(checkpoint: Path, run_id: str | None) -> Path | None:
+    """`<run>` for a checkpoint of the run that folder holds (`<run>/checkpoints/<name>.ckpt`,
+    its card's `run_id` the one `<run>`'s marker names); None for any other."""
     folder = checkpoint.absolute().parent
-    return folder.parent if folder.name == CHECKPOINTS else None
+    if folder.name != CHECKPOINTS or run_id is None:
+        return None
+    return folder.parent if read_run_id(folder.parent) == run_id else None
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    """The run id `run_dir`'s marker names; None without a marker nailseg wrote."""
+    try:
+        marker = json.loads((run_dir / RUN_MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(marker, dict) or set(marker) != {"run_id"}:
+        return None
+    return marker["run_id"] if isinstance(marker["run_id"], str) else None
+
+
+@contextmanager
+def hold_run_folder(
+    run_dir: Path, run_id: str, resumed: Resume | None, hold: bool = True
+) -> Iterator[None]:
+    """Hold `run_dir` for this run: its lock, so a second train.py into it fails at once, and its
+    marker, naming `run_id` (the id this run's checkpoints carry). `hold=False` (the job's other
+    DDP ranks, which write into rank 0's folder): nothing."""
+    if not hold:
+        yield
+        return
+    key = "ckpt_path" if resumed is not None and resumed.run_id is not None else "hydra.run.dir"
+    with locked(run_dir, RUN_LOCK, "train.py", key, ConfigError):
+        marker = run_dir / RUN_MARKER
+        if marker.exists() and read_run_id(run_dir) is None:
+            raise ConfigError(f"{marker} is not a run marker nailseg wrote: choose another {key}")
+        if read_run_id(run_dir) != run_id:
+            write_text(marker, json.dumps({"run_id": run_id}))
+        yield
 
 
 def check_matches(resume: Resume, cfg: DictConfig) -> None:
-    """The checkpoint was trained with the model and input size `cfg` describes."""
+    """The checkpoint was trained with the model and input size `cfg` describes, and, to resume
+    its fit (`train=true`), on its data: the same resolved `dataset.root` and split files (an
+    evaluation may score it on any data)."""
     card = resume.card
     if not card:
         return
@@ -131,6 +196,9 @@ def check_matches(resume: Resume, cfg: DictConfig) -> None:
         "dataset.image_size": [int(v) for v in cfg.dataset.image_size],
     }
     theirs = {"model": card.get("model"), "dataset.image_size": card.get("image_size")}
+    if cfg.train and card.get("data") is not None:
+        ours["dataset"] = _shown_data(data_identity(cfg.dataset.root))
+        theirs["dataset"] = _shown_data(card["data"])
     differ = [key for key in ours if theirs[key] is not None and theirs[key] != ours[key]]
     if differ:
         detail = "; ".join(f"{k}: checkpoint {theirs[k]}, config {ours[k]}" for k in differ)
@@ -138,6 +206,14 @@ def check_matches(resume: Resume, cfg: DictConfig) -> None:
             f"{resume.checkpoint} was trained with another {' and '.join(differ)} ({detail}); "
             "pass the checkpoint's values"
         )
+
+
+def _shown_data(identity: Mapping[str, Any]) -> str:
+    """`root (split files: train abc123…, valid …)`: what a data mismatch names."""
+    splits = ", ".join(
+        f"{split} {digest[:12]}" for split, digest in identity["splits"].items() if digest
+    )
+    return f"{identity['root']} (split files: {splits or 'none'})"
 
 
 # what Lightning restores on a resume, whatever the config says: the optimizer's param groups

@@ -1,0 +1,213 @@
+"""A checkpoint is data: every key of its card is checked before it is used (`validate_card`), and
+a bad one fails as one line naming the checkpoint and the key, before smp or timm sees it. The
+commands run as users run them, on checkpoints built by hand (`torch.save` of a bad card), with a
+watch on every file the process opens: nothing but the checkpoint may be read.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from support.inference import compose_cli
+from support.train import compose_train, small_overrides
+
+from nailseg.inference.spec import resolve_spec
+from nailseg.model.checkpoint import CARD_KEY, CheckpointError, make_card, validate_card
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+CARD: dict[str, Any] = {
+    "format": 1,
+    "nailseg_version": "0.1.0",
+    "run_id": "0123456789abcdef0123456789abcdef",
+    "model": {
+        "arch": "Unet",
+        "encoder_name": "resnet18",
+        "options": {"encoder_depth": 3, "decoder_channels": [16, 8, 4]},
+    },
+    "image_size": [32, 32],
+    "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225],
+    "threshold": 0.5,
+    "group_names": ["a", "b"],
+    "data_root": "/data/prepared",
+    "data": {"root": "/data/prepared", "splits": {"train": "a" * 64, "valid": None}},
+    "config": {"optimizer": {"_target_": "torch.optim.AdamW", "lr": 0.001}},
+    "wandb_run_id": "3x4mpl3",
+}
+
+# `python -m <module> ...` with every file it opens below $WATCH recorded, printed as it exits
+WATCHED = """
+import atexit, json, os, runpy, sys
+watch, opened = os.environ["WATCH"], set()
+def hook(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(args[0]))
+        if path.startswith(watch):
+            opened.add(path)
+sys.addaudithook(hook)
+atexit.register(lambda: print("OPENED " + json.dumps(sorted(opened))))
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    """CARD with `changes`; `model_<key>` changes a key of its model."""
+    card = copy.deepcopy(CARD)
+    for key, value in changes.items():
+        if key.startswith("model_"):
+            card["model"][key.removeprefix("model_")] = value
+        else:
+            card[key] = value
+    return card
+
+
+def _checkpoint(path: Path, card: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, CARD_KEY: card}, path)
+    return path
+
+
+def _command(module: str, *args: str, watch: Path) -> tuple[int, str, list[str]]:
+    """(exit status, stderr, the files below `watch` it opened) of `python -m module args`."""
+    env = {**os.environ, "WATCH": str(watch), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", WATCHED, module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    opened = re.search(r"^OPENED (.*)$", proc.stdout, re.MULTILINE)
+    assert opened, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.returncode, proc.stderr, json.loads(opened.group(1))
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "problem"),
+    [
+        ({"threshold": 1.5}, "threshold", r"a number in \[0, 1\]"),
+        ({"threshold": float("nan")}, "threshold", r"a number in \[0, 1\]"),
+        ({"image_size": [0, 32]}, "image_size", "positive integers"),
+        ({"image_size": [32]}, "image_size", r"\[height, width\]"),
+        ({"mean": [0.5, 0.5]}, "mean", "needs 3 values"),
+        ({"std": [0.2, 0.0, 0.2]}, "std", "above 0"),
+        ({"std": ["0.2", 0.2, 0.2]}, "std", "3 numbers"),
+        ({"format": 99}, "format", "card format"),
+        ({"run_id": "../elsewhere"}, "run_id", "hex digits"),
+        ({"wandb_run_id": "../../outside"}, "wandb_run_id", "W&B run id"),
+        ({"group_names": "ab"}, "group_names", "list of names"),
+        ({"data": {"root": "/x"}}, "data", "splits"),
+        ({"config": ["not", "a", "mapping"]}, "config", "mapping"),
+        ({"config": {"trainer": {"x": object.__name__, 3: 1}}}, "config", "refused"),
+        ({"surprise": 1}, "surprise", "not a key nailseg writes"),
+        ({"model_arch": "builtins.exec"}, "model.arch", "not one of smp's architectures"),
+        (
+            {"model_encoder_name": "tu-hf-hub:timm/resnet18.a1_in1k"},
+            "model.encoder_name",
+            "refused",
+        ),
+        ({"model_encoder_name": "hf_hub:timm/resnet18"}, "model.encoder_name", "refused"),
+        ({"model_encoder_name": "tu-/tmp/net.pth"}, "model.encoder_name", "refused"),
+        ({"model_encoder_name": "tu-https://example.com/x"}, "model.encoder_name", "refused"),
+        ({"model_encoder_name": "tu-resnet18.a1_in1k"}, "model.encoder_name", "refused"),
+        (
+            {"model_options": {"encoder_weights": "/tmp/w.pth"}},
+            "model.options.encoder_weights",
+            "refused",
+        ),
+        ({"model_options": {"in_channels": 4}}, "model.options.in_channels", "refused"),
+        (
+            {"model_options": {"aux_params": {"classes": 2}}},
+            "model.options.aux_params",
+            "plain values",
+        ),
+        ({"model_options": {"encoder_dept": 3}}, "model.options.encoder_dept", "refused"),
+        ({"model_options": {"_target_": "os.system"}}, "model.options._target_", "refused"),
+        ({"model_path": "/tmp/x"}, "model.path", "not a model key"),
+        (
+            {
+                "model_arch": "Segformer",
+                "model_encoder_name": "mit_b0",
+                "model_options": {},
+                "image_size": [48, 64],
+            },
+            "image_size",
+            "multiples of 32",
+        ),
+    ],
+)
+def test_a_bad_card_value_is_refused_naming_checkpoint_and_key(changes, key, problem, tmp_path):
+    ckpt = _checkpoint(tmp_path / "bad.ckpt", _with(**changes))
+    value = re.escape(f"{ckpt}: card key {key}=")
+    for app, extra in (("predict", ["input=x.jpg", f"output={tmp_path}/o"]), ("export", [])):
+        with pytest.raises(CheckpointError, match=rf"^{value}.*: .*{problem}") as excinfo:
+            resolve_spec(compose_cli(app, [f"ckpt={ckpt}", *extra]))
+        assert "\n" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("model", ["unet", "segformer"])
+def test_the_cards_training_writes_are_valid(model, prepared, tmp_path):
+    base = [o for o in small_overrides(prepared) if not o.lstrip("+").startswith("model")]
+    cfg = compose_train([*base, f"model={model}"], tmp_path / "run")
+    card = make_card(cfg, ["a", "b"])
+    assert validate_card(card, "ckpt") == card
+    tu = compose_train([*base, "model.encoder_name=tu-mobilenetv3_small_050"], tmp_path / "tu")
+    assert validate_card(make_card(tu, ["a"]), "ckpt")["model"]["encoder_name"].startswith("tu-")
+
+
+def test_a_training_that_would_write_an_unusable_card_is_refused(prepared, tmp_path):
+    # timm's own arguments to a `tu-` encoder: a checkpoint may not carry them (one loads files)
+    base = [o for o in small_overrides(prepared) if not o.lstrip("+").startswith("model")]
+    tu = [*base, "model.encoder_name=tu-resnet18", "+model.options.drop_path_rate=0.1"]
+    with pytest.raises(
+        CheckpointError, match=r"card key model.options.drop_path_rate=0.1: refused"
+    ):
+        make_card(compose_train(tu, tmp_path / "run"), ["a"])
+
+
+@pytest.fixture
+def photo(tmp_path: Path) -> Path:
+    path = tmp_path / "photos" / "one.png"
+    path.parent.mkdir()
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(path)
+    return path
+
+
+@pytest.mark.slow
+def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo, tmp_path):
+    """A `tu-` encoder's keyword `checkpoint_path` makes timm load that file, and a hub name makes
+    it download: both refused with one line, and the process opens nothing but the checkpoint."""
+    watch = tmp_path / "watched"
+    bait = watch / "bait.pth"
+    bait.parent.mkdir()
+    torch.save({"conv1.weight": torch.zeros(1)}, bait)
+    reads_a_file = _with(model_encoder_name="tu-resnet18", model_options={"checkpoint_path": str(bait)})  # fmt: skip
+    downloads = _with(model_encoder_name="tu-hf-hub:timm/resnet18.a1_in1k")
+    for module, card, key in (
+        ("nailseg.export", reads_a_file, "model.options.checkpoint_path"),
+        ("nailseg.predict", downloads, "model.encoder_name"),
+    ):
+        ckpt = _checkpoint(watch / "run.ckpt", card)
+        out = tmp_path / "out"
+        extra = [f"input={photo}", f"output={out}"] if module == "nailseg.predict" else []
+        code, stderr, opened = _command(module, f"ckpt={ckpt}", *extra, watch=watch)
+        assert code != 0 and "Traceback" not in stderr, stderr[-3000:]
+        (line,) = stderr.strip().splitlines()
+        assert f"{ckpt}: card key {key}=" in line and "refused" in line
+        assert opened == [str(ckpt)] and not out.exists()
+        assert sorted(p.name for p in watch.iterdir()) == ["bait.pth", "run.ckpt"]  # nothing new
