@@ -39,22 +39,21 @@ from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
 from nailseg.data.sampling import is_weight, source_shares
 from nailseg.io.overlap import within
-from nailseg.prep.format import CSV_COLUMNS
+from nailseg.prep.splits import read_split_file
 
 log = logging.getLogger(__name__)
 
 
 def read_split(root: Path, split: str) -> pd.DataFrame:
-    """One split's rows; a clear error when the root was never prepared."""
+    """One split's rows; a clear error when the root was never prepared or the file is damaged
+    (SplitFileError)."""
     path = root / f"{split}.csv"
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: prepare the data first (`python prepare.py output_dir={root}` "
             f"or `make prepare`)"
         )
-    from nailseg.prep.format import read_table  # names like `NA` stay text
-
-    return read_table(path, required=CSV_COLUMNS)
+    return read_split_file(path)  # names like `NA` stay text
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from nailseg.prep.layout import (
     DUPLICATE_STEM,
     FLAT_GROUP,
     IMAGE_EXTENSIONS,
+    NOT_REGULAR,
     UNSUPPORTED,
     files_under,
+    special_file,
 )
 
 
@@ -89,7 +91,8 @@ def _by_key(entries: Iterable[tuple[str, Path]]) -> dict[str, list[Path]]:
 def list_inputs(
     inputs: str | Path | Iterable[str | Path],
 ) -> tuple[list[Photo], list[Skipped]]:
-    """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either.
+    """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either;
+    a special file (a FIFO, say) is skipped unopened, as a folder's are.
 
     Raises FileNotFoundError naming an input that does not exist.
     """
@@ -101,6 +104,8 @@ def list_inputs(
             images, unlisted = find_images(item)
             entries += [(_key(path, item), path) for path in images]
             skipped += unlisted
+        elif (special := special_file(item)) is not None:
+            skipped.append(Skipped(item, f"{NOT_REGULAR} ({special})"))
         elif item.is_file():
             entries.append((item.stem, item))
         else:

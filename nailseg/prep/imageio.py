@@ -6,12 +6,19 @@ has one, else the smallest of 10/12/14/16 bits that holds the image's maximum, s
 image in a 16-bit file is not scaled by 16 bits into near black. The PNG spec stores sBIT samples
 scaled up to the file's depth (the value in the top bits), yet some writers store the raw values:
 a maximum above what the significant bits hold tells the spec's form, whose top bits are taken.
-PIL cuts 16-bit colour to 8 bits itself, so such files are decoded by OpenCV.
+PIL cuts 16-bit colour to 8 bits itself, so such files are decoded by OpenCV. A float image (a
+32-bit float TIFF) is scaled from [0, 1], and refused when its values leave that range (PIL's own
+conversion clipped it to 0..255: black).
 
 Masks become one integer channel HxW of their raw label values, whatever their depth (binarised
 later, by `binarise`), so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an
 RGB(A) mask is reduced by the max over its colour channels so that a coloured annotation on black
-(a pure red nail, say) still counts as foreground; alpha is ignored.
+(a pure red nail, say) still counts as foreground; alpha is ignored. A palette (indexed) mask is
+read by index, never by colour: index 0 is background, any other nail, the convention of indexed
+label files (VOC, CVAT), whatever colours the palette shows them in (a dark nail colour was
+below the threshold, a white background above it). Each file is turned upright by its own EXIF
+orientation; `orientation_mismatch` says when that cannot be trusted to align a mask with its
+image.
 """
 
 from __future__ import annotations
@@ -97,6 +104,45 @@ def _upright(im: Image.Image) -> Image.Image:
     return im if method is None else im.transpose(method)
 
 
+def file_orientation(path: Path) -> int:
+    """The file's EXIF orientation (`exif_orientation`); 1 when it cannot be read."""
+    try:
+        with Image.open(path) as im:
+            return exif_orientation(im)
+    except DECODE_ERRORS:
+        return 1
+
+
+def _stored(shape: tuple[int, ...], orientation: int) -> tuple[int, ...]:
+    """The (height, width) a file holds, of an image `shape` once turned upright."""
+    return tuple(shape[1::-1]) if orientation >= 5 else tuple(shape[:2])
+
+
+def orientation_mismatch(
+    image: Path, mask: Path, image_shape: tuple[int, ...], mask_shape: tuple[int, ...]
+) -> str | None:
+    """Why a mask and its image, each turned upright by its own EXIF orientation, may not line
+    up when the two orientations differ; None when they agree, or the mask fits the image as
+    shown only (drawn on the upright photo), or fits neither way (a plain size mismatch)."""
+    ours, theirs = file_orientation(image), file_orientation(mask)
+    if ours == theirs:
+        return None
+    upright = tuple(image_shape[:2]) == tuple(mask_shape[:2])
+    stored = _stored(image_shape, ours) == _stored(mask_shape, theirs)
+    tags = f"EXIF orientation {ours} on the image, {theirs} on the mask"
+    if stored and not upright:
+        return (
+            f"{tags}: the mask fits the image as stored, not as shown upright (drawn ignoring "
+            "the tag?): save the mask with the image's orientation tag, or both upright"
+        )
+    if stored and upright:
+        return (
+            f"{tags}, and the mask fits the image both as stored and as shown upright, so which "
+            "it was drawn on cannot be told: save both upright, or with one orientation tag"
+        )
+    return None
+
+
 def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
     """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; the bits per
     sample in the file and the significant bits it declares."""
@@ -143,12 +189,29 @@ def decode_rgb(path: Path) -> tuple[np.ndarray, int]:
     decoded, depth, significant = _decode(path)
     if isinstance(decoded, np.ndarray):
         deep = decoded
+    elif decoded.mode == "F":
+        return _float_to_uint8(path, np.asarray(decoded)), 32
     elif decoded.mode in _INT_MODES:
         deep = np.repeat(np.asarray(decoded)[..., None], 3, axis=2)
     else:
         return np.ascontiguousarray(np.asarray(decoded.convert("RGB"), dtype=np.uint8)), 8
     values, bits = _significant(deep, depth, significant)
     return np.ascontiguousarray(_to_uint8(values, bits)), bits
+
+
+def _float_to_uint8(path: Path, values: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] as RGB uint8; other values (NaN included) are refused."""
+    if not np.isfinite(values).all():
+        raise UnreadableImage(path, "float image holding NaN or infinite values")
+    low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
+    if low < 0.0 or high > 1.0:
+        raise UnreadableImage(
+            path,
+            f"float image with values beyond [0, 1] (down to {low:g}, up to {high:g}): only "
+            "[0, 1] has a known scale; save it as 8- or 16-bit integers",
+        )
+    grey = np.round(values * 255).astype(np.uint8)
+    return np.ascontiguousarray(np.repeat(grey[..., None], 3, axis=2))
 
 
 def read_rgb(path: Path) -> np.ndarray:
@@ -161,8 +224,10 @@ def read_mask_values(path: Path) -> np.ndarray:
     decoded, *_ = _decode(path)
     if isinstance(decoded, np.ndarray):
         array = decoded
+    elif decoded.mode in ("P", "PA"):
+        return (np.asarray(decoded.getchannel(0)) != 0).astype(np.uint8)
     else:
-        array = np.asarray(decoded.convert("RGBA") if decoded.mode == "P" else decoded)
+        array = np.asarray(decoded)
     if array.ndim == 3:
         array = array[..., :3].max(axis=2) if array.shape[2] >= 3 else array[..., 0]
     if array.dtype == np.bool_:

@@ -8,12 +8,16 @@ extension or its case (`x.JPG` pairs with `x.png`).
 Nothing is skipped silently: symlinked folders are followed, and a folder reached a second time (a
 symlink loop, or two links to one folder, which would put the same photos in two places) is listed
 as excluded; so is a folder that cannot be listed, a name that is not valid UTF-8 (it could not be
-written to the CSVs) and names that differ only in case (one file on macOS and Windows).
+written to the CSVs), names that differ only in case or Unicode normalisation (NFC/NFD: one file
+on macOS and Windows), a name too long to write, and a special file (a FIFO, socket or device),
+which is never opened: opening a FIFO waits for a writer, forever.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -26,9 +30,12 @@ NO_MASK = "image without mask"
 NO_IMAGE = "mask without image"
 UNREADABLE = "unreadable or corrupt file"
 SIZE_MISMATCH = "image/mask size mismatch"
+ORIENTATION_MISMATCH = "image/mask EXIF orientations disagree"
 EMPTY_MASK = "empty mask"
 DUPLICATE_STEM = "two files with one stem"
-CASE_CLASH = "names that differ only in case"
+CASE_CLASH = "names that differ only in case or Unicode form (NFC/NFD)"
+NAME_TOO_LONG = "name too long to write"
+NOT_REGULAR = "not a regular file"
 NOT_UTF8 = "name not valid UTF-8"
 FOLDER_TWICE = "folder reached twice (symlink loop or second link)"
 UNLISTABLE = "folder cannot be listed"
@@ -40,10 +47,13 @@ EXCLUSION_KINDS = (
     NO_IMAGE,
     UNREADABLE,
     SIZE_MISMATCH,
+    ORIENTATION_MISMATCH,
     EMPTY_MASK,
     DUPLICATE_STEM,
     CASE_CLASH,
+    NAME_TOO_LONG,
     NOT_UTF8,
+    NOT_REGULAR,
     FOLDER_TWICE,
     UNLISTABLE,
     OUTPUT_TAKEN,
@@ -91,10 +101,27 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
+def special_file(path: Path) -> str | None:
+    """What `path` is when it is neither a regular file nor a folder (\"FIFO\", \"socket\",
+    \"character device\", \"block device\"), found without opening it; None otherwise, also for
+    a link to nothing (reading it says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), None)
+
+
 def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
-    """POSIX paths of the files under `folder`, relative to it, sorted (dot files and folders
-    skipped), and the folders left out. Symlinked folders are followed, each real folder once:
-    os.walk reads file types from the directory listing, so this costs one stat per folder."""
+    """POSIX paths of the regular files under `folder`, relative to it, sorted (dot files and
+    folders skipped), and the folders and special files left out. Symlinked folders are followed,
+    each real folder once; each file is stat'ed, never opened, to tell a special file."""
     found, excluded = [], []
     seen = {_identity(folder)}
 
@@ -118,7 +145,14 @@ def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
             kept.append(name)
         dirs[:] = kept
         rel_top = PurePosixPath(Path(top).relative_to(folder).as_posix())
-        found += [str(rel_top / name) for name in files if not name.startswith(".")]
+        for name in files:
+            if name.startswith("."):
+                continue
+            special = special_file(Path(top, name))
+            if special is None:
+                found.append(str(rel_top / name))
+            else:
+                excluded.append(Exclusion(Path(top, name), NOT_REGULAR, special))
     return sorted(found), excluded
 
 
@@ -146,11 +180,15 @@ def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusi
 
 
 def _case_clashes(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Keys that equal another key but for case: their outputs would be one file on a
-    case-insensitive filesystem, so neither can be told apart safely."""
+    """Keys that equal another key but for case or Unicode normalisation (`é` as one code point,
+    NFC, or as `e` and an accent, NFD): their outputs would be one file on a case-insensitive or
+    normalising filesystem (macOS, Windows), so neither can be told apart safely."""
     by_folded: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for key in keys:
-        by_folded["/".join(key).casefold()].append(key)
+        folded = unicodedata.normalize(
+            "NFC", unicodedata.normalize("NFC", "/".join(key)).casefold()
+        )
+        by_folded[folded].append(key)
     return {key for same in by_folded.values() if len(same) > 1 for key in same}
 
 
@@ -184,7 +222,7 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
         files = image_files + mask_files
         names = ", ".join(p.relative_to(root).as_posix() for p in files)
         if key in clashes:
-            detail = f"{names} would share an output name on a case-insensitive filesystem"
+            detail = f"{names} would be one output on a case-insensitive or normalising filesystem"
             excluded += [Exclusion(p, CASE_CLASH, detail) for p in files]
         elif len(image_files) > 1 or len(mask_files) > 1:
             detail = f"cannot tell which files pair: {names}"

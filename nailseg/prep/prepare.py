@@ -26,6 +26,7 @@ nothing; outputs of pairs that left the input are kept on disk (and dropped from
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -77,11 +78,14 @@ from nailseg.prep.imageio import (
     binarise,
     check_mask_threshold,
     decode_rgb,
+    orientation_mismatch,
     read_mask_values,
 )
 from nailseg.prep.layout import (
     EMPTY_MASK,
     EXCLUSION_KINDS,
+    NAME_TOO_LONG,
+    ORIENTATION_MISMATCH,
     OUTPUT_CLASH,
     OUTPUT_TAKEN,
     SIZE_MISMATCH,
@@ -114,6 +118,7 @@ _CHECKED = (
     "holdout_groups",
 )
 
+_EFFECTIVE_IDS = os.access in os.supports_effective_ids  # permissions of the effective user
 log = logging.getLogger(__name__)
 
 
@@ -234,6 +239,10 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
         image, bits, values, mtimes = _read_sources(pair)
     except UnreadableImage as err:
         return Outcome(exclusion=Exclusion(err.path, UNREADABLE, err.reason))
+    turned = orientation_mismatch(pair.image, pair.mask, image.shape, values.shape)
+    if turned is not None:
+        exclusion = Exclusion(pair.mask, ORIENTATION_MISMATCH, turned)
+        return Outcome(exclusion=exclusion, image_bits=bits)
     if image.shape[:2] != values.shape:
         detail = f"image {image.shape[1]}x{image.shape[0]}, mask {values.shape[1]}x{values.shape[0]} (WxH)"
         return Outcome(exclusion=Exclusion(pair.mask, SIZE_MISMATCH, detail), image_bits=bits)
@@ -246,8 +255,15 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
         exclusion = Exclusion(pair.mask, EMPTY_MASK, detail)
         return Outcome(exclusion=exclusion, nonbinary_values=nonbinary, image_bits=bits)
     rel_image, rel_mask = _output_paths(pair)
-    save_npy_atomic(out_root / rel_image, image, mtimes[0])
-    save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
+    try:
+        save_npy_atomic(out_root / rel_image, image, mtimes[0])
+        save_npy_atomic(out_root / rel_mask, mask[..., None], mtimes[1])
+    except OSError as err:  # both outputs end in one name: the first write fails, nothing is left
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        name = PurePosixPath(rel_image).name
+        detail = f"{err.strerror}: {rel_image}, written as .{name}.<pid>.tmp first; shorten it"
+        return Outcome(exclusion=Exclusion(pair.image, NAME_TOO_LONG, detail), image_bits=bits)
     record = Record(
         pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes, settings
     )
@@ -298,11 +314,17 @@ def check_request(
 
 def _check_creatable(out_root: Path) -> None:
     """Refuse an output_dir that is, or lies below, a link to nothing or a file: it could not be
-    made a folder. One stat a path: another process (a DDP rank preparing the built-in set) may
-    make the folder meanwhile, and a path seen missing, then present, is no file."""
+    made a folder; or whose nearest existing folder this user may not write in. One stat a path:
+    another process (a DDP rank preparing the built-in set) may make the folder meanwhile, and a
+    path seen missing, then present, is no file."""
     for path in (out_root, *out_root.parents):
         try:
             if stat.S_ISDIR(os.stat(path).st_mode):
+                if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE_IDS):
+                    raise PrepareError(
+                        f"output_dir={out_root}: {path} is not writable by this user: change its "
+                        "permissions, or choose another output_dir"
+                    )
                 return
         except (FileNotFoundError, NotADirectoryError):  # missing, or below a file
             if os.path.islink(path):

@@ -15,16 +15,72 @@ seed and the names, never on their order.
 Leave-one-source-out: every photo of a group named in `holdout_groups` is "test", and the other
 groups are split exactly as if the held-out groups were absent (the fractions count the remaining
 photos only), so holding a group out never moves a photo of another group between train and valid.
+
+The split CSVs prepare writes are read back by `read_split_file`, which names the file, row and
+column of a damaged value (a column missing, a cell emptied, NaN) before training starts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from nailseg.prep.format import CSV_COLUMNS, NUMERIC_DTYPES
 
 Unit = tuple[str, str]  # (group, subject): what is kept whole
+
+
+class SplitFileError(ValueError):
+    """A split CSV that cannot be trained on; the message names the file, row and column."""
+
+
+def _fraction(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+# what each of CSV_COLUMNS must hold, as text, and how to say it
+_VALID: dict[str, tuple[Callable[[str], bool], str]] = {
+    "images": (bool, "a path"),
+    "masks": (bool, "a path"),
+    "group": (bool, "a group name"),
+    "height": (lambda text: re.fullmatch("[0-9]+", text) is not None and int(text) > 0, "a size"),
+    "width": (lambda text: re.fullmatch("[0-9]+", text) is not None and int(text) > 0, "a size"),
+    "fg_fraction": (_fraction, "a fraction in [0, 1]"),
+}
+
+
+def read_split_file(path: Path) -> pd.DataFrame:
+    """A split CSV's rows, typed as `format.read_table` types them, every value checked first:
+    a missing column or a value that is not what its column holds (empty, NaN) is a
+    SplitFileError naming the file, the row (1: the first below the header) and the column."""
+    try:
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError) as err:  # an empty file, a broken quote
+        raise SplitFileError(f"{path}: not a readable CSV ({err})") from err
+    missing = [column for column in CSV_COLUMNS if column not in rows.columns]
+    if missing:
+        raise SplitFileError(
+            f"{path}: no column {missing[0]!r} (a split CSV has {', '.join(CSV_COLUMNS)}): "
+            "prepare the data again"
+        )
+    for row, values in enumerate(rows[list(_VALID)].itertuples(index=False), start=1):
+        for (column, (valid, what)), text in zip(_VALID.items(), values, strict=True):
+            if not valid(text):
+                raise SplitFileError(
+                    f"{path}, row {row}, column {column}: {text!r} is not {what}; prepare the "
+                    "data again"
+                )
+    return rows.astype({c: NUMERIC_DTYPES[c] for c in CSV_COLUMNS if c in NUMERIC_DTYPES})
 
 
 def holdout_names(holdout_groups: Iterable[object] | None) -> list[str]:

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.collector import frozen_heap
 from nailseg.io.atomic import write_text
 from nailseg.model.checkpoint import CheckpointError
+from nailseg.prep.splits import SplitFileError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.checks import ConfigError
@@ -238,7 +239,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 # what a single run refuses with its message alone: each names the key, file or value at fault
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError)
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, SplitFileError)
 
 
 def run_job(cfg: DictConfig) -> float | None:
