@@ -1,10 +1,19 @@
-"""The one reading of a device setting: `auto`, `cpu`, `gpu`, `cuda` or `cuda:N`."""
+"""The one reading of a device setting: `auto`, `cpu`, `gpu`, `cuda` or `cuda:N`, and the one
+choice `auto` makes, for the trainer (`trainer=auto`) and the loaders (`device: auto`) alike.
+
+torch is imported inside the functions: `nailseg.config` registers the `auto` choice as config
+resolvers, and every entry point (its `--help` too) imports that module before anything heavy.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 NAMES = ("auto", "cpu", "gpu", "cuda")
+GPU_NAMES = ("gpu", "cuda")  # Lightning's accelerator names for a CUDA device
 
 
 def check_name(name: str) -> None:
@@ -13,18 +22,43 @@ def check_name(name: str) -> None:
         raise ValueError(f"device={name!r}: use one of {', '.join(NAMES)} or cuda:N")
 
 
+def auto_accelerator(cuda: bool | None = None) -> str:
+    """What `auto` picks: `gpu` when CUDA is available (`cuda`; None asks torch), else `cpu`.
+    One GPU, torch's current one: several train only when asked (trainer=ddp)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return "gpu" if cuda else "cpu"
+
+
+def auto_precision(accelerator: str, bf16: bool | None = None) -> str:
+    """`trainer=auto`'s precision on `accelerator`: bf16 autocast on a GPU with bf16 in hardware
+    (`bf16`; None asks torch), fp16 autocast with loss scaling on an older GPU, where bf16 is
+    only emulated, and full precision on the CPU."""
+    if accelerator not in GPU_NAMES:
+        return "32-true"
+    if bf16 is None:
+        import torch
+
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    return "bf16-mixed" if bf16 else "16-mixed"
+
+
 def resolve_device(name: str) -> torch.device:
-    """`auto`: the current CUDA device when torch sees one, else the CPU; `gpu` and `cuda`: the
-    current CUDA device; `cuda:N` that one; `cpu` the CPU. A CUDA device torch does not see is
-    refused here, naming the setting, not at the first tensor moved there."""
+    """`auto`: `auto_accelerator`'s choice; `gpu` and `cuda`: the current CUDA device; `cuda:N`
+    that one; `cpu` the CPU. A CUDA device torch does not see is refused here, naming the
+    setting, not at the first tensor moved there."""
+    import torch
+
     if name == "auto":
-        name = "gpu" if torch.cuda.is_available() else "cpu"
+        name = auto_accelerator()
     if name == "cpu":
         return torch.device(name)
     check_name(name)
     if not torch.cuda.is_available():
         raise ValueError(f"device={name!r}: torch sees no CUDA device here; use auto or cpu")
-    if name in ("gpu", "cuda"):
+    if name in GPU_NAMES:
         return torch.device("cuda", torch.cuda.current_device())
     index, count = name.removeprefix("cuda:"), torch.cuda.device_count()
     if int(index) >= count:
