@@ -131,12 +131,11 @@ def card_of(checkpoint: Mapping[str, Any], ckpt: str | Path) -> dict[str, Any] |
     return None if card is None else validate_card(card, str(ckpt))
 
 
-class _CardError(CheckpointError):
-    def __init__(self, where: str, key: str, value: Any, problem: str) -> None:
-        shown = repr(value)
-        if len(shown) > _SHOWN_CHARS:
-            shown = shown[:_SHOWN_CHARS] + "…"
-        super().__init__(f"{where}: card key {key}={shown}: {problem}")
+def _card_error(where: str, key: str, value: Any, problem: str) -> CheckpointError:
+    shown = repr(value)
+    if len(shown) > _SHOWN_CHARS:
+        shown = shown[:_SHOWN_CHARS] + "…"
+    return CheckpointError(f"{where}: card key {key}={shown}: {problem}")
 
 
 def validate_card(card: Any, where: str) -> dict[str, Any]:
@@ -144,15 +143,15 @@ def validate_card(card: Any, where: str) -> dict[str, Any]:
     before any is used; the first value that is wrong fails as one line, `WHERE: card key K=V:
     what is wrong`. Keys may be missing (older cards): the caller's default applies."""
     if not isinstance(card, Mapping):
-        raise _CardError(where, CARD_KEY, card, "the card is not a mapping")
+        raise _card_error(where, CARD_KEY, card, "the card is not a mapping")
     unknown = sorted(str(key) for key in card if key not in _CARD_CHECKS)
     if unknown:
-        raise _CardError(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
+        raise _card_error(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
     for key, check in _CARD_CHECKS.items():
         if card.get(key) is not None:
             problem = check(card[key])
             if problem:
-                raise _CardError(where, key, card[key], problem)
+                raise _card_error(where, key, card[key], problem)
     if card.get("model") is not None:
         _check_model(card["model"], where)
         if card.get("image_size") is not None:
@@ -244,17 +243,17 @@ def _check_model(model: Mapping[str, Any], where: str) -> None:
     architecture's own arguments as plain values, none that loads weights."""
     unknown = sorted(set(model) - {"arch", "encoder_name", "options"})
     if unknown:
-        raise _CardError(where, f"model.{unknown[0]}", model[unknown[0]], "not a model key")
+        raise _card_error(where, f"model.{unknown[0]}", model[unknown[0]], "not a model key")
     arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
     if not isinstance(arch, str) or arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
-        raise _CardError(
+        raise _card_error(
             where,
             "model.arch",
             arch,
             f"not one of smp's architectures ({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})",
         )
     if not isinstance(encoder, str) or not _installed_encoder(encoder):
-        raise _CardError(
+        raise _card_error(
             where,
             "model.encoder_name",
             encoder,
@@ -262,11 +261,11 @@ def _check_model(model: Mapping[str, Any], where: str) -> None:
         )
     options = {} if options is None else options
     if not isinstance(options, Mapping):
-        raise _CardError(where, "model.options", options, "must be a mapping")
+        raise _card_error(where, "model.options", options, "must be a mapping")
     taken = set(inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters)
     for key, value in options.items():
         if not isinstance(key, str) or key not in taken - _NOT_OPTIONS:
-            raise _CardError(
+            raise _card_error(
                 where,
                 f"model.options.{key}",
                 value,
@@ -274,7 +273,7 @@ def _check_model(model: Mapping[str, Any], where: str) -> None:
             )
         items = value if isinstance(value, list | tuple) else [value]
         if not all(isinstance(item, _PLAIN) for item in items):
-            raise _CardError(
+            raise _card_error(
                 where,
                 f"model.options.{key}",
                 value,
@@ -297,7 +296,7 @@ def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: st
     net = _built(model, where)
     stride = net.encoder.output_stride
     if net.requires_divisible_input_shape and any(side % stride for side in image_size):
-        raise _CardError(
+        raise _card_error(
             where,
             "image_size",
             list(image_size),
@@ -313,7 +312,7 @@ def _built(model: Mapping[str, Any], where: str) -> nn.Module:
             model["arch"], model["encoder_name"], None, dict(model.get("options") or {})
         )
     except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
-        raise _CardError(
+        raise _card_error(
             where, "model", dict(model), f"{type(err).__name__}: {err}".replace("\n", " ")
         ) from err
 
