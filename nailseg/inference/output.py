@@ -1,7 +1,8 @@
 """The folder predict writes into, and why predict may write there.
 
 predict writes only into a folder it made: a new one, an empty one, or one whose `summary.json`
-it wrote (its marker). That marker is written first, marked unfinished. With it, `outputs.txt`
+it wrote (its marker: `nailseg.io.ownership`'s fields, tool, kind `predict` and the folder's id,
+beside the report; a `summary.json` without them is not predict's). That marker is written first, marked unfinished. With it, `outputs.txt`
 lists every mask, overlay and `scores.csv` the run is to write (and those of the run before,
 until they are gone), and then the earlier run's listed outputs are removed. So a rerun leaves
 only its own results: no mask of a photo since removed, no overlay of a run with other settings,
@@ -12,7 +13,7 @@ older predict's, which listed none) is refused before the first write. The
 folder may not overlap the photos or the true masks, nor hold a symbolic link (predict never
 makes one: a link inside it could lead the writes into the photos or the true masks). All of it
 is checked before the first write. One run writes into a folder at a time: a second one fails at
-once, naming the lock file the first holds (`nailseg.folder_lock`). A rerun removes what a killed
+once, naming the lock file the first holds (`nailseg.io.lock`). A rerun removes what a killed
 run's atomic writes left behind: temporary files, for listed outputs only.
 """
 
@@ -21,30 +22,31 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nailseg.io.atomic import write_bytes, write_text
 from nailseg.io.overlap import overlap
-from nailseg.prep.format import (
+from nailseg.io.ownership import (
     ForeignFolderError,
+    Record,
     below,
     delete_listed,
-    new_stamp,
+    new_marker,
+    read_marker,
     remove_temp_files,
     require_owned,
-    stamp_of,
 )
+from nailseg.prep.format import new_stamp, stamp_of
 
 SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
 SCORES = "scores.csv"
 OUTPUTS = "outputs.txt"  # what predict writes here besides its marker, with its stamp
 OUTPUT_FOLDERS = ("masks", "overlays")
 CREATOR = "nailseg.predict"
-PREDICT_LOCK = ".predict.lock"  # held while predict writes here (nailseg.folder_lock)
-# what every summary.json predict wrote holds, unfinished ones and earlier versions' included
-# (each since the first, 2f98124): a user's summary.json rarely has all three
-_MARKER_KEYS = frozenset({"checkpoint", "images", "threshold"})
+MARKER_KIND = "predict"
+PREDICT_LOCK = ".predict.lock"  # held while predict writes here (nailseg.io.lock)
 # what a run killed before its marker was in place leaves: the marker's temporary file, the lock
 _OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp|{re.escape(PREDICT_LOCK)}")
 
@@ -63,7 +65,7 @@ def check_output(output: Path, inputs: list[Path], masks: Path | None) -> None:
                 "nothing was written; choose an output folder apart from the photos and masks"
             )
     try:
-        require_owned(output, SUMMARY, _MARKER_KEYS, _OURS_IN_NEW_FOLDER)
+        require_owned(output, SUMMARY, MARKER_KIND, _OURS_IN_NEW_FOLDER)
     except ForeignFolderError as err:
         raise OutputError(f"output={output}: {err}") from err
     link = _first_link(output)
@@ -98,7 +100,7 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     write, with the stamp it returns, which each of them must be written with) and the earlier
     run's, then the earlier run's outputs removed. Raises OutputError, before any of it, when a
     file predict did not write lies where this run would write."""
-    earlier = _ours(output)
+    earlier = listed_outputs(output)
     in_the_way = [rel for rel in outputs if os.path.lexists(output / rel) and rel not in earlier]
     if in_the_way:
         more = f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else ""
@@ -110,7 +112,7 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     stamp = new_stamp()
     write_summary(output, report, finished=False)
     list_outputs(output, earlier | dict.fromkeys(outputs, stamp))
-    delete_listed(output, earlier)
+    delete_listed(output, {rel: _stamped(stamp) for rel, stamp in earlier.items()})
     remove_temp_files(output, [*earlier, *outputs, SUMMARY, OUTPUTS])  # a killed run's, if any
     return stamp
 
@@ -122,7 +124,7 @@ def list_outputs(output: Path, stamps: dict[str, int]) -> None:
     write_bytes(output / OUTPUTS, text.encode("utf-8", "surrogateescape"))
 
 
-def _ours(output: Path) -> dict[str, int]:
+def listed_outputs(output: Path) -> dict[str, int]:
     """The outputs an earlier run listed that are still as it wrote them (path → stamp): lines of
     `outputs.txt` naming `scores.csv` or a file under `masks/` or `overlays/` (no `..`, no
     absolute path) that still bears the listed stamp; a file put in its place (a user's) bears
@@ -141,8 +143,15 @@ def _ours(output: Path) -> dict[str, int]:
     return ours
 
 
+def _stamped(stamp: int) -> Callable[[Record], bool]:
+    return lambda found: found.mtime_ns == stamp
+
+
 def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:
+    """The marker and report; the folder keeps the id its first run's marker gave it."""
+    marker = read_marker(output, SUMMARY, MARKER_KIND) or new_marker(MARKER_KIND)
+    identity = {key: marker[key] for key in ("tool", "kind", "id", "marker_version")}
     write_text(
         output / SUMMARY,
-        json.dumps({"created_by": CREATOR, "finished": finished, **report}, indent=2),
+        json.dumps({**identity, "created_by": CREATOR, "finished": finished, **report}, indent=2),
     )

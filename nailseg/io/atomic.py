@@ -5,16 +5,47 @@ interrupted run (even `kill -9`), not for a reader watching the folder, not afte
 The temporary name starts with a dot (folder scans skip dotfiles) and carries the process id, so
 parallel writers never share one; it lives in the target's folder, since a rename is atomic only
 within one filesystem.
+
+A link, folder or anything but a plain file where the file would go is not nailseg's: the write
+is refused naming it (`NotOursError`), so it is never followed nor replaced. The temporary file is
+created exclusively (`O_EXCL`), which never follows a link either.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 TMP_SUFFIX = ".tmp"
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotOursError(RuntimeError):
+    """A path nailseg would write, replace or remove is not provably its own: it was left as it
+    was, and the message names it."""
+
+
+def refuse_non_file(path: Path) -> None:
+    """Raise NotOursError when `path` exists as anything but a plain file: nailseg writes only
+    plain files, so a link (or folder) there is someone else's."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISLNK(mode):
+        raise NotOursError(
+            f"{path} is a symbolic link (to {os.readlink(path)}) where nailseg would write a file: "
+            "nailseg never makes one there, so it neither follows nor replaces it; remove it, or "
+            "choose another folder"
+        )
+    if not stat.S_ISREG(mode):
+        raise NotOursError(
+            f"{path} is a folder or special file where nailseg would write a file: it is left "
+            "as it is; move it, or choose another folder"
+        )
 
 
 def temp_path(path: Path) -> Path:
@@ -27,10 +58,11 @@ def write_atomic(
     """`write(file)` into a temporary sibling, fsync, then rename; `mtime_ns` stamps the file
     first. The folder is fsync'd after the rename so the new name itself is durable."""
     path = Path(path)
+    refuse_non_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(_create(tmp), "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -41,6 +73,17 @@ def write_atomic(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _create(tmp: Path) -> int:
+    """A new file at `tmp`; a plain file of that name is a killed writer's of an earlier process
+    with this id (its name says so), replaced; anything else there is refused."""
+    try:
+        return os.open(tmp, _CREATE, 0o644)
+    except FileExistsError:
+        refuse_non_file(tmp)
+        os.unlink(tmp)
+        return os.open(tmp, _CREATE, 0o644)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -5,7 +5,8 @@ what the first had just written as an earlier run's.
 A POSIX record lock (`lockf`), not `flock`: it belongs to this process alone, so worker processes
 forked while it is held never inherit it, and it dies with the process, so even `kill -9` leaves
 no stale lock. A process holds each lock file once: closing any descriptor of it would drop the
-lock, hence a separate file for each lock (prepare's built-in dataset has its own).
+lock, hence a separate file for each lock (prepare's built-in dataset has its own). A link where
+the lock file would be is refused, never followed (`O_NOFOLLOW`): it could make a file anywhere.
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ def locked(
     `command` writing there and the config `key` that chose the folder."""
     root.mkdir(parents=True, exist_ok=True)
     lock = root / name
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        raise error(
+            f"{lock} is a symbolic link or a folder, not a lock file {command} made: it is "
+            f"neither followed nor replaced; remove it, or choose another {key}"
+        ) from None
     try:
         if not _try_lock(fd):
             held = f"another {command} is writing {root} (it holds {lock})"

@@ -1,5 +1,5 @@
 """The prepared root's on-disk contract: file names, CSV columns, the one CSV reader and writer, and
-the ownership marker that lets nailseg tell its own folders from a user's.
+the modification-time stamps outputs carry (ownership itself lives in `nailseg.io.ownership`).
 
 Every CSV is read with `keep_default_na=False` and every column but the numeric ones as text, so a
 group or file stem named `NA`, `null`, `None` or `nan` stays that string through a rerun and into
@@ -8,13 +8,10 @@ training; names with commas, quotes or newlines are quoted by the writer and rou
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 
@@ -47,11 +44,6 @@ NUMERIC_DTYPES = {
     "mask_mtime_ns": "int64",
     "listed": "int64",
 }
-TEMP_NAME = re.compile(r"\.(?P<target>.+)\.\d+\.tmp")  # nailseg.atomic.temp_path's names
-
-
-class ForeignFolderError(RuntimeError):
-    """A folder nailseg was asked to write into holds files it did not write."""
 
 
 def split_file(split: str) -> str:
@@ -72,82 +64,6 @@ def write_table(path: Path, rows: pd.DataFrame) -> None:
     """Atomically; a name that is not valid Unicode (only ever in a detail) is backslash-escaped."""
     text = rows.to_csv(index=False, float_format="%.6f", lineterminator="\n")
     write_bytes(path, text.encode("utf-8", "backslashreplace"))
-
-
-def has_marker(folder: Path, marker: str, keys: frozenset[str]) -> bool:
-    """Whether `folder/marker` is a JSON object holding `keys`: a marker nailseg wrote."""
-    try:
-        content = json.loads((folder / marker).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(content, dict) and keys <= content.keys()
-
-
-def require_owned(folder: Path, marker: str, keys: frozenset[str], ours: re.Pattern[str]) -> None:
-    """Raise ForeignFolderError unless `folder` is missing, holds only names that are `ours`, or
-    carries its marker: the check that keeps nailseg from writing into a user's folder."""
-    if has_marker(folder, marker, keys):
-        return
-    try:
-        names = sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return
-    except NotADirectoryError as err:
-        raise ForeignFolderError(f"{folder} is a file, not a folder") from err
-    foreign = [name for name in names if not ours.fullmatch(name)]
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ForeignFolderError(
-            f"{folder} is not empty and has no {marker} written by nailseg, so nailseg did not "
-            f"make it: it holds "
-            f"{folder / foreign[0]}{more}. Nothing was written; choose a new or empty folder"
-        )
-
-
-def remove_temp_files(root: Path, targets: Iterable[str]) -> None:
-    """Temporary files that interrupted runs left (`nailseg.atomic`'s names) for one of `targets`,
-    the paths below `root` that nailseg owns there: an atomic write killed before its rename.
-    Only plain files: an atomic write makes nothing else, so a folder or link of that name is
-    someone else's."""
-    targets = set(targets)
-    for folder in {PurePosixPath(t).parent for t in targets}:
-        try:
-            entries = list(os.scandir(root / folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            match = TEMP_NAME.fullmatch(entry.name)
-            owned = match and (folder / match["target"]).as_posix() in targets
-            if owned and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-
-
-def below(rel: str) -> bool:
-    """Whether `rel`, a path read from a listing on disk, names something below its root: not
-    empty, not absolute, no `..` (a listing edited by hand or damaged must not reach out)."""
-    path = PurePosixPath(rel)
-    return bool(rel) and not path.is_absolute() and ".." not in path.parts
-
-
-def delete_listed(root: Path, rel_paths: Iterable[str]) -> None:
-    """Delete the files at `rel_paths` (relative to `root`), taken from a listing of nailseg's
-    own outputs (a manifest), and the folders below `root`'s top-level ones that this left empty
-    (rmdir: only an empty one goes); nothing the listing does not name. Raises ValueError, before
-    deleting any, when a path is not below `root`."""
-    rel_paths = list(rel_paths)
-    outside = [rel for rel in rel_paths if not below(rel)]
-    if outside:
-        raise ValueError(f"{root}: {outside[0]!r} is not below it: nothing was deleted")
-    for rel in rel_paths:
-        path = root / rel
-        path.unlink(missing_ok=True)
-        folder = path.parent
-        while folder.parent != root:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-            folder = folder.parent
 
 
 def new_stamp() -> int:

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -51,6 +52,23 @@ from nailseg.collector import frozen_heap
 from nailseg.io.atomic import write_atomic, write_text
 from nailseg.io.lock import locked
 from nailseg.io.overlap import overlap
+from nailseg.io.ownership import (
+    ForeignFolderError,
+    Proof,
+    below,
+    delete_listed,
+    new_marker,
+    open_append,
+    read_marker,
+    recorded,
+    records_of,
+    remove_file,
+    remove_temp_files,
+    replaceable,
+    require_owned,
+    truncate,
+    write_marker,
+)
 from nailseg.lifetime import die_with_parent
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
@@ -63,13 +81,7 @@ from nailseg.prep.format import (
     ROOT_FILES,
     SOURCE_FILE,
     SPLITS,
-    ForeignFolderError,
-    below,
-    delete_listed,
-    has_marker,
     read_table,
-    remove_temp_files,
-    require_owned,
     split_file,
     write_table,
 )
@@ -101,7 +113,7 @@ from nailseg.tables import print_table
 FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
 _READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
-_MARKER_KEYS = frozenset({"format"})
+MARKER_KIND = "prepare"
 _OURS_IN_NEW_ROOT = re.compile(
     rf"{re.escape(LOCK_FILE)}|{re.escape(BUILTIN_LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp"
 )
@@ -173,6 +185,7 @@ class Summary:
     max_distinct_values: int = 0
     rescaled: Counter[int] = field(default_factory=Counter)  # source bit depth -> images
     kept_gone: int = 0  # pairs gone from the input whose outputs stay on disk
+    users_files: list[Path] = field(default_factory=list)  # listed outputs a user changed: kept
     pruned: int = 0  # pairs gone from the input whose outputs were deleted (prune=true)
     split_sizes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -195,6 +208,21 @@ class Owned:
 
     records: dict[str, Record]
     paths: set[str]
+    claims: set[str]  # claimed by a run since the last complete one: whatever it left is its own
+
+    def proof(self, rel: str) -> Proof | None:
+        """What shows that the file at output path `rel` is still the one prepare wrote: any plain
+        file on a claimed path (a killed run wrote it), else its record's stamp (an output bears
+        its source's modification time)."""
+        if rel in self.claims:
+            return lambda _: True
+        stamp = self._stamps.get(rel)
+        return None if stamp is None else lambda found: found.mtime_ns == stamp
+
+    @cached_property
+    def _stamps(self) -> dict[str, int]:
+        stamps = {r.images: r.image_mtime_ns for r in self.records.values()}
+        return stamps | {r.masks: r.mask_mtime_ns for r in self.records.values()}
 
 
 def _output_paths(pair: Pair) -> tuple[str, str]:
@@ -306,7 +334,7 @@ def check_request(
         )
     _check_creatable(out_root)
     try:
-        require_owned(out_root, MARKER_FILE, _MARKER_KEYS, _OURS_IN_NEW_ROOT)
+        require_owned(out_root, MARKER_FILE, MARKER_KIND, _OURS_IN_NEW_ROOT)
     except ForeignFolderError as err:
         raise PrepareError(f"output_dir: {err}") from err
     return held
@@ -387,7 +415,7 @@ def _load_owned(out_root: Path) -> Owned:
         elif "record" in entry:
             record = Record(**entry["record"])
             records[record.key] = record
-    owned = Owned(records, claims | {p for r in records.values() for p in r.outputs})
+    owned = Owned(records, claims | {p for r in records.values() for p in r.outputs}, claims)
     outside = sorted(p for p in owned.paths if not below(p))
     if outside:  # refused before any write: prepare deletes what these files list
         raise PrepareError(
@@ -402,7 +430,7 @@ class _Journal:
     """Append-only lines of JSON, each flushed and fsync'd before the next output is written."""
 
     def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd = open_append(path)
         size = os.fstat(self.fd).st_size
         if size and os.pread(self.fd, 1, size - 1) != b"\n":
             os.write(self.fd, b"\n")  # end the line a kill cut short: the next one parses again
@@ -463,7 +491,7 @@ def _blocker(out_root: Path, rel: str, owned: Owned) -> Exclusion | None:
     """Why output `rel` cannot be written: a file nailseg did not write on its path, or a file
     (even one nailseg kept for a pair gone from the input) where one of its folders must be."""
     path = out_root / rel
-    if rel not in owned.paths and os.path.lexists(path):
+    if not replaceable(path, owned.proof(rel)):  # a user's file, or one put in prepare's place
         return Exclusion(path, OUTPUT_TAKEN, "move it away to prepare this")
     for parent in PurePosixPath(rel).parents:
         folder = out_root / parent
@@ -537,6 +565,7 @@ def _convert(
         return []
     claim = [p for pair in pairs for p in _output_paths(pair)]
     owned.paths.update(claim)
+    owned.claims.update(claim)
     workers = min(num_workers if num_workers is not None else os.cpu_count() or 1, len(pairs))
     records = []
     journal = _Journal(out_root / JOURNAL_FILE)
@@ -550,14 +579,6 @@ def _convert(
     finally:
         journal.close()
     return records
-
-
-def _truncate(path: Path, size: int | None) -> None:
-    """Back to `size` bytes; None: the file did not exist."""
-    if size is None:
-        path.unlink(missing_ok=True)
-    else:
-        os.truncate(path, size)
 
 
 def _size(path: Path) -> int | None:
@@ -601,22 +622,24 @@ def _finish(
     prune: bool,
     settings: str,
     summary: Summary,
+    marker: dict,
+    source: str | None,
 ) -> None:
-    """Delete what is no longer ours to keep, then write the manifest, excluded.csv and the CSVs."""
+    """Delete what is no longer ours to keep, then write the manifest, excluded.csv, the CSVs,
+    the synthetic `source` it was made of (if any), and last the marker, with their records."""
     usable = {r.key for r in records}
     gone = [r for key, r in owned.records.items() if key not in usable]
     kept = [] if prune else [replace(r, listed=False) for r in gone]
     summary.kept_gone, summary.pruned = len(kept), len(gone) - len(kept)
     manifest = sorted(records + kept, key=lambda r: (r.group, r.stem))
     keep_paths = {p for r in manifest for p in r.outputs}
-    delete_listed(out_root, sorted(owned.paths - keep_paths))
+    gone_paths = sorted(owned.paths - keep_paths)
+    summary.users_files += delete_listed(out_root, {rel: owned.proof(rel) for rel in gone_paths})
     remove_temp_files(out_root, owned.paths | ROOT_FILES)
     columns = [f.name for f in fields(Record)]
     table = pd.DataFrame([asdict(r) for r in manifest], columns=columns).astype({"listed": int})
     write_table(out_root / MANIFEST_FILE, table)
-    (out_root / JOURNAL_FILE).unlink(missing_ok=True)
-    if _text(out_root / MARKER_FILE) != settings + "\n":
-        write_text(out_root / MARKER_FILE, settings + "\n")
+    remove_file(out_root / JOURNAL_FILE, lambda _: True)  # the lock holder's own, now recorded
 
     summary.excluded.sort(key=lambda e: (EXCLUSION_KINDS.index(e.kind), str(e.path)))
     excluded = [(display_path(e.path), e.kind, e.detail) for e in summary.excluded]
@@ -629,16 +652,36 @@ def _finish(
         chosen = rows[rows["split"] == split][CSV_COLUMNS]
         summary.split_sizes[split] = len(chosen)
         if split == "test" and chosen.empty:
-            (out_root / split_file(split)).unlink(missing_ok=True)
+            remove_file(out_root / split_file(split), lambda _: True)  # checked by _claim_root
         else:
             write_table(out_root / split_file(split), chosen)
+    if source is not None:
+        write_text(out_root / SOURCE_FILE, source)
+    files = records_of(out_root, sorted(ROOT_FILES - {MARKER_FILE, JOURNAL_FILE}))
+    write_marker(out_root, MARKER_FILE, marker | json.loads(settings) | {"files": files})
 
 
-def _text(path: Path) -> str | None:
+def _claim_root(out_root: Path, settings: str) -> tuple[dict, bool]:
+    """The root's marker and whether the root is new (its marker then written: the first write).
+    Raises PrepareError, before any write, when a file of the root's names is not the one prepare
+    recorded writing there (a user's, or edited since): it is not replaced."""
     try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
+        marker = read_marker(out_root, MARKER_FILE, MARKER_KIND)
+    except ForeignFolderError as err:
+        raise PrepareError(f"output_dir: {err}") from err
+    if marker is None:
+        marker = new_marker(MARKER_KIND, **json.loads(settings))
+        write_marker(out_root, MARKER_FILE, marker)
+        return marker, True
+    files = recorded(marker)
+    for name in sorted(ROOT_FILES - {MARKER_FILE, JOURNAL_FILE}):
+        if not replaceable(out_root / name, files.get(name)):
+            raise PrepareError(
+                f"{out_root / name} is not the file prepare wrote there (changed or put there "
+                "since), so it is not replaced: nothing was written; move it away, or choose a "
+                "new output_dir"
+            )
+    return marker, False
 
 
 def prepare(
@@ -656,13 +699,15 @@ def prepare(
     folds: int = 1,
     fold: int = 0,
     holdout_groups: Iterable[str | int] = (),
+    source: str | None = None,
 ) -> Summary:
     """Prepare `input_dir` (Images/, Masks/) into `output_dir`; see the module docstring.
 
     Every pair of a group named in `holdout_groups` goes to test.csv; the other groups are split
     by the fractions and folds as if those groups were absent (`assign_splits`). The split is
     recomputed from the current settings on every run, so a rerun with other split settings
-    re-splits without converting anything again.
+    re-splits without converting anything again. `source`: the manifest of the synthetic set
+    the input is, kept as `SOURCE_FILE`.
     """
     start = time.perf_counter()
     input_dir, out_root = Path(input_dir), Path(output_dir)
@@ -695,9 +740,7 @@ def prepare(
     settings = json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})  # marker
 
     with locked(out_root, LOCK_FILE, "prepare", "output_dir", PrepareError):
-        new_root = not has_marker(out_root, MARKER_FILE, _MARKER_KEYS)
-        if new_root:
-            write_text(out_root / MARKER_FILE, settings + "\n")  # the first write: the root is ours
+        marker, new_root = _claim_root(out_root, settings)
         owned = _load_owned(out_root)
         _refuse_mass_vanishing(owned, pairs, prune, input_dir, out_root)
         summary = Summary(excluded=excluded)
@@ -713,7 +756,7 @@ def prepare(
         journal_size = _size(out_root / JOURNAL_FILE)
         records += _convert(stale, out_root, owned, mask_threshold, settings, num_workers, summary)
         if not records:
-            _truncate(out_root / JOURNAL_FILE, journal_size)  # nothing was written: no trace
+            truncate(out_root / JOURNAL_FILE, journal_size)  # nothing was written: no trace
             kept = f"{out_root} holds only its marker and lock file" if new_root else None
             raise PrepareError(_nothing_usable(input_dir, pairs, summary.excluded, kept))
         records.sort(key=lambda r: (r.group, r.stem))
@@ -727,7 +770,7 @@ def prepare(
             holdout_groups=holdout_groups,
         )
         splits = _split(records, split_settings)
-        _finish(out_root, owned, records, splits, prune, settings, summary)
+        _finish(out_root, owned, records, splits, prune, settings, summary, marker, source)
     summary.seconds = time.perf_counter() - start
     if strict and summary.excluded:
         raise PrepareError(
@@ -774,8 +817,14 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
         )
     if summary.pruned:
         table.add_row("pairs gone from the input, outputs deleted (prune)", str(summary.pruned))
+    if summary.users_files:
+        table.add_row(
+            "outputs changed since prepare wrote them (yours: kept)", str(len(summary.users_files))
+        )
     table.add_row("seconds", f"{summary.seconds:.2f}")
     print_table(table, console)
+    for path in summary.users_files[:max_listed]:
+        console.print(f"  kept, not prepare's any more: {path}", markup=False, highlight=False)
     for exclusion in summary.excluded[:max_listed]:
         console.print(f"  excluded {exclusion}", markup=False, highlight=False)
     if len(summary.excluded) > max_listed:
@@ -853,8 +902,7 @@ def run(cfg: DictConfig) -> Summary:
             generate(input_dir, synthetic.n, synthetic.seed, num_workers=cfg.num_workers or 0)
         except ForeignFolderError as err:
             raise PrepareError(f"dataset.raw_dir: {err}") from err
-    summary = prepare(input_dir, output_dir, **_options(cfg))
-    if synthetic is not None:
-        write_text(output_dir / SOURCE_FILE, manifest_text(synthetic.n, synthetic.seed))
+    source = None if synthetic is None else manifest_text(synthetic.n, synthetic.seed)
+    summary = prepare(input_dir, output_dir, **_options(cfg), source=source)
     print_summary(summary)
     return summary

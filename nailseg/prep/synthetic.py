@@ -19,6 +19,7 @@ before anything is written; in its own folder it deletes only its own `sNNNN.png
 from __future__ import annotations
 
 import json
+import logging
 import math
 import multiprocessing
 import re
@@ -34,16 +35,28 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from nailseg.config import CONF_DIR, require_values
-from nailseg.io.atomic import write_bytes, write_text
-from nailseg.prep.format import ForeignFolderError, require_owned
+from nailseg.io.atomic import write_bytes
+from nailseg.io.ownership import (
+    ForeignFolderError,
+    Proof,
+    is_marker,
+    make_folder,
+    new_marker,
+    recorded,
+    records_of,
+    remove_file,
+    remove_temp_files,
+    replaceable,
+    require_owned,
+    write_marker,
+)
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated
 MANIFEST = "synthetic.json"
 GROUPS = ("studio", "desk", "fabric", "clutter")
 MIN_FG, MAX_FG = 0.01, 0.40  # nail fraction of every mask; scenes outside are redrawn
-_NAME = re.compile(r"s\d{4,}\.png")
-_TEMP = re.compile(r"\.s\d{4,}\.png\.\d+\.tmp")  # nailseg.atomic's temporary names of samples
-_MARKER_KEYS = frozenset({"n", "seed", "version"})
+MARKER_KIND = "synthetic"
+log = logging.getLogger(__name__)
 _OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(MANIFEST)}\.\d+\.tmp")
 _PNG_PARAMS = [cv2.IMWRITE_PNG_COMPRESSION, 1]  # speed over size; noise barely compresses anyway
 _SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
@@ -421,11 +434,27 @@ def manifest_text(n: int, seed: int) -> str:
 
 def is_current(out_dir: Path, n: int = 200, seed: int = 0, name: str = MANIFEST) -> bool:
     """Whether `out_dir/name` is the manifest of the complete set for (n, seed) of this generator
-    version: `out_dir` holds that set (or, for a prepared root's copy, was prepared from it)."""
+    version: `out_dir` holds that set (its marker, complete) or, for a prepared root's copy of
+    the manifest, was prepared from it."""
     try:
-        return json.loads((Path(out_dir) / name).read_text()) == _manifest(n, seed)
+        content = json.loads((Path(out_dir) / name).read_text())
     except (OSError, ValueError):
         return False
+    if name != MANIFEST:
+        return content == _manifest(n, seed)
+    complete = is_marker(content, MARKER_KIND) and content.get("complete") is True
+    return complete and {key: content.get(key) for key in ("n", "seed", "version")} == _manifest(
+        n, seed
+    )
+
+
+def _proofs(marker: dict | None) -> dict[str, Proof]:
+    """The samples the folder's marker shows as the generator's: each recorded one while it is
+    as written, and whatever a run that was cut short left on the paths it claimed."""
+    proofs: dict[str, Proof] = dict(recorded(marker))
+    claimed = (marker or {}).get("claimed", [])
+    proofs.update({rel: (lambda _: True) for rel in claimed if isinstance(rel, str)})
+    return proofs
 
 
 def groups_of(n: int) -> list[str]:
@@ -436,22 +465,40 @@ def groups_of(n: int) -> list[str]:
 def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -> Path:
     """Write n samples to `out_dir` unless it already holds them; returns `out_dir`.
 
-    Raises ForeignFolderError, before writing, when `out_dir` holds files but not our manifest.
-    The manifest is first rewritten as unfinished (it still marks the folder as ours) and written
-    complete last, so an interrupted run is redone next time; our files (`sNNNN.png`) that are
-    not part of the new set are removed, other files are kept. One process per folder at a time:
-    another's temporary files would look stale (`prepare_builtin` lets one process at a time in).
+    Raises ForeignFolderError, before writing, when `out_dir` holds files but not our marker, or
+    a sample's path holds a file the marker does not show as the generator's (a user's). The
+    marker is first rewritten as unfinished, claiming the paths this run writes, and written
+    complete last with the record of every sample, so an interrupted run is redone next time;
+    samples of an earlier set that are not part of the new one are removed while they are as
+    written, and every other file is kept. One process per folder at a time: another's temporary
+    files would look stale (`prepare_builtin` lets one process at a time in).
     """
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:
         raise ValueError(f"need n >= 1 and num_workers >= 0, got n={n}, num_workers={num_workers}")
     if is_current(out_dir, n, seed):
         return out_dir
-    require_owned(out_dir, MANIFEST, _MARKER_KEYS, _OURS_IN_NEW_FOLDER)
-    write_text(out_dir / MANIFEST, json.dumps(_manifest(n, seed) | {"complete": False}) + "\n")
+    marker = require_owned(out_dir, MANIFEST, MARKER_KIND, _OURS_IN_NEW_FOLDER)
+    proofs = _proofs(marker)
+    samples = [
+        f"{kind}/{GROUPS[i % len(GROUPS)]}/s{i:04d}.png"
+        for i in range(n)
+        for kind in ("Images", "Masks")
+    ]
+    taken = [rel for rel in samples if not replaceable(out_dir / rel, proofs.get(rel))]
+    if taken:
+        raise ForeignFolderError(
+            f"{out_dir / taken[0]} is not a picture the generator wrote there (changed or put "
+            "there since), so it is not replaced: nothing was written; move it away, or choose "
+            "another folder"
+        )
+    marker = (marker or new_marker(MARKER_KIND)) | _manifest(n, seed)
+    write_marker(
+        out_dir, MANIFEST, marker | {"complete": False, "claimed": sorted({*samples, *proofs})}
+    )
     folders = [out_dir / kind / group for kind in ("Images", "Masks") for group in GROUPS]
     for folder in folders:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
 
     jobs = [(out_dir, i, seed) for i in range(n)]
     if num_workers:
@@ -465,13 +512,15 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
         for job in jobs:
             _write_sample(job)
 
-    keep = {f"s{i:04d}.png" for i in range(n)}
-    for folder in folders:
-        for path in folder.iterdir():
-            stale = _NAME.fullmatch(path.name) and path.name not in keep
-            if stale or _TEMP.fullmatch(path.name):
-                path.unlink()
-    write_text(out_dir / MANIFEST, manifest_text(n, seed))
+    remove_temp_files(out_dir, {*samples, *proofs})
+    kept = [out_dir / rel for rel in sorted(proofs.keys() - set(samples))]
+    kept = [
+        path for path in kept if not remove_file(path, proofs[path.relative_to(out_dir).as_posix()])
+    ]
+    for path in kept:
+        log.warning("kept %s: an earlier set's picture, changed since the generator wrote it", path)
+    marker = marker | {"complete": True, "files": records_of(out_dir, samples)}
+    write_marker(out_dir, MANIFEST, {k: v for k, v in marker.items() if k != "claimed"})
     return out_dir
 
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +43,7 @@ from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.io.atomic import save_figure, write_atomic, write_text
 from nailseg.io.overlap import overlap
+from nailseg.io.ownership import hard_link, make_folder, remove_file, scratch_folder
 from nailseg.model.checkpoint import load_net
 from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
@@ -103,8 +102,8 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
             f"{folder / in_the_way[0]} is in the way of the photo set and is not one it made (not "
             f"listed in {MARKER}): move it, or choose another output_dir"
         )
-    for name in ours:
-        (folder / name).unlink()
+    for name in ours:  # each still bearing the set's stamp, checked above
+        remove_file(folder / name, lambda found: found.mtime_ns == manifest["stamp_ns"])
     stamp = new_stamp()
     manifest = {
         "created_by": CREATOR,
@@ -151,14 +150,12 @@ def _manifest(marker: Path) -> dict | None:
 def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: dict) -> dict:
     """One predict run of `photos` (all of `folder`'s, or hard-linked into a folder of their own)
     into a folder made for it (`mkdtemp`) and removed after it: links and predictions only."""
-    scratch = Path(tempfile.mkdtemp(prefix=".run-", dir=cfg.output_dir))
-    try:
+    with scratch_folder(Path(cfg.output_dir), ".run-") as scratch:
         source = folder
         if len(photos) < len(find_images(folder)[0]):
-            source = scratch / "in"
-            source.mkdir()
+            source = make_folder(scratch / "in")
             for photo in photos:
-                os.link(photo, source / photo.name)
+                hard_link(photo, source / photo.name)
         args = [
             f"ckpt={cfg.ckpt}",
             f"input={source}",
@@ -168,8 +165,6 @@ def _predict_once(cfg: DictConfig, folder: Path, photos: list[Path], overrides: 
         ]
         asked = compose("predict", overrides=args)
         summary = predict(asked, console=Console(quiet=True))
-    finally:
-        shutil.rmtree(scratch)
     return {
         "device": summary.device,  # what ran: a run's settings that do not apply there are off
         "engine": asked.engine,  # predict's own values (its defaults included), as it ran them
@@ -258,7 +253,7 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
             f"output_dir={out} and input_dir={cfg.input_dir} overlap (one is, or is inside, the "
             "other): nothing was written; choose an output folder apart from the photos"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     folder = out / "photos"
     photos = make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
     sizes = np.array([_size(p) for p in photos])

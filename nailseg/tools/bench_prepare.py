@@ -25,6 +25,7 @@ from rich.table import Table
 
 from nailseg.config import CONF_DIR
 from nailseg.io.atomic import write_text
+from nailseg.io.ownership import make_folder
 from nailseg.prep.prepare import prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table
@@ -48,7 +49,7 @@ def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_prepare")
 def main(cfg: DictConfig) -> None:
     input_dir, out = Path(cfg.input_dir), Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     workers = cfg.num_workers or os.cpu_count() or 1
 
     def run_prepare(root: Path):

@@ -16,6 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from nailseg.io.atomic import write_text
+from nailseg.io.ownership import make_folder, remove_file
 
 FAILED = "failed.json"
 _KEYS = frozenset({"error", "traceback"})  # exactly what `write_failure` writes
@@ -23,7 +24,7 @@ _KEYS = frozenset({"error", "traceback"})  # exactly what `write_failure` writes
 
 def write_failure(run_dir: Path, err: BaseException) -> Path:
     """Record `err` (raised just now: its traceback is the current one) for the sweep's table."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir)
     record = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
     return write_text(run_dir / FAILED, json.dumps(record, indent=2, sort_keys=True))
 
@@ -43,8 +44,8 @@ def read_failure(run_dir: Path) -> str | None:
 def clear_failure(run_dir: Path) -> None:
     """Remove the failure recorded in `run_dir` (the run there has now completed); a file of that
     name that is not a record of ours stays."""
-    if read_failure(run_dir) is not None:
-        (run_dir / FAILED).unlink(missing_ok=True)
+    if read_failure(run_dir) is not None:  # its content is the proof that it is ours
+        remove_file(run_dir / FAILED, lambda _: True)
 
 
 def job_folders(sweep_dir: Path) -> list[Path]:

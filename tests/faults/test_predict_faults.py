@@ -26,6 +26,8 @@ from nailseg.inference.predict import PredictError, run
 from nailseg.io.atomic import temp_path
 from nailseg.model.checkpoint import CheckpointError
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
@@ -133,13 +135,34 @@ def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
     assert _files(data) == before
 
 
-def test_a_folder_an_older_predict_wrote_is_predicts_own(ckpt, data, tmp_path):
-    """Its summary.json holds what every version wrote, without the keys later ones added."""
+def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(ckpt, data, tmp_path):
+    """Ownership by identity, not by name or keys: a summary.json with every key predict writes
+    (as an older predict's, or a user's copy of one) but not nailseg's marker (tool, kind, the
+    folder's id) is not predict's. Before, predict took the folder and replaced the user's mask.
+    Through the user's command."""
     output = tmp_path / "old"
     (output / "masks").mkdir(parents=True)
-    old = {"images": 1, "checkpoint": str(ckpt), "threshold": 0.5}
-    (output / "summary.json").write_text(json.dumps(old))
-    assert _predict(ckpt, data / "photos", output).images == 1
+    (output / "masks" / "x.png").write_bytes(b"a mask of the user's where predict would write")
+    summary = {"images": 1, "checkpoint": str(ckpt), "threshold": 0.5, "finished": True}
+    (output / "summary.json").write_text(json.dumps(summary))
+    before = _files(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nailseg.predict",
+            f"ckpt={ckpt}",
+            f"input={data / 'photos'}",
+            f"output={output}",
+            "device=cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert f"{output} holds a summary.json that nailseg did not write" in done.stderr
+    assert _files(tmp_path) == before
 
 
 def test_a_users_own_summary_json_does_not_make_a_folder_predicts(ckpt, data, tmp_path):
@@ -148,7 +171,7 @@ def test_a_users_own_summary_json_does_not_make_a_folder_predicts(ckpt, data, tm
     (output / "masks" / "x.png").write_bytes(b"my own mask")
     (output / "summary.json").write_text(json.dumps({"checkpoint": "my notes"}))
     before = _files(tmp_path)
-    with pytest.raises(PredictError, match=r"has no summary\.json written by nailseg"):
+    with pytest.raises(PredictError, match=r"holds a summary\.json that nailseg did not write"):
         _predict(ckpt, data / "photos", output)
     assert _files(tmp_path) == before
 

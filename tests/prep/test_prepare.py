@@ -325,10 +325,11 @@ def test_k_fold_covers_each_sample_once():
 
 
 def _snapshot(out: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file but the marker, which holds the root's own id and its files' records."""
     return {
         p.relative_to(out).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
         for p in sorted(out.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != MARKER_FILE
     }
 
 
