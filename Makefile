@@ -60,14 +60,8 @@ format: install  ## ruff fix and format
 bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
 	$(PY) -m nailseg.bench_prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
 
-clean:  ## remove outputs/, multirun/, the synthetic data sets and the tool caches; never your photos
-	rm -rf outputs multirun .pytest_cache .ruff_cache
-	for d in data/synthetic data/synthetic-mix; do \
-		test ! -f $$d/raw/synthetic.json || rm -rf $$d/raw; \
-		test ! -f $$d/prepared/prepare.json || rm -rf $$d/prepared; \
-		rmdir $$d 2>/dev/null || true; \
-	done
-	rmdir data 2>/dev/null || true  # only when nothing else is in it
+clean:  ## remove what nailseg provably wrote (runs, sweeps, synthetic sets) and the tool caches; names what it keeps
+	$(PY) -m nailseg.io.clean
 
 bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
 	$(PY) -m nailseg.bench_predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)

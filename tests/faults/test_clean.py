@@ -1,64 +1,150 @@
-"""`make clean` removes only what the project generates: a user's photos and prepared data stay."""
+"""`make clean` removes only what nailseg provably wrote (`nailseg.io.clean`): the folders are
+made by the user's own command (prepare.py generating and preparing the synthetic set, its Hydra
+run folder), and a user's files sit in the way."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-GENERATED = [
-    "outputs/train/run/checkpoints/last.ckpt",
-    "multirun/sweep/0/metrics.json",
-    "data/synthetic/raw/synthetic.json",
-    "data/synthetic/raw/Images/desk/s0000.png",
-    "data/synthetic/prepared/prepare.json",
-    "data/synthetic/prepared/train.csv",
-    "data/synthetic-mix/raw/synthetic.json",  # make cross-source's mixed-in set
-    "data/synthetic-mix/prepared/prepare.json",
-    ".pytest_cache/README.md",
-    ".ruff_cache/x",
-]
+RAW, PREPARED, RUN = "data/synthetic/raw", "data/synthetic/prepared", "outputs/prepare/run"
 USERS = [
     "data/nails/raw/Images/1/a.png",  # dataset=nails' default raw_dir
     "data/nails/prepared/train.csv",
     "data/mine/Images/g/photo.png",
     "data/synthetic/notes.txt",
-    "data/synthetic-mix/notes.txt",
+    "outputs/notes.txt",
+    f"{RAW}/Images/desk/mine.png",  # inside folders nailseg made: still the user's
+    f"{PREPARED}/my_split.csv",
+    f"{RUN}/notes.txt",
 ]
 
 
-def test_make_clean_removes_only_what_the_project_generates(tmp_path):
-    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    for name in GENERATED + USERS:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(name)
-    subprocess.run(["make", "clean"], cwd=tmp_path, check=True, capture_output=True)
-    assert [name for name in USERS if not (tmp_path / name).is_file()] == []
-    assert [name for name in GENERATED if (tmp_path / name).exists()] == []
+def _prepare(project: Path) -> None:
+    """The synthetic set generated and prepared by prepare.py, as `make prepare` does, into
+    `project`; its run folder too."""
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "prepare.py"),
+            "dataset=synthetic",
+            "dataset.synthetic.n=8",
+            f"dataset.raw_dir={project / RAW}",
+            f"dataset.root={project / PREPARED}",
+            f"hydra.run.dir={project / RUN}",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
 
 
-def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path):
-    """It left data/, data/synthetic/ and data/synthetic-mix/ behind, empty."""
-    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    for name in GENERATED:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(name)
-    subprocess.run(["make", "clean"], cwd=tmp_path, check=True, capture_output=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile"]
+def _make_clean(project: Path) -> str:
+    shutil.copy(ROOT / "Makefile", project / "Makefile")
+    done = subprocess.run(
+        ["make", "clean", f"PY={sys.executable}"],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout
+
+
+def _write(project: Path, names: list[str]) -> None:
+    for name in names:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(f"the user's {name}")
+
+
+def _files(project: Path) -> list[str]:
+    return sorted(p.relative_to(project).as_posix() for p in project.rglob("*") if not p.is_dir())
+
+
+def test_make_clean_removes_what_nailseg_wrote_and_names_what_it_keeps(tmp_path):
+    """Before, it removed outputs/ whole and every folder holding a file of the marker's name,
+    the user's files in them included."""
+    _prepare(tmp_path)
+    _write(tmp_path, [*USERS, ".pytest_cache/README.md", ".ruff_cache/x"])
+    out = _make_clean(tmp_path)
+    assert _files(tmp_path) == sorted(["Makefile", *USERS])
+    for name in USERS:
+        assert (tmp_path / name).read_text() == f"the user's {name}"
+        if name.split("/")[0] == "outputs" or name.startswith("data/synthetic"):
+            assert f"kept {name}" in out, name
 
 
 @pytest.mark.parametrize(
-    "folder",
-    ["synthetic/raw", "synthetic/prepared", "synthetic-mix/raw", "synthetic-mix/prepared"],
+    ("folder", "marker", "content"),
+    [
+        (RAW, "synthetic.json", {"n": 8, "seed": 0, "version": 1}),  # what f5710aa wrote
+        (PREPARED, "prepare.json", {"format": 2, "mask_threshold": 127}),
+        ("data/synthetic-mix/raw", "synthetic.json", {"n": 8}),
+        ("outputs/train/run", ".nailseg.json", {"tool": "nailseg", "kind": "run"}),
+        ("multirun/sweep", ".nailseg.json", {"note": "mine"}),
+    ],
 )
-def test_make_clean_keeps_a_synthetic_folder_nailseg_did_not_mark(tmp_path, folder):
-    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    photo = tmp_path / "data" / folder / "Images" / "g" / "photo.png"
-    photo.parent.mkdir(parents=True)
-    photo.write_text("a user's photo where the synthetic set would go")
-    subprocess.run(["make", "clean"], cwd=tmp_path, check=True, capture_output=True)
-    assert photo.is_file()
+def test_make_clean_keeps_a_folder_whose_marker_nailseg_did_not_write(
+    tmp_path, folder, marker, content
+):
+    """A marker's name proves nothing: its content must be nailseg's (tool, kind, the folder's
+    id). Before, a folder holding a file of that name went whole."""
+    photo = tmp_path / folder / "Images" / "g" / "photo.png"
+    _write(tmp_path, [photo.relative_to(tmp_path).as_posix()])
+    (tmp_path / folder / marker).write_text(json.dumps(content))
+    out = _make_clean(tmp_path)
+    assert photo.read_text().startswith("the user's")
+    assert json.loads((tmp_path / folder / marker).read_text()) == content
+    assert f"kept folder {folder} (its {marker} is not nailseg's)" in out
+
+
+def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path):
+    """A file nailseg wrote and the user then edited or replaced is the user's. Before, it went
+    with its folder."""
+    _prepare(tmp_path)
+    edited = [
+        f"{RAW}/Images/studio/s0000.png",
+        f"{PREPARED}/train.csv",
+        f"{RUN}/.hydra/config.yaml",
+    ]
+    for name in edited:
+        with open(tmp_path / name, "a") as file:
+            file.write("the user's edit")
+    replaced = next((tmp_path / PREPARED / "images").rglob("*.npy"))
+    replaced.unlink()
+    replaced.write_bytes(b"the user's own array")
+    out = _make_clean(tmp_path)
+    kept = [*edited, replaced.relative_to(tmp_path).as_posix()]
+    assert _files(tmp_path) == sorted(["Makefile", *kept])
+    for name in kept:
+        assert f"kept {name}" in out
+
+
+def test_make_clean_never_follows_or_removes_a_link(tmp_path):
+    """A link where nailseg's picture was, and a link to a user's folder under outputs/: both
+    stay, and what they lead to is untouched. Before, the links went."""
+    _prepare(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    _write(tmp_path, ["elsewhere/mine.png", "elsewhere/data/x.png"])
+    picture = tmp_path / RAW / "Images" / "studio" / "s0000.png"
+    picture.unlink()
+    picture.symlink_to(elsewhere / "mine.png")
+    (tmp_path / "outputs" / "shared").symlink_to(elsewhere / "data", target_is_directory=True)
+    _make_clean(tmp_path)
+    assert picture.is_symlink() and (tmp_path / "outputs" / "shared").is_symlink()
+    assert sorted(os.listdir(elsewhere)) == ["data", "mine.png"]
+    assert (elsewhere / "data" / "x.png").read_text() == "the user's elsewhere/data/x.png"
+
+
+def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path):
+    """Once its files are gone, the folders they leave empty go too (rmdir: only empty ones)."""
+    _prepare(tmp_path)
+    _make_clean(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile"]
