@@ -1,5 +1,6 @@
 """Lightning callbacks: training speed / loader wait, the learning rates, time to a target score,
-prediction overlays of validation, and the card every checkpoint carries.
+prediction overlays of validation, the card every checkpoint carries, and a progress bar that is
+safe under DDP.
 
 The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's
 `forward` (logits B×1×H×W), so they work with every loader backend.
@@ -17,6 +18,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
@@ -104,10 +107,15 @@ class TrainSpeedMonitor(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause(pl_module)
-        if self._elapsed <= 0.0:
-            return
-        local = torch.tensor([self._images / self._elapsed, self._wait / self._elapsed])
+        # every rank takes part in the reduce, whatever it measured (a rank that skipped it would
+        # leave the others waiting); an epoch some rank did not time (a fit resumed mid-epoch runs
+        # no epoch-start hook) is left out on every rank alike
+        timed = self._elapsed > 0.0
+        elapsed = self._elapsed if timed else 1.0
+        local = torch.tensor([self._images / elapsed, self._wait / elapsed, float(timed)])
         total = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
+        if total[2] < trainer.world_size:
+            return
         images_per_s, wait = float(total[0]), float(total[1]) / trainer.world_size
         # the values are reduced already; sync_dist only marks them as global (as in the module)
         pl_module.log("train/images_per_s", images_per_s, sync_dist=True)
@@ -129,6 +137,42 @@ class TrainSpeedMonitor(L.Callback):
             "epochs_counted": [e["epoch"] for e in counted],
             "per_epoch": self.epochs,
         }
+
+
+# where Lightning keeps the progress-bar values its loop has computed, and the version it was read in
+_COMPUTED = "_progress_bar_metrics"
+BAR_WRITTEN_FOR = "lightning 2.6"
+
+
+def computed_bar_values(trainer: L.Trainer) -> dict[str, Any]:
+    """The progress-bar values the loop has computed already, on every rank alike (after each
+    batch's and each epoch's hooks), read without computing any value still pending. Lightning
+    keeps them in its private logger connector: looked up here only, at use."""
+    values = getattr(trainer._logger_connector, _COMPUTED, None)
+    if values is None:
+        raise RuntimeError(
+            f"lightning no longer keeps the logger connector's {_COMPUTED}; nailseg's progress "
+            f"bar was written for {BAR_WRITTEN_FOR}: install the pinned versions"
+        )
+    return dict(values)
+
+
+class RankSafeProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar, showing only values that every rank has computed already.
+
+    Lightning computes an epoch's logged value when something first reads it, and computing one
+    is a collective (torchmetrics' all_gather, `sync_dist`'s all_reduce). Lightning's bar reads
+    them at the end of each training epoch and validation, on rank 0 alone (the other ranks' bars
+    are disabled): rank 0 then ran collectives the others did not, and the next collective paired
+    unlike operations, so a DDP fit hung at its first epoch's end. This bar reads what the loop
+    computed on every rank and so starts no collective on any rank: an epoch's training values
+    show from the next refresh on (validation's at once), a step's from the next step on.
+    """
+
+    def get_metrics(
+        self, trainer: L.Trainer, pl_module: L.LightningModule
+    ) -> dict[str, int | str | float | dict[str, float]]:
+        return {**get_standard_metrics(trainer), **computed_bar_values(trainer)}
 
 
 class LearningRates(L.Callback):

@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nailseg.precheck import BASIC_SWEEPER, composed_jobs, refusal
 from nailseg.training.checks import ConfigError
+from nailseg.training.signals import ends_on_signal
 
 # what the child command replaces, and the versions it was written against
 PATCHED = "_hydra_subprocess_cmd"
@@ -160,13 +161,14 @@ def _reset_wandb() -> None:
 
 @contextmanager
 def isolated_job() -> Iterator[None]:
-    """Run one job: the DDP ranks Lightning starts as subprocesses re-run this job only; on exit,
-    the process group, the rendezvous variables and torch's thread count are as before, and no
-    W&B run is left open."""
+    """Run one job: the DDP ranks Lightning starts as subprocesses re-run this job only, and
+    SIGTERM or Ctrl-C ends the job and its ranks within seconds (signals.py); on exit, the
+    process group, the rendezvous variables and torch's thread count are as before, and no W&B
+    run is left open."""
     env = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
     threads = torch.get_num_threads()
     try:
-        with _child_command_swapped():
+        with ends_on_signal(), _child_command_swapped():
             yield
     except BaseException:
         _finish_open_wandb_run()

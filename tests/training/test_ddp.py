@@ -1,23 +1,29 @@
-"""DDP on CPU (2 gloo processes through Lightning's launcher, re-running the real `train.py`).
+"""DDP on CPU (2 gloo processes through Lightning's launcher, re-running the real `train.py`),
+with the default callbacks, progress bar included.
 
 One sweep of two DDP jobs is shared by the tests: each job runs its own config in its own dir
 (Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir), rank-0-only
 outputs, every training row seen once per epoch across ranks (the sample ledger), every
 validation row counted once, and the DDP validation Dice equal to a single-process validation of
-the same weights.
+the same weights. `trainer=ddp` as the README runs it ends, and SIGTERM ends a DDP job stuck in
+a collective, every process of it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.ddp import ddp_overrides, job_dirs, run_train
+from support.ddp import ddp_overrides, finish, job_dirs, run_train, start_train
 from support.loaders import trainer_stand_in
 from support.prepared import write_prepared
+from support.processes import session_processes
 from support.train import compose_train
 from support.wandb_records import history
 
@@ -26,6 +32,7 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
 from nailseg.training.ledger import train_rows_once
+from nailseg.training.signals import GRACE_S
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
@@ -231,3 +238,68 @@ def test_ddp_options_through_a_strategy_object(tmp_path):
     for epoch in range(EPOCHS):
         rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
         assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)
+
+
+def test_trainer_ddp_with_the_default_callbacks_ends(tmp_path):
+    """`train.py trainer=ddp` on 2 CPU processes with the defaults: rank 0's progress bar draws
+    (no TTY needed) and reads the logged values at each epoch's end. Lightning's bar computed
+    them there, a collective on rank 0 alone, so the fit hung at its first epoch's end."""
+    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    run_dir = tmp_path / "run"
+    overrides = [o for o in ddp_overrides(root) if not o.startswith("trainer=")]
+    stdout, _ = finish(
+        start_train(
+            *overrides,
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            f"trainer.max_epochs={EPOCHS}",
+            f"hydra.run.dir={run_dir}",
+        )
+    )
+    assert f"Epoch {EPOCHS - 1}/{EPOCHS - 1}" in stdout and "val/dice:" in stdout  # the bar
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["epochs"] == EPOCHS
+    assert len(metrics["throughput"]["per_epoch"]) == EPOCHS  # its all-reduce, every epoch
+    assert metrics["final"]["metrics"]["val_best/samples"] == N_VALID
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+
+
+def test_sigterm_ends_a_ddp_job_stuck_in_a_collective(tmp_path):
+    """Both ranks wait inside torch.distributed for each other (support.ddp.Deadlock), where no
+    Python signal handler runs: SIGTERM to train.py alone ends it, with a failing status, and
+    every process of the job within seconds."""
+    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    with (tmp_path / "output.txt").open("w") as output:
+        job = start_train(
+            *ddp_overrides(
+                root,
+                "trainer.devices=2",
+                "trainer.strategy=ddp",
+                "logger=none",
+                "+callbacks.deadlock._target_=support.ddp.Deadlock",
+                f"+callbacks.deadlock.dirpath={tmp_path}",
+                f"hydra.run.dir={tmp_path / 'run'}",
+            ),
+            output=output,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            assert job.poll() is None, (tmp_path / "output.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the ranks never reached their first batch"
+            time.sleep(0.1)
+        time.sleep(1.0)  # both inside their receive
+        job.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        returncode = job.wait(timeout=GRACE_S + 30)
+        ended = time.monotonic() - sent
+        while (left := session_processes(job.pid)) and time.monotonic() < sent + GRACE_S + 35:
+            time.sleep(0.1)
+    finally:
+        for pid in session_processes(job.pid):
+            os.kill(pid, signal.SIGKILL)
+        job.wait()
+    assert returncode != 0 and ended < GRACE_S + 10, (returncode, ended)
+    assert left == {}, f"left behind: {left}"

@@ -1,0 +1,105 @@
+"""A training job ends within seconds of SIGTERM or Ctrl-C, its DDP ranks included, also while a
+rank waits in a collective that never completes.
+
+Two things kept a DDP job alive: Lightning's SIGTERM handler only sets a flag that the fit loop
+reads at the epoch's end ("bypassing" the signal), and Python runs a signal handler only once the
+main thread is back in the interpreter, which a rank waiting in a collective for its peer never
+is. `ends_on_signal`, around each job (`jobs.isolated_job`):
+
+* raises `Terminated`, a KeyboardInterrupt, for SIGTERM: Lightning ends a fit or evaluation as it
+  does on Ctrl-C (on_exception hooks, loggers finalized as failed, its DDP ranks killed, exit 1);
+* starts a watcher thread that Python's signal wake-up fd wakes on SIGINT and SIGTERM (the
+  interpreter's C-level handler writes it even while the main thread is blocked): a process
+  still running `GRACE_S` later exits with status 128 + the signal;
+* has the kernel kill a DDP rank this job's process launched when that process exits, however it
+  exits (Lightning's launcher re-runs train.py for each rank; `lifetime.die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from nailseg.lifetime import die_with_parent
+
+GRACE_S = 5.0  # how long an interrupted job may take to end by itself
+# the job's process, as its DDP ranks inherit it: a rank that finds another pid here was launched
+LAUNCHER_ENV = "NAILSEG_JOB_PID"
+_ENDING = (signal.SIGINT, signal.SIGTERM)
+_STOP = b"\0"  # no signal has number 0: the watcher's own wake-up at the job's end
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so it is handled alike."""
+
+
+def _terminate_once() -> Callable[[int, FrameType | None], None]:
+    """A SIGTERM handler raising `Terminated` once: a repeat would break off the shutdown."""
+    raised = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Terminated(f"received {signal.Signals(signum).name}")
+
+    return handler
+
+
+def _watch(wakeups: socket.socket, fired: threading.Event) -> None:
+    """Wait for an ending signal's byte; then give the process `GRACE_S` to end by itself."""
+    while (byte := wakeups.recv(1)) != _STOP:
+        if byte and byte[0] in _ENDING:
+            fired.set()
+            threading.Event().wait(GRACE_S)
+            name = signal.Signals(byte[0]).name
+            os.write(2, f"still running {GRACE_S:g} s after {name}: ending it now\n".encode())
+            os._exit(128 + byte[0])
+
+
+def _tie_to_launcher() -> None:
+    """In a DDP rank launched by a job's process: die when that process exits."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None or int(launcher) == os.getpid():
+        return
+    die_with_parent()
+    if os.getppid() != int(launcher):  # it exited before the kernel was told
+        os._exit(1)
+
+
+@contextmanager
+def ends_on_signal() -> Iterator[None]:
+    """Run a job that SIGTERM and Ctrl-C end within `GRACE_S` (see the module docstring). Signal
+    handlers belong to the main thread: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _tie_to_launcher()
+    launcher = os.environ.get(LAUNCHER_ENV)
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    wakeups, wakeup_fd = socket.socketpair()
+    wakeup_fd.setblocking(False)  # the C-level handler must never block
+    previous_fd = signal.set_wakeup_fd(wakeup_fd.fileno(), warn_on_full_buffer=False)
+    previous_term = signal.signal(signal.SIGTERM, _terminate_once())
+    fired = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(wakeups, fired), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.set_wakeup_fd(previous_fd)
+        if launcher is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = launcher
+        if not fired.is_set():  # else the watcher keeps its deadline while the job unwinds
+            wakeup_fd.send(_STOP)
+            watcher.join()
+            wakeups.close()
+            wakeup_fd.close()
