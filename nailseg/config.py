@@ -5,7 +5,8 @@ A field is MISSING (the YAML must set it) or None ("not set": the code's documen
 as Lightning's own default for a trainer key, or a schedule as long as the whole fit). Each YAML
 file lists its schema first in its defaults, so an unknown key or a value of the wrong type fails
 when the config is composed, naming the key — not at epoch 3. `tests/training/test_config.py`
-holds every schema to this rule.
+holds every schema to this rule. Schemas are stored outside every group (a group file names its
+own as `/<name>@_here_`), so they are not offered as a group's options in `--help` or completion.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+# the project: the folder holding conf/ and train.py, where `paths.root_dir` anchors every default
+PROJECT_ROOT = str(Path(CONF_DIR).parent)
+
+
+@dataclass
+class PathsConfig:
+    """Where runs and data go by default (conf/paths/default.yaml): under the project, wherever a
+    command is started from."""
+
+    root_dir: str = MISSING
+    data_dir: str = MISSING
+    log_dir: str = MISSING  # single runs' folders (<log_dir>/<task_name>/<time>) and tools' results
+    sweep_dir: str = MISSING  # sweeps' folders (a run's own folder is train.py's `run_dir`)
 
 
 @dataclass
@@ -70,6 +84,7 @@ class SplitConfig:
 class PrepareConfig:
     """prepare.py; values in conf/prepare.yaml."""
 
+    paths: PathsConfig = MISSING
     dataset: DatasetConfig = MISSING
     input_dir: str = MISSING
     output_dir: str = MISSING
@@ -259,6 +274,9 @@ class TrainerConfig:
 
 @dataclass
 class TrainConfig:
+    paths: PathsConfig = MISSING
+    task_name: str = MISSING  # names the run folder: <paths.log_dir>/<task_name>/<time>
+    tags: list[str] = MISSING  # given to the loggers that take tags (W&B), kept in metrics.json
     dataset: DatasetConfig = MISSING
     loader: LoaderConfig = MISSING
     aug: AugConfig = MISSING
@@ -285,6 +303,7 @@ class TrainConfig:
 class BenchConfig:
     """`python -m nailseg.bench`; values in conf/bench.yaml."""
 
+    paths: PathsConfig = MISSING
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
     optimizer: Any = MISSING  # the training's (an optimizer group option, its own schema)
@@ -310,6 +329,7 @@ class BenchConfig:
 class BenchPrepareConfig:
     """`python -m nailseg.bench_prepare`; values in conf/bench_prepare.yaml."""
 
+    paths: PathsConfig = MISSING
     input_dir: str = MISSING
     output_dir: str = MISSING
     group_regex: str | None = None
@@ -322,6 +342,7 @@ class BenchPrepareConfig:
 class BenchPredictConfig:
     """`python -m nailseg.bench_predict`; values in conf/bench_predict.yaml."""
 
+    paths: PathsConfig = MISSING
     ckpt: str = MISSING
     input_dir: str = MISSING
     output_dir: str = MISSING
@@ -335,26 +356,26 @@ class BenchPredictConfig:
     repeats: int = MISSING
 
 
-SCHEMAS: dict[str | None, dict[str, type]] = {
-    None: {
-        "prepare_schema": PrepareConfig,
-        "train_schema": TrainConfig,
-        "bench_schema": BenchConfig,
-        "bench_prepare_schema": BenchPrepareConfig,
-        "bench_predict_schema": BenchPredictConfig,
-    },
-    "dataset": {"dataset_schema": DatasetConfig},
-    "aug": {"aug_schema": AugConfig},
-    "normalize": {"normalize_schema": NormalizeConfig},
-    "loader": {"loader_schema": LoaderConfig, "torch_loader_schema": TorchLoaderConfig},
-    "model": {"model_schema": ModelConfig},
-    "optimizer": {"adamw_schema": AdamWConfig, "sgd_schema": SGDConfig},
-    "scheduler": {
-        "cosine_schema": CosineConfig,
-        "onecycle_schema": OneCycleConfig,
-        "cosine_warmup_schema": WarmupCosineConfig,
-    },
-    "trainer": {"trainer_schema": TrainerConfig},
+# stored at the top, in no group: a group's options are its YAML files only
+SCHEMAS: dict[str, type] = {
+    "prepare_schema": PrepareConfig,
+    "train_schema": TrainConfig,
+    "bench_schema": BenchConfig,
+    "bench_prepare_schema": BenchPrepareConfig,
+    "bench_predict_schema": BenchPredictConfig,
+    "paths_schema": PathsConfig,
+    "dataset_schema": DatasetConfig,
+    "aug_schema": AugConfig,
+    "normalize_schema": NormalizeConfig,
+    "loader_schema": LoaderConfig,
+    "torch_loader_schema": TorchLoaderConfig,
+    "model_schema": ModelConfig,
+    "adamw_schema": AdamWConfig,
+    "sgd_schema": SGDConfig,
+    "cosine_schema": CosineConfig,
+    "onecycle_schema": OneCycleConfig,
+    "cosine_warmup_schema": WarmupCosineConfig,
+    "trainer_schema": TrainerConfig,
 }
 
 
@@ -412,10 +433,10 @@ def study_seed(seed: int, storage: str | None, study_name: str) -> int:
 
 def register() -> None:
     cs = ConfigStore.instance()
-    for group, schemas in SCHEMAS.items():
-        for name, node in schemas.items():
-            cs.store(group=group, name=name, node=node)
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
     # every entry point imports this module before Hydra composes (and a sweeper resolves)
+    OmegaConf.register_new_resolver("nailseg.root", lambda: PROJECT_ROOT)
     OmegaConf.register_new_resolver("nailseg.direction", study_direction)
     OmegaConf.register_new_resolver("nailseg.study_seed", study_seed)
 

@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nailseg.config import CONF_DIR
 from nailseg.io.lock import locked
@@ -45,7 +45,8 @@ def _compose_prepare(dataset: DictConfig) -> DictConfig:
     else:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("prepare")
-    cfg.dataset = dataset
+    # resolved where it was composed: its paths are the caller's (paths.root_dir=...), not these
+    cfg.dataset = OmegaConf.to_container(dataset, resolve=True)
     return cfg
 
 

@@ -34,7 +34,7 @@ from nailseg.model.checkpoint import make_card
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin
-from nailseg.training import checks, resume
+from nailseg.training import checks, evaluation, resume
 from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 
@@ -198,6 +198,8 @@ def build(cfg: DictConfig) -> Built:
     prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
     resumed = resume.resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job())
     if resumed is not None:
+        if not cfg.train:  # an evaluation: the checkpoint's model and input size (evaluation.py)
+            evaluation.take_card(cfg, resumed.card, str(resumed.checkpoint))
         resume.check_matches(resumed, cfg)
         if cfg.train:  # continue in the checkpoint's own run folder (see resume.py)
             resume.check_restored(resumed, cfg)

@@ -3,6 +3,7 @@
 The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`, `train.log`,
 `checkpoints/`, `overlays/`, the logger folders (W&B offline runs included) and `metrics.json`:
 
+    tags          the run's `tags` (also its W&B run's)
     resumed_from  the checkpoint `ckpt_path` named (train=false: the one evaluated), or null
     fit           the last epoch's metrics
     throughput    training images/s (all ranks) and data-wait: the medians over the epochs after
@@ -195,6 +196,7 @@ def run(cfg: DictConfig) -> float | None:
         checkpoint = built.resume.checkpoint if built.resume else None
         report: dict[str, Any] = {
             "choices": _choices(),
+            "tags": list(cfg.tags),
             "resumed_from": str(checkpoint) if checkpoint else None,
         }
         if cfg.train:

@@ -80,6 +80,7 @@ def test_the_first_run_on_the_built_in_data_trains_with_worker_processes(tmp_pat
     forked the DataLoader workers, which hung for ever in cv2.setNumThreads(1)."""
     proc = _start(
         "train.py",
+        f"paths.root_dir={tmp_path}",  # the built-in data and the run folder: not the project's
         "loader=torch",
         "loader.num_workers=2",
         "loader.batch_size=4",
@@ -107,6 +108,7 @@ def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(prepare
         f"ckpt_path={tmp_path / 'no.ckpt'}": "CheckpointError: ckpt=",
     }
     for override, message in refusals.items():
-        proc = _start("train.py", f"dataset.root={prepared}", override, "logger=none", cwd=tmp_path)
+        args = [f"paths.root_dir={tmp_path}", f"dataset.root={prepared}", override, "logger=none"]
+        proc = _start("train.py", *args, cwd=tmp_path)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].startswith(f"train.py: {message}"), override

@@ -54,8 +54,7 @@ ON_CPU = ["trainer.accelerator=cpu", "trainer.precision=32-true", "loader.device
 def _schemas() -> list[type]:
     found, todo = (
         [],
-        [node for group in config.SCHEMAS.values() for node in group.values()]
-        + [PredictConfig, ExportConfig],
+        [*config.SCHEMAS.values(), PredictConfig, ExportConfig],
     )
     while todo:
         node = todo.pop()
