@@ -5,9 +5,8 @@ ends of its task queue's pipe itself and so never sees it close.
 On Linux, prctl(PR_SET_PDEATHSIG) has the kernel kill a process when its parent exits. A worker
 arms it first thing (`die_with_parent`, a pool's initializer); a parent that died before that is
 caught by comparing os.getppid() with the process that forked the worker, noted just before every
-fork. A worker forked by multiprocessing's forkserver has the server as its parent, and the server
-exits by itself when the process that started it does (the pipe it watches closes). Elsewhere than
-on Linux, nothing is armed.
+fork. A worker forked by multiprocessing's forkserver has the server as its parent, so the server
+arms it too (predict's: inference/server_start.py). Elsewhere than on Linux, nothing is armed.
 """
 
 from __future__ import annotations

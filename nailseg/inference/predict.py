@@ -492,11 +492,12 @@ def _workers_starting() -> Iterator[None]:
 
 
 def _preloaded() -> list[str]:
-    """What the forkserver imports once: the main module when run as a file ("__main__"), and
-    predict with all it imports (torch included). A worker imports a main module run with
-    `python -m` itself: preloading that module by name too would make runpy warn in every worker
-    that it was imported twice (as predict and as bench_predict did on the H200)."""
-    return ["__main__", __name__]
+    """What the forkserver imports once: server_start (it dies with this process), the main
+    module when run as a file ("__main__"), and predict with all it imports (torch included). A
+    worker imports a main module run with `python -m` itself: preloading that module by name too
+    would make runpy warn in every worker that it was imported twice (as predict and as
+    bench_predict did on the H200)."""
+    return ["nailseg.inference.server_start", "__main__", __name__]
 
 
 @contextmanager
