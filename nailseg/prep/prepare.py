@@ -49,7 +49,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nailseg.collector import frozen_heap
-from nailseg.io.atomic import write_atomic, write_text
+from nailseg.io.atomic import refuse_non_file, write_atomic, write_text
 from nailseg.io.lock import locked
 from nailseg.io.overlap import overlap
 from nailseg.io.ownership import (
@@ -675,6 +675,7 @@ def _claim_root(out_root: Path, settings: str) -> tuple[dict, bool]:
         return marker, True
     files = recorded(marker)
     for name in sorted(ROOT_FILES - {MARKER_FILE, JOURNAL_FILE}):
+        refuse_non_file(out_root / name)  # a link: named as one
         if not replaceable(out_root / name, files.get(name)):
             raise PrepareError(
                 f"{out_root / name} is not the file prepare wrote there (changed or put there "
@@ -824,7 +825,9 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
     table.add_row("seconds", f"{summary.seconds:.2f}")
     print_table(table, console)
     for path in summary.users_files[:max_listed]:
-        console.print(f"  kept, not prepare's any more: {path}", markup=False, highlight=False)
+        console.print(
+            f"  kept, not prepare's any more: {path}", markup=False, highlight=False, soft_wrap=True
+        )
     for exclusion in summary.excluded[:max_listed]:
         console.print(f"  excluded {exclusion}", markup=False, highlight=False)
     if len(summary.excluded) > max_listed:
