@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -73,16 +74,22 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        torch.onnx.export(
-            net,
-            (example,),
-            buffer,
-            dynamo=False,
-            opset_version=opset,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-        )
+        try:
+            torch.onnx.export(
+                net,
+                (example,),
+                buffer,
+                dynamo=False,
+                opset_version=opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+        except (torch.onnx.OnnxExporterError, RuntimeError) as err:  # an opset it lacks, an op
+            reason = str(err).splitlines()[0]
+            raise ExportError(
+                f"the ONNX exporter cannot write this net at opset={opset}: {reason}"
+            ) from err
     model = onnx.load_from_string(buffer.getvalue())
     _declare_output_shape(model, out_shape[1:])
     onnx.helper.set_model_props(model, _metadata(spec))
@@ -214,9 +221,18 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
 
 def _refuse_to_replace(path: Path, ckpt: Path) -> None:
     """Raise ExportError, before any work, when `path` holds anything but a model nailseg
-    exported (the checkpoint itself, a folder, a user's file): only those are replaced."""
-    if not path.exists():
+    exported (the checkpoint itself, a folder, a user's file, a link): only those are replaced;
+    or when a file stands where its folder would be made."""
+    folder = next(parent for parent in path.absolute().parents if parent.exists())
+    if not folder.is_dir():
+        raise ExportError(f"output={path}: {folder} is a file, not a folder; choose another output")
+    if not os.path.lexists(path):
         return
+    if path.is_symlink():  # replacing drops the user's link; writing through it, their file
+        raise ExportError(
+            f"output={path} is a symbolic link (to {os.readlink(path)}), which export never "
+            "writes through nor replaces: nothing was written; choose another output"
+        )
     if path.samefile(ckpt):  # the same file by any name: a link, a hard link
         raise ExportError(f"output={path} is the checkpoint being exported: choose another output")
     try:

@@ -531,3 +531,20 @@ def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
     assert json.loads((output / "summary.json").read_text())["finished"] is False
     monkeypatch.undo()
     assert _predict(ckpt, data / "photos", output).images == 4
+
+
+def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path):
+    """A link at `output` to a model exported earlier (the user's own copy, kept elsewhere):
+    before, export replaced the link with a new file; now it is refused, named, both kept."""
+    theirs = tmp_path / "kept" / "model.onnx"
+    args = [sys.executable, "-m", "nailseg.export", f"ckpt={ckpt}"]
+    assert (
+        subprocess.run([*args, f"output={theirs}"], cwd=ROOT, capture_output=True).returncode == 0
+    )
+    kept = theirs.read_bytes()
+    link = tmp_path / "model.onnx"
+    link.symlink_to(theirs)
+    done = subprocess.run([*args, f"output={link}"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert f"output={link} is a symbolic link (to {theirs})" in done.stderr
+    assert link.is_symlink() and theirs.read_bytes() == kept
