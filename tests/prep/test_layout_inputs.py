@@ -6,6 +6,7 @@ temporary file, an unwritable output folder and a damaged split CSV."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import socket
 import subprocess
@@ -108,9 +109,9 @@ def test_predict_skips_a_fifo_naming_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (out / "masks" / "x.png").is_file()
     assert not (out / "masks" / "fifo.png").exists() and not (out / "masks" / "given.png").exists()
-    summary = (out / "summary.json").read_text()
-    assert f"fifo.png: {NOT_REGULAR} (FIFO)" in summary
-    assert f"given.png: {NOT_REGULAR} (FIFO)" in summary
+    skipped = json.loads((out / "summary.json").read_text())["skipped"]
+    reasons = {Path(entry["path"]).name: entry["reason"] for entry in skipped}
+    assert reasons == {"fifo.png": f"{NOT_REGULAR} (FIFO)", "given.png": f"{NOT_REGULAR} (FIFO)"}
 
 
 @pytest.fixture(scope="module")
