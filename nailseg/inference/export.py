@@ -74,22 +74,16 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        try:
-            torch.onnx.export(
-                net,
-                (example,),
-                buffer,
-                dynamo=False,
-                opset_version=opset,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-            )
-        except (torch.onnx.OnnxExporterError, RuntimeError) as err:  # an opset it lacks, an op
-            reason = str(err).splitlines()[0]
-            raise ExportError(
-                f"the ONNX exporter cannot write this net at opset={opset}: {reason}"
-            ) from err
+        torch.onnx.export(
+            net,
+            (example,),
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )
     model = onnx.load_from_string(buffer.getvalue())
     _declare_output_shape(model, out_shape[1:])
     onnx.helper.set_model_props(model, _metadata(spec))
@@ -221,11 +215,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
 
 def _refuse_to_replace(path: Path, ckpt: Path) -> None:
     """Raise ExportError, before any work, when `path` holds anything but a model nailseg
-    exported (the checkpoint itself, a folder, a user's file, a link): only those are replaced;
-    or when a file stands where its folder would be made."""
-    folder = next(parent for parent in path.absolute().parents if parent.exists())
-    if not folder.is_dir():
-        raise ExportError(f"output={path}: {folder} is a file, not a folder; choose another output")
+    exported (the checkpoint itself, a folder, a user's file, a link): only those are replaced."""
     if not os.path.lexists(path):
         return
     if path.is_symlink():  # replacing drops the user's link; writing through it, their file
