@@ -56,6 +56,7 @@ class Built:
     trainer: L.Trainer
     loggers: list[Logger]
     resume: resume.Resume | None
+    run_id: str  # the run its checkpoints' cards and its folder's marker name (resume.py)
 
 
 def sweep_job() -> bool:
@@ -196,13 +197,15 @@ def build(cfg: DictConfig) -> Built:
     resumes, seed, and build data, module and trainer."""
     checks.check_config(cfg)  # every check that needs no data, before the built-in data is made
     prepare_builtin(cfg.dataset)  # the built-in synthetic data: when missing or n/seed changed
-    resumed = resume.resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job())
+    # a fit resumes only a checkpoint that fits its config (`last`: the newest that does)
+    resumed = resume.resolve(
+        cfg.ckpt_path, Path(cfg.run_dir), sweep_job(), cfg if cfg.train else None
+    )
     if resumed is not None:
         if not cfg.train:  # an evaluation: the checkpoint's model and input size (evaluation.py)
             evaluation.take_card(cfg, resumed.card, str(resumed.checkpoint))
-        resume.check_matches(resumed, cfg)
-        if cfg.train:  # continue in the checkpoint's own run folder (see resume.py)
-            resume.check_restored(resumed, cfg)
+            resume.check_matches(resumed, cfg)
+        else:  # continue in the checkpoint's own run folder, if it has one (see resume.py)
             cfg.run_dir = str(resumed.run_dir)
 
     L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it
@@ -249,7 +252,8 @@ def build(cfg: DictConfig) -> Built:
         callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
     except InstantiationException as err:
         raise checks.ConfigError(f"callbacks: {err.__cause__ or err}") from None
-    callbacks.append(CheckpointCard(make_card(cfg, datamodule.group_names), wandb_run_id))
+    run_id = resume.folder_run_id(Path(cfg.run_dir))
+    callbacks.append(CheckpointCard(make_card(cfg, datamodule.group_names, run_id), wandb_run_id))
     trainer: L.Trainer = instantiate(
         _trainer_kwargs(cfg),
         callbacks=callbacks,
@@ -272,7 +276,7 @@ def build(cfg: DictConfig) -> Built:
         resume.check_schedule(resumed, next(iter(length.values()), None), cfg)
     if cfg.trainer.accelerator in GPU_ACCELERATORS:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path
-    return Built(cfg, datamodule, module, trainer, loggers, resumed)
+    return Built(cfg, datamodule, module, trainer, loggers, resumed, run_id)
 
 
 def describe_metrics(loggers: list[Logger]) -> None:

@@ -7,8 +7,8 @@
   named with why. In a sweep (`-m`): this job's own `last.ckpt` only, never a sibling job's
   (rerun the sweep with the same `hydra.sweep.dir`); a job without one starts afresh.
 * A fit resumes in the run folder its checkpoint lives in (`<run>/checkpoints/x.ckpt`) when that
-  folder is the checkpoint's own run, by identity: the folder's marker (`RUN_MARKER`, written by
-  the run that holds it) names the run id the checkpoint's card carries. The checkpoint callback
+  folder is the checkpoint's own run, by identity: the id of the folder's marker (`.nailseg.json`,
+  nailseg/io/run_folder.py) is the run id the checkpoint's card carries. The checkpoint callback
   then finds its own folder and keeps the best score and best checkpoint from before the resume
   (also after the folder was moved or copied: checkpoint_io.py), and the loggers continue their
   files. Any other checkpoint is only read: the fit writes into the new run folder.
@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,12 +36,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.io.atomic import write_text
 from nailseg.io.lock import locked
+from nailseg.io.ownership import ForeignFolderError, new_marker, read_marker, write_marker
+from nailseg.io.run_folder import RUN_MARKER
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
     data_identity,
+    new_run_id,
     plain_model,
     read_checkpoint,
 )
@@ -51,7 +52,6 @@ from nailseg.training.checks import ConfigError
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
-RUN_MARKER = "run.json"  # {"run_id": ...}: the run a folder holds, named by its checkpoints
 RUN_LOCK = ".train.lock"  # held by the one train.py writing the folder
 log = logging.getLogger(__name__)
 
@@ -154,14 +154,19 @@ def _run_folder(checkpoint: Path, run_id: str | None) -> Path | None:
 
 
 def read_run_id(run_dir: Path) -> str | None:
-    """The run id `run_dir`'s marker names; None without a marker nailseg wrote."""
+    """The id of the run folder `run_dir`, from its marker; None without a marker nailseg wrote."""
     try:
-        marker = json.loads((run_dir / RUN_MARKER).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        marker = read_marker(run_dir, RUN_MARKER, "run")
+    except ForeignFolderError:
         return None
-    if not isinstance(marker, dict) or set(marker) != {"run_id"}:
-        return None
-    return marker["run_id"] if isinstance(marker["run_id"], str) else None
+    return marker["id"] if marker else None
+
+
+def folder_run_id(run_dir: Path) -> str:
+    """The run id of a fit writing into `run_dir`, which its checkpoints' cards carry: the
+    folder's (Hydra's callback marks each job's folder as it starts; a resumed run's folder has
+    its own), else a new one, which `hold_run_folder` writes."""
+    return read_run_id(run_dir) or new_run_id()
 
 
 @contextmanager
@@ -169,18 +174,18 @@ def hold_run_folder(
     run_dir: Path, run_id: str, resumed: Resume | None, hold: bool = True
 ) -> Iterator[None]:
     """Hold `run_dir` for this run: its lock, so a second train.py into it fails at once, and its
-    marker, naming `run_id` (the id this run's checkpoints carry). `hold=False` (the job's other
+    marker, made with `run_id` (`folder_run_id`) when it has none. `hold=False` (the job's other
     DDP ranks, which write into rank 0's folder): nothing."""
     if not hold:
         yield
         return
     key = "ckpt_path" if resumed is not None and resumed.run_id is not None else "hydra.run.dir"
     with locked(run_dir, RUN_LOCK, "train.py", key, ConfigError):
-        marker = run_dir / RUN_MARKER
-        if marker.exists() and read_run_id(run_dir) is None:
-            raise ConfigError(f"{marker} is not a run marker nailseg wrote: choose another {key}")
-        if read_run_id(run_dir) != run_id:
-            write_text(marker, json.dumps({"run_id": run_id}))
+        try:
+            if read_marker(run_dir, RUN_MARKER, "run") is None:
+                write_marker(run_dir, RUN_MARKER, new_marker("run", id=run_id))
+        except ForeignFolderError as err:
+            raise ConfigError(f"{err} (or another {key})") from None
         yield
 
 

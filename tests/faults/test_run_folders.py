@@ -14,8 +14,10 @@ from support.ddp import run_train
 from support.prepared import write_prepared
 from support.train import small_overrides, train
 
+from nailseg.io.ownership import new_marker, write_marker
+from nailseg.io.run_folder import RUN_MARKER
 from nailseg.model.checkpoint import CARD_KEY, CheckpointError
-from nailseg.training.resume import RUN_LOCK, RUN_MARKER, hold_run_folder, read_run_id
+from nailseg.training.resume import RUN_LOCK, hold_run_folder, read_run_id
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")
 
@@ -67,7 +69,7 @@ def test_a_checkpoint_outside_a_run_folder_is_only_read(prepared, tmp_path):
     (somewhere / "checkpoints").mkdir(parents=True)
     shutil.copy(tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt", somewhere / "checkpoints" / "x.ckpt")  # fmt: skip
     (somewhere / "metrics.json").write_text("the user's own")
-    (somewhere / RUN_MARKER).write_text(json.dumps({"run_id": "0" * 32}))  # another run's folder
+    write_marker(somewhere, RUN_MARKER, new_marker("run"))  # a run folder, of another run
     before = _files(somewhere)
     ckpt = somewhere / "checkpoints" / "x.ckpt"
     train(prepared, tmp_path / "runs" / "b", "trainer.max_epochs=2", *ONE_EPOCH[1:], f"ckpt_path={ckpt}")  # fmt: skip
