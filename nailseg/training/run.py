@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
 from nailseg.io.atomic import write_text
+from nailseg.io.ownership import make_folder
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.prep.splits import SplitFileError
 from nailseg.training.build import Built, build, describe_metrics, sweep_job
@@ -182,7 +183,7 @@ def run(cfg: DictConfig) -> float | None:
     built = build(cfg)
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir)
     if trainer.is_global_zero:
         print_config_tree(cfg, save_to=run_dir, choices=_choices())
     with run_log(run_dir, _job_log()):
