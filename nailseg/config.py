@@ -19,6 +19,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from nailseg.device import auto_accelerator, auto_precision
+
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 # the project: the folder holding conf/ and train.py, where `paths.root_dir` anchors every default
@@ -439,6 +441,9 @@ def register() -> None:
     OmegaConf.register_new_resolver("nailseg.root", lambda: PROJECT_ROOT)
     OmegaConf.register_new_resolver("nailseg.direction", study_direction)
     OmegaConf.register_new_resolver("nailseg.study_seed", study_seed)
+    # trainer=auto's device and precision: the one choice loader.device=auto makes too
+    OmegaConf.register_new_resolver("nailseg.accelerator", auto_accelerator)
+    OmegaConf.register_new_resolver("nailseg.precision", auto_precision)
 
 
 register()
