@@ -300,17 +300,16 @@ def test_killed_first_run_resumes_without_redoing_finished_pairs(tmp_path, cut):
 
 def test_second_prepare_on_one_root_fails_at_once(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
-    _pairs(raw, 4, groups=1)
-    stuck = raw / "Images" / "g0" / "zzz.png"
-    os.mkfifo(stuck)  # reading it blocks: the first prepare holds the root until killed
-    save_image(raw / "Masks" / "g0" / "zzz.png", box_mask())
+    _pairs(raw, 60, groups=1)
     first = subprocess.Popen(
         [sys.executable, "-c", PREPARE, str(raw), str(out)], cwd=ROOT, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (out / "masks/g0/s003.npy").exists():
-            time.sleep(0.01)
+        while time.monotonic() < deadline and not (out / MARKER_FILE).exists():
+            time.sleep(0.001)
+        os.killpg(first.pid, signal.SIGSTOP)  # its first write is done: it holds the lock
+        assert first.poll() is None, "the first prepare ended before it was stopped"
         start = time.monotonic()
         second = subprocess.run(
             [sys.executable, "-c", PREPARE, str(raw), str(out)],
@@ -324,9 +323,8 @@ def test_second_prepare_on_one_root_fails_at_once(tmp_path):
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    stuck.unlink()
-    save_image(stuck, photo())
-    assert prepare(raw, out, num_workers=1).up_to_date == 4  # kill -9 left no stale lock
+    rerun = prepare(raw, out, num_workers=1)  # kill -9 left no stale lock
+    assert rerun.written + rerun.up_to_date == 60
 
 
 # 7. CSV names that look like missing values or need quoting
