@@ -50,8 +50,8 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
     path = root / f"{split}.csv"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found: prepare the data first (`python prepare.py output_dir={root}` "
-            f"or `make prepare`)"
+            f"{path} not found: prepare the data first (`python prepare.py dataset=DATASET "
+            f"input_dir=RAW output_dir={root}`, RAW holding Images/<group>/ and Masks/<group>/)"
         )
     return read_split_file(path)  # names like `NA` stay text
 

@@ -1,7 +1,10 @@
 """The built-in synthetic dataset as `train.py` gets it: generated and prepared on first use, and
-again when its options (n, seed) change; a root prepared otherwise under its name is used as it
-is. `train.py` calls `prepare_builtin` in every process, DDP ranks included: one prepares while
-the others wait for it.
+again when its options (n, seed) change, in its own folders only (the raw_dir and root
+conf/dataset/synthetic.yaml sets, under `paths.data_dir`); a root prepared otherwise under its
+name is used as it is. A folder the user names is never filled: a root that is not ready there
+is refused before anything is written (`missing_data`), naming the `prepare.py` command that
+makes it. `train.py` calls `prepare_builtin` in every process, DDP ranks included: one prepares
+while the others wait for it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
 from nailseg.prep.prepare import PrepareError, check_config, run
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
+BUILTIN_CONFIG = Path(CONF_DIR) / "dataset" / "synthetic.yaml"  # the built-in set and its folders
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,62 @@ def _builtin_current(dataset: DictConfig) -> bool:
     return not os.path.lexists(root / SOURCE_FILE) or is_current(root, n, seed, SOURCE_FILE)
 
 
+def _builtin(dataset: DictConfig) -> DictConfig:
+    """conf/dataset/synthetic.yaml's folders and options, resolved in `dataset`'s config (its
+    `paths.data_dir`, wherever the run puts it)."""
+    own = OmegaConf.to_container(OmegaConf.load(BUILTIN_CONFIG), resolve=False)
+    return OmegaConf.create({k: own[k] for k in ("raw_dir", "root", "synthetic")}, parent=dataset)
+
+
+def _same(a: str | None, b: str) -> bool:
+    return a is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def makes(dataset: DictConfig) -> bool:
+    """Whether train.py makes `dataset` itself: a synthetic set in the built-in set's own raw_dir
+    and root. Elsewhere the user asks for one by name: `python prepare.py dataset=synthetic`."""
+    if dataset.synthetic is None:
+        return False
+    own = _builtin(dataset)
+    return _same(dataset.raw_dir, own.raw_dir) and _same(dataset.root, own.root)
+
+
+def missing_data(dataset: DictConfig) -> str | None:
+    """Why train.py cannot train on `dataset` as its folders stand, with the `prepare.py`
+    command that makes it; None when its root is ready or train.py makes it (`makes`)."""
+    root, train_csv = Path(dataset.root), split_file("train")
+    if dataset.synthetic is None:
+        if (root / train_csv).is_file():
+            return None
+        return (
+            f"dataset.root={root} is not prepared (no {train_csv}): prepare your photos "
+            f"(input_dir: Images/<group>/, Masks/<group>/) first: `python prepare.py "
+            f"dataset={dataset.name} input_dir={dataset.raw_dir or 'RAW'} output_dir={root}`"
+        )
+    if makes(dataset) or _builtin_current(dataset):
+        return None
+    own, synthetic = _builtin(dataset), dataset.synthetic
+    state = (
+        f"holds another synthetic set than n={synthetic.n}, seed={synthetic.seed}"
+        if (root / train_csv).is_file()
+        else f"is not prepared (no {train_csv})"
+    )
+    asked = [
+        f"dataset.{key}={value}"
+        for key, value, default in (
+            ("synthetic.n", synthetic.n, own.synthetic.n),
+            ("synthetic.seed", synthetic.seed, own.synthetic.seed),
+            ("raw_dir", dataset.raw_dir, own.raw_dir),
+        )
+        if value != default
+    ]
+    return (
+        f"dataset.root={root} {state}, and train.py makes the synthetic set only in its own "
+        f"folders ({own.raw_dir}, {own.root}); to make it here: `python prepare.py "
+        f"dataset={dataset.name} {' '.join([*asked, f'dataset.root={root}'])}`"
+    )
+
+
 def _compose_prepare(dataset: DictConfig) -> DictConfig:
     """conf/prepare.yaml for `dataset`, composed inside a Hydra app (train.py) or outside one."""
     from hydra import compose, initialize_config_dir
@@ -46,21 +106,22 @@ def _compose_prepare(dataset: DictConfig) -> DictConfig:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("prepare")
     # resolved where it was composed: its paths are the caller's (paths.root_dir=...), not these
-    cfg.dataset = OmegaConf.to_container(dataset, resolve=True)
+    cfg.dataset = OmegaConf.merge(cfg.dataset, OmegaConf.to_container(dataset, resolve=True))
     return cfg
 
 
 def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
-    """Generate and prepare a built-in (synthetic) dataset with the settings of
-    conf/prepare.yaml, unless its root was prepared from the set its options (n, seed) ask for;
-    returns whether it did. Other datasets are the user's to prepare. prune=true: the root is
-    nailseg's alone, and a smaller set must not fail as pairs gone missing.
+    """Generate and prepare the built-in (synthetic) dataset in its own folders (`makes`) with
+    the settings of conf/prepare.yaml, unless its root was prepared from the set its options (n,
+    seed) ask for; returns whether it did. Other datasets and folders are the user's to prepare
+    (`missing_data` says how). prune=true: the root is nailseg's alone, and a smaller set must not
+    fail as pairs gone missing.
 
     Safe in many processes at once (the DDP ranks of a job, each running train.py): one does the
     work holding the root's BUILTIN_LOCK_FILE; the others wait for it, up to `wait_s` (then fail
     saying so), and use what it made.
     """
-    if dataset.synthetic is None or not dataset.raw_dir or _builtin_current(dataset):
+    if not makes(dataset) or _builtin_current(dataset):
         return False
     cfg = _compose_prepare(dataset)
     cfg.prune = True

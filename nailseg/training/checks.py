@@ -23,6 +23,7 @@ from nailseg.config import DIRECTIONS
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.model.module import monitorable, schedule_length_args
+from nailseg.prep.builtin import missing_data
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 MODES = tuple(DIRECTIONS)
@@ -79,6 +80,15 @@ def check_config(cfg: DictConfig) -> None:
     if scheduler is not None:
         check_arguments(scheduler, "scheduler")
     check_optimization(optimizer, scheduler)
+    check_data(cfg.dataset)
+
+
+def check_data(dataset: DictConfig) -> None:
+    """The dataset's root is prepared, or is the built-in set's own, which train.py makes: any
+    other would fail once the run folder and the W&B run exist, and is never filled here."""
+    problem = missing_data(dataset)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def check_loader(loader: DictConfig) -> None:

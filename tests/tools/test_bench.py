@@ -59,9 +59,9 @@ def test_each_row_divides_by_the_ceiling_at_its_own_batch_size(prepared, tmp_pat
 
 def test_the_built_in_data_is_made_on_first_use_as_train_py_makes_it(tmp_path):
     """`make bench` on a fresh clone failed: data/synthetic/prepared/train.csv not found."""
-    raw, root = tmp_path / "synthetic" / "raw", tmp_path / "synthetic" / "prepared"
+    root = tmp_path / "synthetic" / "prepared"  # the built-in set's own, under paths.data_dir
     cfg = _cfg(
-        root, tmp_path / "bench", f"dataset.raw_dir={raw}", "dataset.synthetic.n=16",
+        root, tmp_path / "bench", f"paths.data_dir={tmp_path}", "dataset.synthetic.n=16",
         "~loaders.kornia", "~loaders.dali", "loaders.torch.batch_size=2",
         "loaders.torch.num_workers=0",
     )  # fmt: skip

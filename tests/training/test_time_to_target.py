@@ -66,9 +66,9 @@ def test_a_jobs_clock_starts_before_it_prepares_its_data(monkeypatch, tmp_path):
     # a later job of a sweep in one process: its clock starts when the job does, so the built-in
     # data it prepares (and the data, model and loggers it builds) count as its start-up
     monkeypatch.setattr(callbacks, "_clocks_started", 1)
-    root = tmp_path / "prepared"
+    root = tmp_path / "synthetic" / "prepared"  # the built-in set's own, under paths.data_dir
     called = time.time()
-    train(root, tmp_path / "run", f"dataset.raw_dir={tmp_path / 'raw'}", "dataset.synthetic.n=16",
+    train(root, tmp_path / "run", f"paths.data_dir={tmp_path}", "dataset.synthetic.n=16",
           "trainer.max_epochs=1", "callbacks.time_to_target.target=0.0", *COMMON)  # fmt: skip
     ended = time.time()
     started = callbacks._job_started  # the job's clock: set when `run` began, after composing

@@ -123,8 +123,7 @@ def test_a_bad_value_is_refused_naming_its_key_before_any_write(
 def test_a_bad_value_fails_before_the_built_in_data_is_made(tmp_path):
     """train.py made and prepared the synthetic set (seconds, megabytes) and only then refused a
     value any check could have refused first."""
-    raw, root = tmp_path / "synthetic" / "raw", tmp_path / "synthetic" / "prepared"
-    overrides = [f"dataset.raw_dir={raw}", f"dataset.root={root}", "dataset.synthetic.n=8"]
+    overrides = [f"paths.data_dir={tmp_path}", "dataset.synthetic.n=8"]  # its own folders here
     with pytest.raises(ConfigError, match=r"loader.batch_size=0"):
         run(compose_train([*overrides, "loader.batch_size=0"], tmp_path / "run"))
     assert not (tmp_path / "synthetic").exists() and not (tmp_path / "run").exists()
@@ -518,16 +517,16 @@ def test_a_sweep_job_resumes_its_own_checkpoint_never_a_siblings(tmp_path):
 
 def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
     # what `python train.py model=segformer aug=heavy debug=fast` does on a fresh clone
-    data = [f"dataset.raw_dir={tmp_path}/raw", f"dataset.root={tmp_path}/prepared"]
+    data = f"paths.data_dir={tmp_path}"  # the built-in set's own folders: tmp_path/synthetic/
     cfg = compose_train(
-        [*data, "dataset.synthetic.n=24", "model=segformer", "aug=heavy", "debug=fast"],
+        [data, "dataset.synthetic.n=24", "model=segformer", "aug=heavy", "debug=fast"],
         tmp_path / "run",
     )
     run(cfg)
-    assert (tmp_path / "prepared" / "train.csv").is_file()
+    assert (tmp_path / "synthetic" / "prepared" / "train.csv").is_file()
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["fit"]["train/samples"] == 16  # one batch of the default 16
-    with pytest.raises(FileNotFoundError, match="prepare the data first"):
+    with pytest.raises(ConfigError, match=r"python prepare\.py dataset=nails input_dir="):
         run(compose_train(["dataset=nails", f"dataset.root={tmp_path}/none"], tmp_path / "r2"))
 
 
