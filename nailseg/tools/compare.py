@@ -14,19 +14,30 @@ images/s ÷ (its GPUs × the one-GPU job's of the same setting); `ledger`: with 
 whether every training row was seen once per epoch across ranks. `target_s` / `target_epoch` /
 `startup_s`: when validation first reached `callbacks.time_to_target.target`, in seconds since the
 job started (its process's start for a process's first job; empty where it never did).
+
+An Optuna study kept in a storage (`hydra.sweeper.storage`) is shown whole: the jobs of every
+sweep folder beside this one that ran trials of the same study (its reruns), with `sweep` and
+`trial` columns, and a row for each trial of the study whose job folder is not there. The printed
+table and compare.md leave out the columns that are empty or the same in every job (one line
+names the values they had) and show numbers to 4 significant digits; compare.csv keeps every
+column and value. A job folder that cannot be read (a broken metrics.json) is named in one line
+and listed as unreadable; a folder that is not a sweep is refused in one line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 import matplotlib
 import numpy as np
 import pandas as pd
+import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -67,10 +78,84 @@ class CompareConfig:
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
 
+class CompareError(ValueError):
+    """A folder compare cannot tabulate; the message names it and what compare expected."""
+
+
+def _sweep_jobs(folder: Path) -> list[Path]:
+    """`folder`'s job folders; a CompareError saying what the folder is where it has none."""
+    expected = "expected a sweep's folder (multirun/<time>) whose jobs are its subfolders"
+    if not folder.is_dir():
+        raise CompareError(f"{folder}: no such folder; {expected}")
+    jobs = job_folders(folder)
+    if jobs:
+        return jobs
+    if (folder / ".hydra").is_dir():
+        raise CompareError(f"{folder} is a single run's folder, not a sweep; {expected}")
+    sweeps = sorted(d.name for d in folder.iterdir() if d.is_dir() and job_folders(d))
+    if sweeps:
+        shown = ", ".join(sweeps[-5:]) + (f" and {len(sweeps) - 5} more" if len(sweeps) > 5 else "")
+        raise CompareError(f"{folder} holds sweeps, not jobs: pass one of them ({shown})")
+    raise CompareError(f"{folder}: no job folders (subfolders with .hydra/) in it; {expected}")
+
+
 def _overrides(job: Path) -> dict[str, str]:
     """The job's own command-line overrides, as key → value."""
     entries = OmegaConf.load(job / ".hydra" / "overrides.yaml")
     return dict(str(entry).split("=", 1) for entry in entries if "=" in str(entry))
+
+
+@dataclass(frozen=True)
+class Study:
+    """An Optuna study kept in a storage, as a job's `.hydra/hydra.yaml` names it."""
+
+    storage: str  # its URL; a relative SQLite path made absolute from the job's working folder
+    name: str
+    params: tuple[str, ...]  # the keys the sweeper sets
+
+
+def _study(job: Path) -> Study | None:
+    """The stored Optuna study `job` was a trial of; None for other sweeps and unstored studies."""
+    try:
+        hydra_cfg = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra
+        sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
+        cwd = Path(str(hydra_cfg.runtime.cwd))
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # none, or not Hydra's
+        return None
+    storage = sweeper.get("storage")
+    if "optuna" not in str(sweeper.get("_target_", "")) or not isinstance(storage, str):
+        return None
+    path = storage.removeprefix("sqlite:///")
+    if storage.startswith("sqlite:///") and not path.startswith("/"):
+        storage = f"sqlite:///{cwd / path}"
+    return Study(storage, str(sweeper.get("study_name")), tuple(sweeper.get("params") or ()))
+
+
+def _study_jobs(sweep_dir: Path, jobs: list[Path], study: Study) -> list[Path]:
+    """The jobs of every sweep folder beside `sweep_dir` (itself included) that ran trials of
+    `study`: its reruns, each in a folder of its own."""
+    found = []
+    for folder in sorted(d for d in sweep_dir.parent.iterdir() if d.is_dir()):
+        theirs = jobs if folder == sweep_dir else job_folders(folder)
+        if theirs and (folder == sweep_dir or _study(theirs[0]) == study):
+            found += theirs
+    return found
+
+
+def _trials(study: Study) -> list | None:
+    """The study's trials from its storage; None where it cannot be read (a SQLite file is
+    never created by reading it)."""
+    import optuna  # only for a stored study
+    from sqlalchemy.exc import SQLAlchemyError
+
+    path = Path(study.storage.removeprefix("sqlite:///"))
+    if study.storage.startswith("sqlite:///") and not path.is_file():
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=study.name, storage=study.storage).trials
+    except (KeyError, SQLAlchemyError):  # no such study, or a database it cannot read
+        return None
 
 
 def _results(job: Path) -> dict:
@@ -78,7 +163,21 @@ def _results(job: Path) -> dict:
     if failure is not None or not metrics_file.is_file():
         reason = failure if failure is not None else "no metrics.json"
         return {"status": "failed: " + " ".join(reason.split())[:300]}
-    metrics = json.loads(metrics_file.read_text())
+    try:
+        return _metrics(job, json.loads(metrics_file.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:
+        return _unreadable("metrics.json", err)
+
+
+def _unreadable(name: str, err: Exception) -> dict:
+    """The row of a job whose file `name` could not be read, its error on one line."""
+    return {
+        "status": f"unreadable: {name}: {type(err).__name__}: {' '.join(str(err).split())}"[:300]
+    }
+
+
+def _metrics(job: Path, metrics: dict) -> dict:
+    """A job's columns from its `metrics.json`."""
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
     reached = metrics.get("time_to_target") or {}
     speed = metrics.get("throughput") or {  # runs before the per-epoch summary: the last epoch
@@ -102,28 +201,72 @@ def _results(job: Path) -> dict:
     }
 
 
+def _job(job: Path) -> tuple[dict[str, str], dict]:
+    """A job's overrides and results."""
+    try:
+        return _overrides(job), _results(job)
+    except (OSError, ValueError, yaml.YAMLError) as err:  # its .hydra/overrides.yaml
+        return {}, _unreadable(".hydra/overrides.yaml", err)
+
+
 def summarise(sweep_dir: Path) -> pd.DataFrame:
-    """The table of a sweep's jobs; also written as compare.md, compare.csv and compare.png."""
-    jobs = job_folders(Path(sweep_dir))
-    if not jobs:
-        raise FileNotFoundError(f"{sweep_dir}: no job folders (with .hydra/) found")
-    overrides = [_overrides(job) for job in jobs]
+    """The table of a sweep's jobs (of a stored Optuna study: of all its trials); also written
+    as compare.md, compare.csv and compare.png."""
+    sweep_dir = Path(sweep_dir)
+    jobs = _sweep_jobs(sweep_dir)
+    study = _study(jobs[0])
+    if study is not None:
+        jobs = _study_jobs(sweep_dir, jobs, study)
+    read = [_job(job) for job in jobs]
+    overrides = [o for o, _ in read]
+    labels: list[dict[str, Any]] = [{"job": job.name} for job in jobs]
+    results = [r for _, r in read]
+    if len({job.parent for job in jobs}) > 1:
+        labels = [
+            {"sweep": job.parent.name} | label for job, label in zip(jobs, labels, strict=True)
+        ]
     keys = list(dict.fromkeys(k for o in overrides for k in o))
     varied = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
+    trials = _trials(study) if study is not None else None
+    if trials is not None:
+        _number_trials(trials, study, overrides, labels, results)
+    order = sorted(range(len(labels)), key=lambda i: labels[i].get("trial", len(labels)))
+    named = list(dict.fromkeys(k for label in labels for k in label))
     rows = pd.DataFrame(
-        [
-            {"job": job.name, **{k: o.get(k) for k in varied}, **_results(job)}
-            for job, o in zip(jobs, overrides, strict=True)
-        ],
-        columns=["job", *varied, *RESULTS],
+        [{**labels[i], **{k: overrides[i].get(k) for k in varied}, **results[i]} for i in order],
+        columns=[*named, *varied, *RESULTS],
     ).astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
-    rows["scaling"] = _scaling(rows, overrides)
-    write_text(sweep_dir / "compare.md", _markdown(rows))
+    if "trial" in rows:
+        rows = rows.astype({"trial": "Int64"})
+    rows["scaling"] = _scaling(rows, [overrides[i] for i in order])
+    shown, note = _shown(rows)
+    write_text(sweep_dir / "compare.md", _markdown(shown) + (f"\n{note}\n" if note else ""))
     write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
     ok = rows[rows["status"] == "ok"]
     if not ok.empty:
         _plot(ok, varied, sweep_dir / "compare.png")
     return rows
+
+
+def _number_trials(
+    trials: list, study: Study, overrides: list[dict[str, str]], labels: list[dict], results: list
+) -> None:
+    """Give each job the number of the study's trial whose parameters it ran (the sweeper's
+    overrides are `key=str(value)`), and add a row for each trial no job folder here ran."""
+    unmatched = list(trials)
+    for override, label in zip(overrides, labels, strict=True):
+        ran = {k: override.get(k) for k in study.params}
+        trial = next(
+            (t for t in unmatched if {k: str(v) for k, v in t.params.items()} == ran), None
+        )
+        if trial is not None:
+            unmatched.remove(trial)
+            label["trial"] = trial.number
+    for trial in unmatched:
+        overrides.append({k: str(v) for k, v in trial.params.items()})
+        labels.append({"trial": trial.number})
+        status = f"no job folder here (trial {trial.state.name.lower()})"
+        results.append({"status": status, "best": trial.value})
 
 
 def _scaling(rows: pd.DataFrame, overrides: list[dict[str, str]]) -> list[float | None]:
@@ -142,11 +285,34 @@ def _scaling(rows: pd.DataFrame, overrides: list[dict[str, str]]) -> list[float 
     return scaling
 
 
+NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+)(e[-+]?\d+)?|-?\d+e[-+]?\d+", re.IGNORECASE)
+
+
 def _cell(value) -> str:
+    """A value as the table shows it: floats, also in an override (`optimizer.lr=0.00467395...`),
+    to 4 significant digits (whole numbers from 10,000 on)."""
     if value is None or pd.isna(value):
         return ""
-    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    if isinstance(value, str) and NUMBER.fullmatch(value):
+        value = float(value)
+    if isinstance(value, float):
+        text = f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    else:
+        text = str(value)
     return text.replace("|", "\\|")
+
+
+def _shown(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`rows` without the columns that are empty, or (over two rows or more) the same in every
+    row, and a line naming the values of the latter."""
+    empty = [c for c in rows.columns if c != "job" and rows[c].map(_cell).eq("").all()]
+    same = [
+        c
+        for c in rows.columns
+        if c not in ("job", *empty) and len(rows) > 1 and rows[c].map(_cell).nunique() == 1
+    ]
+    note = ", ".join(f"{c}={_cell(rows[c].iloc[0])}" for c in same)
+    return rows.drop(columns=empty + same), f"same in every row: {note}" if same else ""
 
 
 def _markdown(rows: pd.DataFrame) -> str:
@@ -181,8 +347,17 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
 def _app(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg.compare")
     sweep_dir = Path(cfg.sweep_dir)
-    rows = summarise(sweep_dir)
-    print(_markdown(rows))
+    try:
+        rows = summarise(sweep_dir)
+    except CompareError as err:
+        sys.exit(f"nailseg.compare: {err}")
+    for _, row in rows[rows["status"].str.startswith("unreadable")].iterrows():
+        folder = sweep_dir.parent / row["sweep"] if "sweep" in row else sweep_dir
+        print(f"nailseg.compare: {folder / row['job']}: {row['status']}", file=sys.stderr)
+    shown, note = _shown(rows)
+    print(_markdown(shown))
+    if note:
+        print(note)
     print(f"written: {sweep_dir / 'compare.md'}, compare.csv, compare.png")
 
 

@@ -24,18 +24,23 @@ def test_a_sweep_is_summarised_by_what_it_varied_failed_jobs_included(failing_sw
     assert "Tried to step" in rows["status"][1]
     assert rows.loc[[0, 2], "best"].notna().all() and rows.loc[[0, 2], "epochs"].tolist() == [1, 1]
     table = (failing_sweep / "compare.md").read_text()
-    assert table.count("\n") == 2 + 3 and table.count("| failed: ") == 1
+    assert table.count("\n|") == 1 + 3 and table.count("| failed: ") == 1
     assert pd.read_csv(failing_sweep / "compare.csv", keep_default_na=False).shape == rows.shape
     assert (failing_sweep / "compare.png").is_file()
 
 
-def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
-    proc = subprocess.run(
-        [sys.executable, "-m", "nailseg.compare", str(failing_sweep)],
+def compare(folder: Path) -> subprocess.CompletedProcess:
+    """`python -m nailseg.compare FOLDER`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "nailseg.compare", str(folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
+
+
+def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
+    proc = compare(failing_sweep)
     assert proc.returncode == 0 and "scheduler.total_steps" in proc.stdout, proc.stderr[-2000:]
     help_text = subprocess.run(
         [sys.executable, "-m", "nailseg.compare", "--help"],
@@ -77,7 +82,7 @@ def test_multi_gpu_jobs_are_scaled_against_the_one_gpu_job_of_their_setting(tmp_
     assert pd.isna(scaling[0]) and scaling[1] == pytest.approx(0.95)
     assert pd.isna(scaling[2])  # no one-GPU job with aug=heavy ran
     assert pd.isna(rows["ledger"][0]) and rows["ledger"][1] == "every row once in each of 1 epochs"
-    assert "| 0.950 | every row once in each of 1 epochs |" in (tmp_path / "compare.md").read_text()
+    assert "| 0.95 | every row once in each of 1 epochs |" in (tmp_path / "compare.md").read_text()
 
 
 def test_a_users_own_failed_json_in_a_job_folder_is_not_read_as_a_failure(tmp_path):
@@ -86,3 +91,54 @@ def test_a_users_own_failed_json_in_a_job_folder_is_not_read_as_a_failure(tmp_pa
     other = _job(tmp_path, "1", ["aug=heavy"], {"fit": {}, "throughput": None, "world_size": 1})
     (other / "failed.json").write_text("not json")
     assert summarise(tmp_path)["status"].tolist() == ["ok", "ok"]
+
+
+def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path):
+    """The parent of sweeps (multirun/) ended in a traceback; so did a run folder or an empty one."""
+    multirun = tmp_path / "multirun"
+    for sweep in ("2026-01-02", "2026-01-03"):
+        _job(multirun / sweep, "0", ["aug=light"], {"fit": {}, "world_size": 1})
+    (tmp_path / "empty").mkdir()
+    expected = "expected a sweep's folder (multirun/<time>) whose jobs are its subfolders"
+    cases = {
+        multirun: " holds sweeps, not jobs: pass one of them (2026-01-02, 2026-01-03)",
+        multirun / "2026-01-02" / "0": f" is a single run's folder, not a sweep; {expected}",
+        tmp_path / "empty": f": no job folders (subfolders with .hydra/) in it; {expected}",
+        tmp_path / "missing": f": no such folder; {expected}",
+    }
+    for folder, says in cases.items():
+        proc = compare(folder)
+        assert proc.returncode == 1 and proc.stderr == f"nailseg.compare: {folder}{says}\n"
+        assert not (folder / "compare.md").exists()
+
+
+def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes_past_a_broken_job(
+    tmp_path,
+):
+    def report(img_s: float, best: float) -> dict:
+        summary = {"images_per_s": img_s, "data_wait_frac": 0.125}
+        return {"throughput": summary, "world_size": 1, "best": {"value": best}, "epochs": 3}
+
+    _job(tmp_path, "0", ["optimizer.lr=0.000123456789", "aug=light"], report(1234.5678, 0.876543))
+    _job(tmp_path, "1", ["optimizer.lr=0.001", "aug=light"], report(98765.4321, 0.5))
+    proc = compare(tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[:6] == [
+        "| job | optimizer.lr | train_img_s | best |",
+        "|---|---|---|---|",
+        "| 0 | 0.0001235 | 1235 | 0.8765 |",
+        "| 1 | 0.001 | 98765 | 0.5 |",
+        "",
+        "same in every row: status=ok, data_wait_frac=0.125, world_size=1, epochs=3",
+    ]
+    csv = pd.read_csv(tmp_path / "compare.csv")  # the file keeps every column and digit
+    assert csv["train_img_s"].tolist() == [1234.5678, 98765.4321] and "ledger" in csv
+
+    (_job(tmp_path, "2", ["optimizer.lr=0.01", "aug=light"], {}) / "metrics.json").write_text("{")
+    proc = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(f"nailseg.compare: {tmp_path / '2'}: unreadable: metrics.json: ")
+    assert proc.stderr.count("\n") == 1
+    (broken,) = [line for line in proc.stdout.splitlines() if line.startswith("| 2 | 0.01 | ")]
+    assert "| unreadable: metrics.json: JSONDecodeError: " in broken
+    assert "| 1 | 0.001 | ok | 98765 | 0.125 | 1 | 0.5 | 3 |" in proc.stdout
