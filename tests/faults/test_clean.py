@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.ddp import run_train
+from support.prepared import write_prepared
+from support.train import small_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW, PREPARED, RUN = "data/synthetic/raw", "data/synthetic/prepared", "outputs/prepare/run"
@@ -148,3 +151,23 @@ def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path):
     _prepare(tmp_path)
     _make_clean(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile"]
+
+
+@pytest.mark.slow
+def test_make_clean_removes_a_sweeps_runs_and_keeps_a_users_files_among_them(tmp_path):
+    """A `train.py -m` sweep's folder and its jobs' folders are marked and recorded (checkpoints,
+    logs, metrics.json, Hydra's files); clean removes those and keeps the user's notes there."""
+    prepared = write_prepared(tmp_path / "prepared")
+    sweep = tmp_path / "multirun" / "sweep"
+    overrides = small_overrides(prepared, "logger=csv", "trainer.max_epochs=1", "test=false")
+    run_train("-m", *overrides, "seed=1,2", f"hydra.sweep.dir={sweep}")
+    assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file()
+    users = ["multirun/sweep/notes.txt", "multirun/sweep/1/mine.txt"]
+    _write(tmp_path, users)
+    before = _files(tmp_path / "prepared")
+    out = _make_clean(tmp_path)
+    assert [p for p in _files(tmp_path) if not p.startswith("prepared/")] == sorted(
+        ["Makefile", *users]
+    )
+    assert _files(tmp_path / "prepared") == before
+    assert all(f"kept {name}" in out for name in users)
