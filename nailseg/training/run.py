@@ -103,7 +103,9 @@ def _best(built: Built) -> dict[str, Any]:
         "mode": cfg.optimized_mode,
         "value": value,
         "checkpoint": path,
-        "epoch": _epoch(path) if path else None,
+        # read on rank 0, whose fit returns once its checkpoint writes are done; another DDP
+        # rank could read the file before it is whole (and reports nothing)
+        "epoch": _epoch(path) if path and trainer.is_global_zero else None,
     }
 
 
