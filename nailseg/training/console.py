@@ -36,9 +36,13 @@ LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 # the top-level keys shown first, in the order data flows; the rest follow as composed
 ORDER = ("dataset", "loader", "aug", "normalize", "model", "optimizer", "scheduler", "module")
 CONFIG_TREE = "config_tree.txt"  # the printed tree, kept in the run folder
-# Lightning's info messages that say nothing about the run: its advertisements, and that our
-# ParameterSummary replaces its own summary
-LIGHTNING_CHATTER = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+# Lightning's info messages that say nothing about the run: its advertisements, that our
+# ParameterSummary replaces its own summary, and how it counts the schedule's steps
+LIGHTNING_CHATTER = (
+    "💡 Tip:",
+    "Trainer already configured with model summary callbacks",
+    "Loading `train_dataloader` to estimate number of stepping batches",
+)
 # (category, message regex, module regex) of library warnings known to be harmless here
 KNOWN_WARNINGS = (
     (  # Lightning 2.6 still uses the LeafSpec that torch deprecated

@@ -19,7 +19,7 @@ from nailseg.training.console import CONFIG_TREE
 
 # what libraries printed on every run before: Lightning's tips and FLOPs, torch's LeafSpec
 # deprecation raised from Lightning, W&B's banner and history (its lines start "wandb:")
-CHATTER = re.compile(r"Tip:|FLOPs|is deprecated|Trainer already configured|^wandb:")
+CHATTER = re.compile(r"Tip:|FLOPs|is deprecated|Trainer already configured|to estimate|^wandb:")
 
 
 @pytest.mark.slow
