@@ -20,7 +20,9 @@ for that copy, then writes host tensors only.
 A run folder may be moved or copied: its checkpoints' ModelCheckpoint states still name the folder
 they were written in, absolute. Lightning then restores no best score (another `dirpath`) but the
 stale best checkpoint path, which the final evaluation would read from the old place. So a
-checkpoint read here has those paths mapped into the folder it was read from (`relocate`).
+checkpoint read here has those paths mapped into the folder it was read from (`relocate`). A best
+checkpoint that is gone is forgotten with its score: a `kill -9` between saving a new best (the
+old one removed) and `last.ckpt` left a `last.ckpt` naming the removed one.
 """
 
 from __future__ import annotations
@@ -64,25 +66,36 @@ def relocate(checkpoint: dict[str, Any], path: Path) -> None:
     """Map each ModelCheckpoint state of `checkpoint` (read from `path`) whose `dirpath` is another
     folder into `path`'s folder, when every file it names there is there: the run folder was
     moved or copied, and the resumed fit keeps its best score and best checkpoint. Lightning's
-    own `dirpath` is the folder's real path, so the mapped one is too."""
+    own `dirpath` is the folder's real path, so the mapped one is too. A best checkpoint of this
+    folder that is not there is forgotten, with its score (see the module docstring)."""
     here = os.path.realpath(path.parent)
     for state in (checkpoint.get("callbacks") or {}).values():
         before = state.get("dirpath") if isinstance(state, dict) else None
-        if not isinstance(before, str) or before == here:
+        if not isinstance(before, str):
             continue
+        if before != here:
+            _move(state, before, here)
+        best = state.get("best_model_path")
+        if state["dirpath"] == here and isinstance(best, str) and best and not os.path.isfile(best):
+            state |= {"best_model_score": None, "best_model_path": "", "best_k_models": {}}
+            state["kth_best_model_path"] = ""
 
-        def moved(file: str, before: str = before) -> str:
-            inside = os.path.dirname(file) == before
-            return os.path.join(here, os.path.basename(file)) if inside else file
 
-        best_k = state.get("best_k_models") or {}
-        named = [state.get(key) for key in _PATH_KEYS] + list(best_k)
-        mapped = {file: moved(file) for file in named if isinstance(file, str) and file}
-        if not all(os.path.isfile(new) for old, new in mapped.items() if new != old):
-            continue
-        state["dirpath"] = here
-        state.update({key: mapped[state[key]] for key in _PATH_KEYS if state.get(key)})
-        state["best_k_models"] = {mapped.get(file, file): v for file, v in best_k.items()}
+def _move(state: dict[str, Any], before: str, here: str) -> None:
+    """The paths of `state` in folder `before` as they are in `here`, if every one is there."""
+
+    def moved(file: str) -> str:
+        inside = os.path.dirname(file) == before
+        return os.path.join(here, os.path.basename(file)) if inside else file
+
+    best_k = state.get("best_k_models") or {}
+    named = [state.get(key) for key in _PATH_KEYS] + list(best_k)
+    mapped = {file: moved(file) for file in named if isinstance(file, str) and file}
+    if not all(os.path.isfile(new) for old, new in mapped.items() if new != old):
+        return
+    state["dirpath"] = here
+    state.update({key: mapped[state[key]] for key in _PATH_KEYS if state.get(key)})
+    state["best_k_models"] = {mapped.get(file, file): v for file, v in best_k.items()}
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):

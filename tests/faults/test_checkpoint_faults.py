@@ -20,19 +20,20 @@ from support.train import small_overrides, train
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # trains in subprocesses, one of them killed
 
-# train.py with `open` hooked: the second time a file named like last.ckpt is opened for writing
-# (the second epoch's save), the process kills itself with SIGKILL, mid-save
+# train.py with `os.open` hooked (atomic writes create their temporary file with it): the second
+# time a file named like last.ckpt is created (the second epoch's save), the process kills itself
+# with SIGKILL, mid-save
 KILL_IN_SECOND_SAVE = """
-import builtins, os, runpy, signal, sys
-real_open, saves = builtins.open, []
-def open_and_maybe_die(file, mode="r", *args, **kwargs):
-    handle = real_open(file, mode, *args, **kwargs)
-    if isinstance(file, (str, os.PathLike)) and "w" in mode and "last.ckpt" in os.fspath(file):
-        saves.append(file)
+import os, runpy, signal, sys
+real_open, saves = os.open, []
+def open_and_maybe_die(path, flags, *args, **kwargs):
+    fd = real_open(path, flags, *args, **kwargs)
+    if flags & os.O_CREAT and "last.ckpt" in os.fspath(path):
+        saves.append(path)
         if len(saves) == 2:
             os.kill(os.getpid(), signal.SIGKILL)
-    return handle
-builtins.open = open_and_maybe_die
+    return fd
+os.open = open_and_maybe_die
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")
 """
@@ -76,3 +77,6 @@ def test_kill_during_a_checkpoint_save_then_resume(prepared, tmp_path):
     metrics = json.loads((runs / "first" / "metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["global_step"] == 9
     assert metrics["resumed_from"] == str(checkpoints / "last.ckpt")
+    # here epoch 1 set a new best: saved, the old best removed, then the kill at last.ckpt; the
+    # best that epoch 0's last.ckpt names is gone, so the resumed fit chooses its best anew
+    assert Path(metrics["best"]["checkpoint"]).is_file()
