@@ -54,6 +54,7 @@ from nailseg.training.console import (
 )
 from nailseg.training.failure import clear_failure, write_failure
 from nailseg.training.jobs import isolated_job
+from nailseg.training.resume import hold_run_folder
 
 log = logging.getLogger(__name__)
 MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
@@ -186,9 +187,11 @@ def run(cfg: DictConfig) -> float | None:
     cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
     run_dir = Path(cfg.run_dir)
     make_folder(run_dir)
-    if trainer.is_global_zero:
-        print_config_tree(cfg, save_to=run_dir, choices=_choices())
-    with run_log(run_dir, _job_log()):
+    # rank 0 holds the folder for the whole run; the job's other DDP ranks write into it too
+    held = hold_run_folder(run_dir, built.run_id, built.resume, hold=trainer.is_global_zero)
+    with held, run_log(run_dir, _job_log()):
+        if trainer.is_global_zero:
+            print_config_tree(cfg, save_to=run_dir, choices=_choices())
         if built.resume is not None:
             log.info("checkpoint %s; writing to %s", built.resume.checkpoint, run_dir)
         describe_metrics(built.loggers)
