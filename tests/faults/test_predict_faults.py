@@ -18,6 +18,7 @@ from support.faulty_writer import FailsAfter
 from support.image_files import save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
+from support.processes import session_processes
 
 import nailseg.inference.photos
 import nailseg.inference.predict
@@ -431,20 +432,6 @@ def test_a_bad_setting_is_refused_before_any_write(override, message, ckpt, data
     assert not (tmp_path / "out").exists()
 
 
-def _session_processes(session: int) -> dict[int, str]:
-    """The live processes of a session, pid → command line (Linux's /proc)."""
-    alive = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session
-            alive[int(stat.parent.name)] = cmdline
-    return alive
-
-
 def _importing_torch(pid: int) -> bool:
     """Whether process `pid`, a forkserver, is importing its preload: torch's library is loaded
     (/proc's maps), the server's own SIGCHLD handler, set once the preload is done, is not (SigCgt)."""
@@ -481,9 +468,9 @@ def _interrupted_alone(command: subprocess.Popen, out: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["finished"] is False
     assert not list(out.rglob("*.tmp"))
     deadline = time.monotonic() + 10
-    while _session_processes(command.pid) and time.monotonic() < deadline:
+    while session_processes(command.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _session_processes(command.pid) == {}
+    assert session_processes(command.pid) == {}
 
 
 def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, tmp_path):
@@ -509,7 +496,7 @@ def test_ctrl_c_while_the_workers_start_leaves_the_interrupt_to_predict(ckpt, da
     command = _predict_in_a_session(ckpt, data / "photos", out)
     importing = False
     while command.poll() is None and not importing:
-        servers = [pid for pid, line in _session_processes(command.pid).items() if "forkserver" in line]  # fmt: skip
+        servers = [pid for pid, line in session_processes(command.pid).items() if "forkserver" in line]  # fmt: skip
         importing = any(_importing_torch(pid) for pid in servers)
     assert importing, "predict ended before its forkserver was seen importing torch"
     os.killpg(command.pid, signal.SIGINT)
