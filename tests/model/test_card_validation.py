@@ -154,10 +154,9 @@ def _command(module: str, *args: str, watch: Path) -> tuple[int, str, list[str]]
 def test_a_bad_card_value_is_refused_naming_checkpoint_and_key(changes, key, problem, tmp_path):
     ckpt = _checkpoint(tmp_path / "bad.ckpt", _with(**changes))
     value = re.escape(f"{ckpt}: card key {key}=")
-    for app, extra in (("predict", ["input=x.jpg", f"output={tmp_path}/o"]), ("export", [])):
-        with pytest.raises(CheckpointError, match=rf"^{value}.*: .*{problem}") as excinfo:
-            resolve_spec(compose_cli(app, [f"ckpt={ckpt}", *extra]))
-        assert "\n" not in str(excinfo.value)
+    with pytest.raises(CheckpointError, match=rf"^{value}.*: .*{problem}") as excinfo:
+        resolve_spec(compose_cli("export", [f"ckpt={ckpt}"]))  # predict's spec too
+    assert "\n" not in str(excinfo.value)
 
 
 @pytest.mark.parametrize("model", ["unet", "segformer"])
