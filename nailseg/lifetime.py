@@ -29,14 +29,16 @@ def _note_forker() -> None:
 os.register_at_fork(before=_note_forker)
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Have the kernel kill this process when its parent exits; if the parent is gone already,
-    die now. Raises OSError when the kernel refuses."""
+    die now. `parent`: the pid it must have, when the caller knows it (a spawned process, which
+    shares no memory with it, must be told); else the process that forked this one. Raises
+    OSError when the kernel refuses."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
-    if os.getppid() != _forked_by:  # reparented: the parent died before the line above
+    if os.getppid() != (_forked_by if parent is None else parent):  # reparented: it died first
         os.kill(os.getpid(), signal.SIGKILL)

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import re
 import sys
 import time
@@ -50,6 +51,7 @@ from nailseg.io.ownership import (
     require_owned,
     write_marker,
 )
+from nailseg.lifetime import die_with_parent
 
 VERSION = 1  # bump whenever the pictures change, so that old sets are regenerated
 MANIFEST = "synthetic.json"
@@ -419,7 +421,8 @@ def _write_sample(job: tuple[Path, int, int]) -> None:
     _write_png(out_dir / "Masks" / group / name, mask)
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
+    die_with_parent(parent)  # a prepare killed outright leaves no generator behind
     cv2.setNumThreads(0)  # OpenCV's own thread pool in a worker process can hang
 
 
@@ -504,7 +507,7 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
     if num_workers:
         # spawn, not fork: the caller may hold threads (torch, OpenCV) that a fork would break
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(num_workers, initializer=_init_worker) as pool:
+        with ctx.Pool(num_workers, initializer=_init_worker, initargs=(os.getpid(),)) as pool:
             chunk = max(1, n // (4 * num_workers))
             for _ in pool.imap_unordered(_write_sample, jobs, chunksize=chunk):
                 pass
