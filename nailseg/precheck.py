@@ -6,7 +6,9 @@ a check inside the task leaves an empty run behind for every typo, and a sweep r
 jobs before a bad value in a later one stops it. `on_run_start` and `on_multirun_start` come
 before all of that: the single run's config is checked there, and so is every job of a sweep by
 the basic sweeper (each composed as that job will be); a sweeper that samples (Optuna) has its
-base config checked, and each job checks its own as it starts.
+base config checked, and each job checks its own as it starts. Jobs that a launcher runs on other
+machines (hydra/launcher=slurm) are checked with `elsewhere`, when given: what this machine has
+(its GPUs) is not what they will find.
 
 An error leaves at once with its message and no trace (`SystemExit`: Hydra turns an exception
 raised in a callback into a warning and runs on). HYDRA_FULL_ERROR=1 keeps the trace: the check
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from hydra import compose
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -29,28 +32,33 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+BASIC_LAUNCHER = f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"  # runs jobs in this process
 
 
 class PreCheck(Callback):
     """Runs `check` (a function of the composed config that raises on a value that cannot work)
-    on every config a run or sweep will run, before the first write."""
+    on every config a run or sweep will run, before the first write; `elsewhere` (default:
+    `check`) on the jobs of a launcher that runs them on other machines."""
 
-    def __init__(self, check: str) -> None:
+    def __init__(self, check: str, elsewhere: str | None = None) -> None:
         self.check: Callable[[DictConfig], Any] = get_method(check)
+        self.elsewhere: Callable[[DictConfig], Any] = get_method(elsewhere or check)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._run_check(config, "")
+        self._run_check(self.check, config, "")
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
+        check = self.check if config.hydra.launcher._target_ == BASIC_LAUNCHER else self.elsewhere
         if config.hydra.sweeper._target_ != BASIC_SWEEPER:
-            self._run_check(config, "the sweep's base config: ")
+            self._run_check(check, config, "the sweep's base config: ")
             return
         for where, job in composed_jobs(config, config_name):
-            self._run_check(job, where)
+            self._run_check(check, job, where)
 
-    def _run_check(self, config: DictConfig, where: str) -> None:
+    @staticmethod
+    def _run_check(check: Callable[[DictConfig], Any], config: DictConfig, where: str) -> None:
         try:
-            self.check(config)
+            check(config)
         except Exception as err:
             leave(where, err)
 

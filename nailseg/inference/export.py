@@ -74,16 +74,22 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        torch.onnx.export(
-            net,
-            (example,),
-            buffer,
-            dynamo=False,
-            opset_version=opset,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-        )
+        try:
+            torch.onnx.export(
+                net,
+                (example,),
+                buffer,
+                dynamo=False,
+                opset_version=opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+        except (torch.onnx.OnnxExporterError, RuntimeError) as err:  # an opset it lacks, an op
+            reason = str(err).splitlines()[0]
+            raise ExportError(
+                f"the ONNX exporter cannot write this net at opset={opset}: {reason}"
+            ) from err
     model = onnx.load_from_string(buffer.getvalue())
     _declare_output_shape(model, out_shape[1:])
     onnx.helper.set_model_props(model, _metadata(spec))
@@ -192,6 +198,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
     console = console or Console()
     if cfg.format not in FORMATS:
         raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
+    lowest, highest = exporter_opsets()
+    if not lowest <= cfg.opset <= highest:
+        raise ExportError(f"opset={cfg.opset}: the exporter writes opsets {lowest} to {highest}")
     spec = resolve_spec(cfg)
     path = Path(cfg.output) if cfg.output else spec.ckpt.with_suffix(".onnx")
     _refuse_to_replace(path, spec.ckpt)
@@ -213,9 +222,22 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
     return path
 
 
+def exporter_opsets() -> tuple[int, int]:
+    """The opsets torch's TorchScript-based exporter writes. Its constants are private, so they
+    are looked up at use (tests/inference/test_export.py pins them): outside the range the
+    exporter fails only after tracing the net, printing the traced graph."""
+    from torch.onnx import _constants
+
+    return _constants.ONNX_MIN_OPSET, _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+
+
 def _refuse_to_replace(path: Path, ckpt: Path) -> None:
     """Raise ExportError, before any work, when `path` holds anything but a model nailseg
-    exported (the checkpoint itself, a folder, a user's file, a link): only those are replaced."""
+    exported (the checkpoint itself, a folder, a user's file, a link): only those are replaced;
+    or when a file stands where its folder would be made."""
+    folder = next(parent for parent in path.absolute().parents if parent.exists())
+    if not folder.is_dir():
+        raise ExportError(f"output={path}: {folder} is a file, not a folder; choose another output")
     if not os.path.lexists(path):
         return
     if path.is_symlink():  # replacing drops the user's link; writing through it, their file

@@ -586,6 +586,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     except ValueError as err:
         raise PredictError(str(err)) from err
     device = _device(cfg.engine, str(cfg.device))  # engine and device checked before any work
+    spec = resolve_spec(cfg)  # the checkpoint and the overrides of its card
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     try:
         check_output(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
@@ -611,7 +612,6 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
                 "Images/<group>/x.jpg with Masks/<group>/x.png, and a photo given as a file "
                 "pairs with <masks>/x.*"
             )
-    spec = resolve_spec(cfg)
     net = build_engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
     capture_seconds = (
         _capture(net, spec, cfg.batch_size, cfg.tta) if isinstance(net, GraphedNet) else 0.0

@@ -12,6 +12,7 @@ of an upsampled low-resolution mask.
 from __future__ import annotations
 
 import itertools
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,7 @@ class InferenceSpec:
 def resolve_spec(cfg: DictConfig) -> InferenceSpec:
     """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
     plain config values) with `cfg`'s non-null overrides applied."""
-    ckpt = Path(cfg.ckpt)
+    ckpt = checkpoint_file(cfg.ckpt)
     card = card_of(read_checkpoint(ckpt), ckpt)
     if card is None:
         run_dir = run_dir_of(ckpt)
@@ -100,6 +101,27 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
         threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
         data_root=Path(data_root) if data_root else None,
     )
+
+
+def checkpoint_file(ckpt: str) -> Path:
+    """`ckpt` as a path, when it is a file torch.save could have written (a zip archive); else
+    a CheckpointError naming `ckpt=` and what it is instead."""
+    path = Path(ckpt)
+    if path.is_dir():
+        raise CheckpointError(
+            f"ckpt={ckpt} is a folder: pass a checkpoint file (a run keeps its checkpoints in "
+            "<run>/checkpoints/)"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")
+    if zipfile.is_zipfile(path):  # torch.save's format; what is inside is read_checkpoint's
+        return path
+    if path.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"ckpt={ckpt} is an ONNX model, not a training checkpoint: pass the checkpoint it "
+            "was exported from (predict's engine=onnx runs that with ONNX Runtime)"
+        )
+    raise CheckpointError(f"ckpt={ckpt} is not a checkpoint (torch.save writes a zip archive)")
 
 
 def _triple(

@@ -118,9 +118,9 @@ def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
         first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise CheckpointError(f"{ckpt} cannot be loaded as a checkpoint: {first}") from err
+        raise CheckpointError(f"ckpt={ckpt} cannot be loaded as a checkpoint: {first}") from err
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
-        raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (it has no state_dict)")
+        raise CheckpointError(f"ckpt={ckpt} is not a Lightning checkpoint (it has no state_dict)")
     return checkpoint
 
 

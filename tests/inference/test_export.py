@@ -97,6 +97,21 @@ def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
+def test_an_opset_or_output_that_cannot_work_is_refused_before_the_export(trained, tmp_path):
+    """An opset the exporter lacks failed after tracing the net, printing its whole graph and a
+    trace; an output inside a file failed with a trace when the checked model was written."""
+    from nailseg.inference.export import exporter_opsets
+
+    lowest, highest = exporter_opsets()  # torch's private constants, looked up at use
+    assert lowest <= compose_cli("export", ["ckpt=x"]).opset <= highest
+    with pytest.raises(ExportError, match=rf"^opset={highest + 1}: the exporter writes opsets"):
+        export(trained, f"opset={highest + 1}", f"output={tmp_path / 'x.onnx'}")
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ExportError, match=r"^output=.*file/x.onnx: .*file is a file, not a folder"):
+        export(trained, f"output={tmp_path / 'file' / 'x.onnx'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     # an early UNet-resnet34 at 384² gives logits beyond 2,000 on random inputs, where float32
     # sums in another order differ by ~4e-3: an absolute 1e-3 refused every such export

@@ -95,7 +95,7 @@ def test_a_strategy_object_is_checked_at_start_naming_the_option(prepared, tmp_p
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["optimizer.lr=-1"], r"optimizer: Invalid learning rate: -1"),
+        (["optimizer.lr=-1"], r"optimizer.lr=-1.0: must be > 0"),
         (["optimizer=sgd", "optimizer.momentum=-1"], r"optimizer: Invalid momentum value"),
         (["scheduler=onecycle", "scheduler.pct_start=1.5"], r"scheduler: .*pct_start"),
         (["loader=torch", "loader.num_workers=-1"], r"loader.num_workers=-1: .* 0 for TorchLoader"),

@@ -1,0 +1,215 @@
+"""Every user error is one line, before anything is written (issue #32, item 4): train.py's
+values out of range and devices this machine lacks are refused before Hydra makes the run folder
+and any logger its run; predict and export refuse a checkpoint of the wrong kind, naming `ckpt=`,
+before their output exists."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from support.inference import compose_cli
+from support.train import compose_train, train
+
+from nailseg.inference.spec import resolve_spec
+from nailseg.model.checkpoint import CheckpointError
+from nailseg.training.checks import ConfigError, check_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA = torch.cuda.device_count()  # counted without a CUDA context
+# a loader device and a trainer request this machine does not have, whatever it has
+ABSENT_DEVICE = f"cuda:{CUDA}" if CUDA else "gpu"
+ABSENT_GPUS = (
+    (["trainer.accelerator=gpu", f"trainer.devices={CUDA + 1}"], "trainer.devices=")
+    if CUDA
+    else (["trainer.accelerator=gpu"], "trainer.accelerator=gpu")
+)
+
+
+def _refused(cwd: Path, *argv: str) -> str:
+    """`python *argv` started in `cwd`, a new folder, must fail with its last line of stderr
+    (returned) and no trace, leaving the folder empty."""
+    cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert list(cwd.iterdir()) == []
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["trainer.max_epochs=-1"], "train.py: ConfigError: trainer.max_epochs=-1: "),
+        ([f"loader.device={ABSENT_DEVICE}"], f"ConfigError: loader.device={ABSENT_DEVICE}: "),
+        (ABSENT_GPUS[0], f"ConfigError: {ABSENT_GPUS[1]}"),
+        (
+            ["-m", f"loader.device=cpu,{ABSENT_DEVICE}"],
+            f"job 1 of 2 (loader.device={ABSENT_DEVICE}): ConfigError: loader.device=",
+        ),
+    ],
+    ids=["endless-fit", "loader-device", "trainer-gpus", "sweep-job-device"],
+)
+def test_train_refuses_in_one_line_before_the_run_folder_and_wandb(args, message, tmp_path):
+    """max_epochs=-1 failed inside the fit (the cosine schedule has no length then), an absent
+    device as the loader or the trainer was built: each with a trace of hundreds of lines, after
+    the run folder and the W&B run were made; a sweep ran job 0 before job 1 failed so."""
+    run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
+    last = _refused(
+        tmp_path / "cwd",
+        str(ROOT / "train.py"),
+        *args,
+        f"hydra.run.dir={run_dir}",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert message in last and last.startswith("train.py: "), last
+    assert not run_dir.exists() and not sweep_dir.exists()  # W&B's folder is the run folder's
+
+
+# (override, the start of the refusal): each value passed the checks and failed later, after the
+# run folder and the loggers' runs were made, or was taken and misread
+OUT_OF_RANGE = [
+    ("trainer.max_epochs=-2", "trainer.max_epochs=-2: must be >= 1 (or -1: no limit)"),
+    ("trainer.max_epochs=-1", "trainer.max_epochs=-1: a fit without an end"),
+    (
+        "trainer.max_epochs=null trainer.max_time=00:01:00:00",
+        "trainer.max_time=00:01:00:00 (trainer.max_epochs unset)",
+    ),
+    ("trainer.max_steps=0", "trainer.max_steps=0: must be >= 1 (or -1: no limit)"),
+    ("trainer.min_epochs=-1", "trainer.min_epochs=-1: must be >= 0"),
+    ("trainer.min_steps=-1", "trainer.min_steps=-1: must be >= 0"),
+    ("trainer.num_nodes=0", "trainer.num_nodes=0: must be >= 1"),
+    ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0: must be >= 1"),
+    ("trainer.log_every_n_steps=-1", "trainer.log_every_n_steps=-1: must be >= 0"),
+    ("trainer.num_sanity_val_steps=-2", "trainer.num_sanity_val_steps=-2: must be >= 0"),
+    ("trainer.reload_dataloaders_every_n_epochs=-1", "trainer.reload_dataloaders_every_n_"),
+    ("trainer.fast_dev_run=-1", "trainer.fast_dev_run=-1: must be >= 0"),
+    ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0: must be >= 0"),
+    ("trainer.gradient_clip_algorithm=clip", "trainer.gradient_clip_algorithm=clip: use one"),
+    ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0: the fit would train no"),
+    ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5: a fraction"),
+    ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1: a fraction"),
+    ("trainer.limit_test_batches=-0.5", "trainer.limit_test_batches=-0.5: a fraction"),
+    ("trainer.overfit_batches=-1", "trainer.overfit_batches=-1: a fraction"),
+    ("trainer.val_check_interval=0", "trainer.val_check_interval=0: a fraction"),
+    ("trainer.val_check_interval=1.5", "trainer.val_check_interval=1.5: a fraction"),
+    ("trainer.max_time=1h", "trainer.max_time=1h: a time DD:HH:MM:SS"),
+    ("trainer.accelerator=xpu", "trainer.accelerator=xpu: use one of"),
+    ("trainer.accelerator=cpu trainer.devices=0", "trainer.devices=0: "),
+    ("trainer.accelerator=cpu trainer.devices=-1", "trainer.devices=-1: "),
+    ("loader.num_workers=-1", "loader.num_workers=-1: must be at least"),
+    ("loader.prefetch=0", "loader.prefetch=0: must be at least 1"),
+    ("loader.seed=-1", "loader.seed=-1: must be >= 0"),
+    ("seed=-1", "seed=-1: must be in [0, 4294967295]"),
+    ("dataset.image_size=[0,32]", "dataset.image_size=[0, 32]: must be"),
+    ("optimizer.lr=0", "optimizer.lr=0.0: must be > 0"),
+    ("optimizer=sgd optimizer.lr=-0.1", "optimizer.lr=-0.1: must be > 0"),
+    ("scheduler.T_max=0", "scheduler.T_max=0: must be >= 1 (null: the whole fit)"),
+    ("scheduler.eta_min=-1", "scheduler.eta_min=-1.0: must be >= 0"),
+    ("scheduler=onecycle scheduler.total_steps=0", "scheduler.total_steps=0: must be >= 1"),
+    ("scheduler=cosine_warmup scheduler.warmup_fraction=1.5", "scheduler: scheduler.warmup_fr"),
+    (f"loader.device={ABSENT_DEVICE}", f"loader.device={ABSENT_DEVICE}: torch sees"),
+    (" ".join(ABSENT_GPUS[0]), ABSENT_GPUS[1]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
+def test_a_value_out_of_range_is_refused_naming_its_key(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose_train(overrides.split()))
+    assert str(refused.value).startswith(message)
+
+
+WORKING = [
+    "trainer.max_epochs=-1 trainer.max_steps=10",  # the schedule spans the steps
+    "trainer.max_epochs=-1 scheduler=none",
+    "trainer.max_epochs=-1 scheduler.T_max=100",
+    "trainer.max_epochs=null trainer.max_time=00:01:00:00 trainer.max_steps=10",
+    "trainer.limit_val_batches=0",  # no validation
+    "trainer.limit_train_batches=2.0",  # Lightning: two batches
+    "trainer.limit_train_batches=0 trainer.overfit_batches=1",
+    "trainer.log_every_n_steps=0",  # no step logged
+    "trainer.num_sanity_val_steps=-1",
+    "trainer.val_check_interval=00:00:10:00",
+    "trainer.val_check_interval=0.25",
+    "trainer.fast_dev_run=true trainer.max_epochs=-1",
+    "trainer.accelerator=cpu trainer.devices=4",  # four processes on the CPU
+    "trainer.devices=auto",
+    "train=false ckpt_path=last trainer.limit_train_batches=0",
+]
+
+
+@pytest.mark.parametrize("overrides", WORKING)
+def test_the_values_lightning_takes_are_taken(overrides):
+    check_config(compose_train(overrides.split()))
+
+
+def test_an_endless_fit_trains_with_a_step_limit(prepared, tmp_path):
+    """trainer.max_epochs=-1 is Lightning's fit without an epoch limit: with max_steps the cosine
+    schedule spans those steps."""
+    train(prepared, tmp_path, "trainer.max_epochs=-1", "trainer.max_steps=3", "logger=none")
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", mmap=True)
+    assert last["global_step"] == 3
+
+
+def _onnx_model(path: Path) -> Path:
+    """A real ONNX model (one Identity node), as export writes one."""
+    tensor = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    out = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    graph = onnx.helper.make_graph([node], "g", [tensor], [out])
+    onnx.save(onnx.helper.make_model(graph), path)
+    return path
+
+
+def test_predict_and_export_point_an_onnx_model_given_as_ckpt_to_its_checkpoint(tmp_path):
+    """`predict ckpt=model.onnx` failed reading it as a checkpoint, with torch's words about
+    mmap and zip files, not saying what to pass."""
+    model = _onnx_model(tmp_path / "model.onnx")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(b"")
+    out = tmp_path / "out"
+    args = [f"ckpt={model}", f"input={photos}", f"output={out}"]
+    last = _refused(tmp_path / "p", "-m", "nailseg.predict", *args)
+    assert last.startswith(f"predict failed: ckpt={model} is an ONNX model"), last
+    assert "engine=onnx" in last
+    before = model.read_bytes()  # export's output would be beside it: model.onnx itself
+    last = _refused(tmp_path / "e", "-m", "nailseg.export", f"ckpt={model}")
+    assert last.startswith(f"export failed: ckpt={model} is an ONNX model"), last
+    assert model.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "model.onnx", "p", "photos"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("run", "is a folder: pass a checkpoint file"),
+        ("nothing.ckpt", ": no such checkpoint"),
+        ("photo.png", "is not a checkpoint"),
+        ("arrays.npz", "cannot be loaded as a checkpoint"),
+    ],
+)
+def test_a_ckpt_that_is_no_checkpoint_is_named(name, message, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    np.savez(tmp_path / "arrays.npz", a=np.zeros(1))  # a zip archive, as torch.save writes
+    ckpt = tmp_path / name
+    for app, args in (("predict", ["input=x", "output=y"]), ("export", [])):
+        cfg = compose_cli(app, [f"ckpt={ckpt}", *args])
+        with pytest.raises(CheckpointError) as refused:
+            resolve_spec(cfg)
+        assert str(refused.value).startswith(f"ckpt={ckpt}") and message in str(refused.value)
