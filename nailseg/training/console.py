@@ -77,9 +77,16 @@ def _pruned(value: Any) -> Any:
     return value
 
 
+ONE_LINE = 80  # characters: a nested mapping of plain values up to this long takes one line
+
+
 class _Compact(yaml.SafeDumper):
-    """Mappings in block style, but a list of plain values, and each mapping in a list (an aug
-    op), on one line."""
+    """Mappings in block style, but lists of plain values, mappings in a list (an aug op) and
+    short nested mappings of plain values (a callback's few settings) on one line."""
+
+
+class _OneLine(dict):
+    """A mapping shown on one line."""
 
 
 def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
@@ -88,32 +95,31 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
 
 
 def _represent_dict(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=False)
-
-
-class _InList(dict):
-    """A mapping inside a list, shown on one line."""
+    one_line = isinstance(data, _OneLine)
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=one_line)
 
 
 _Compact.add_representer(list, _represent_list)
 _Compact.add_representer(dict, _represent_dict)
-_Compact.add_representer(
-    _InList,
-    lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True),
-)
+_Compact.add_representer(_OneLine, _represent_dict)
+
+
+def _dump(value: Any) -> str:
+    return yaml.dump(value, Dumper=_Compact, sort_keys=False, width=1000).removesuffix("\n...\n")
 
 
 def _as_yaml(value: Any) -> str:
-    def mark(item: Any, in_list: bool = False) -> Any:
-        if isinstance(item, dict):
-            marked = {k: mark(v) for k, v in item.items()}
-            return _InList(marked) if in_list else marked
+    def mark(item: Any, nested: bool, in_list: bool = False) -> Any:
         if isinstance(item, list):
-            return [mark(v, in_list=True) for v in item]
-        return item
+            return [mark(v, nested=True, in_list=True) for v in item]
+        if not isinstance(item, dict):
+            return item
+        marked = {k: mark(v, nested=True) for k, v in item.items()}
+        plain = not any(isinstance(v, list | dict) for v in marked.values())
+        short = nested and plain and len(_dump(_OneLine(marked))) <= ONE_LINE
+        return _OneLine(marked) if in_list or short else marked
 
-    text = yaml.dump(mark(value), Dumper=_Compact, sort_keys=False, width=1000)
-    return text.removesuffix("\n...\n").rstrip()
+    return _dump(mark(value, nested=False)).rstrip()
 
 
 def config_tree(cfg: DictConfig, choices: dict[str, str] | None = None) -> Tree:
