@@ -9,8 +9,8 @@ is. `ends_on_signal`, around each job (`jobs.isolated_job`):
 * raises `Terminated`, a KeyboardInterrupt, for SIGTERM: Lightning ends a fit or evaluation as it
   does on Ctrl-C (on_exception hooks, loggers finalized as failed, its DDP ranks killed, exit 1);
 * starts a watcher thread that Python's signal wake-up fd wakes on SIGINT and SIGTERM (the
-  interpreter's C-level handler writes it even while the main thread is blocked): a process
-  still running `GRACE_S` later exits with status 128 + the signal;
+  interpreter's C-level handler writes it even while the main thread is blocked): a job still
+  running `GRACE_S` later ends its process with status 128 + the signal;
 * has the kernel kill a DDP rank this job's process launched when that process exits, however it
   exits (Lightning's launcher re-runs train.py for each rank; `lifetime.die_with_parent`).
 """
@@ -27,7 +27,7 @@ from types import FrameType
 
 from nailseg.lifetime import die_with_parent
 
-GRACE_S = 5.0  # how long an interrupted job may take to end by itself
+GRACE_S = 10.0  # how long an interrupted job may take to end by itself (a graceful end included)
 # the job's process, as its DDP ranks inherit it: a rank that finds another pid here was launched
 LAUNCHER_ENV = "NAILSEG_JOB_PID"
 _ENDING = (signal.SIGINT, signal.SIGTERM)
@@ -51,12 +51,12 @@ def _terminate_once() -> Callable[[int, FrameType | None], None]:
     return handler
 
 
-def _watch(wakeups: socket.socket, fired: threading.Event) -> None:
-    """Wait for an ending signal's byte; then give the process `GRACE_S` to end by itself."""
+def _watch(wakeups: socket.socket, ended: threading.Event) -> None:
+    """Wait for an ending signal's byte; then give the job `GRACE_S` to end by itself."""
     while (byte := wakeups.recv(1)) != _STOP:
         if byte and byte[0] in _ENDING:
-            fired.set()
-            threading.Event().wait(GRACE_S)
+            if ended.wait(GRACE_S):
+                return
             name = signal.Signals(byte[0]).name
             os.write(2, f"still running {GRACE_S:g} s after {name}: ending it now\n".encode())
             os._exit(128 + byte[0])
@@ -86,8 +86,8 @@ def ends_on_signal() -> Iterator[None]:
     wakeup_fd.setblocking(False)  # the C-level handler must never block
     previous_fd = signal.set_wakeup_fd(wakeup_fd.fileno(), warn_on_full_buffer=False)
     previous_term = signal.signal(signal.SIGTERM, _terminate_once())
-    fired = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(wakeups, fired), daemon=True)
+    ended = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(wakeups, ended), daemon=True)
     watcher.start()
     try:
         yield
@@ -98,8 +98,8 @@ def ends_on_signal() -> Iterator[None]:
             os.environ.pop(LAUNCHER_ENV, None)
         else:
             os.environ[LAUNCHER_ENV] = launcher
-        if not fired.is_set():  # else the watcher keeps its deadline while the job unwinds
-            wakeup_fd.send(_STOP)
-            watcher.join()
-            wakeups.close()
-            wakeup_fd.close()
+        ended.set()
+        wakeup_fd.send(_STOP)
+        watcher.join()
+        wakeups.close()
+        wakeup_fd.close()

@@ -31,8 +31,9 @@ from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
+from nailseg.training.jobs import isolated_job
 from nailseg.training.ledger import train_rows_once
-from nailseg.training.signals import GRACE_S
+from nailseg.training.signals import GRACE_S, Terminated
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
@@ -303,3 +304,15 @@ def test_sigterm_ends_a_ddp_job_stuck_in_a_collective(tmp_path):
         job.wait()
     assert returncode != 0 and ended < GRACE_S + 10, (returncode, ended)
     assert left == {}, f"left behind: {left}"
+
+
+def test_sigterm_in_a_job_raises_terminated_and_the_job_restores_the_handlers():
+    """In-process: SIGTERM inside a job is raised as Ctrl-C is (Lightning's interrupt handling
+    then runs); after the job, SIGTERM's handler and the signal wake-up fd are the caller's."""
+    handler, wakeup = signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    with pytest.raises(Terminated), isolated_job():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)  # the handler raises at once, well before the watcher's deadline
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert signal.set_wakeup_fd(wakeup) == wakeup
