@@ -104,6 +104,7 @@ from nailseg.inference.workers import (
 )
 from nailseg.io.atomic import write_atomic
 from nailseg.io.lock import locked
+from nailseg.io.permissions import unwritable_folder
 from nailseg.model.checkpoint import CheckpointError, load_net
 from nailseg.prep.imageio import UnreadableImage, check_mask_threshold
 from nailseg.tables import print_table
@@ -592,6 +593,11 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         check_output(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
     except OutputError as err:
         raise PredictError(str(err)) from err
+    if (folder := unwritable_folder(output)) is not None:
+        raise PredictError(
+            f"output={output}: {folder} is not writable by this user: change its permissions, "
+            "or choose another output"
+        )
     num_workers = _workers(cfg, device)
     try:
         photos, skipped = list_inputs(inputs)

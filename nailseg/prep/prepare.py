@@ -69,6 +69,7 @@ from nailseg.io.ownership import (
     truncate,
     write_marker,
 )
+from nailseg.io.permissions import may_write
 from nailseg.lifetime import die_with_parent
 from nailseg.prep.format import (
     BUILTIN_LOCK_FILE,
@@ -130,7 +131,6 @@ _CHECKED = (
     "holdout_groups",
 )
 
-_EFFECTIVE_IDS = os.access in os.supports_effective_ids  # permissions of the effective user
 log = logging.getLogger(__name__)
 
 
@@ -348,7 +348,7 @@ def _check_creatable(out_root: Path) -> None:
     for path in (out_root, *out_root.parents):
         try:
             if stat.S_ISDIR(os.stat(path).st_mode):
-                if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE_IDS):
+                if not may_write(path):
                     raise PrepareError(
                         f"output_dir={out_root}: {path} is not writable by this user: change its "
                         "permissions, or choose another output_dir"

@@ -95,10 +95,15 @@ def test_special_files_are_left_out_unopened(tmp_path):
     assert len(read_table(out / "train.csv")) + len(read_table(out / "valid.csv")) == 3
 
 
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("layout_inputs_run")
+    return make_run(write_prepared(base / "prepared"), base / "train")
+
+
 @pytest.mark.slow
-def test_predict_skips_a_fifo_naming_it(tmp_path):
+def test_predict_skips_a_fifo_naming_it(ckpt, tmp_path):
     """predict hung on a FIFO among the photos, and on one given as the input itself."""
-    ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "train")
     photos = tmp_path / "photos"
     save_image(photos / "x.png", photo())
     os.mkfifo(photos / "fifo.png")
@@ -227,6 +232,19 @@ def test_an_unwritable_output_folder_is_named_in_one_line(tmp_path):
     done = _prepare(raw, locked / "out", tmp_path / "hydra", preexec_fn=_obey_permissions)
     assert not (locked / "out").exists()
     assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{locked} is not writable" in lines[0], done.stderr
+
+
+@pytest.mark.slow
+def test_predict_names_an_unwritable_output_folder_in_one_line(ckpt, tmp_path):
+    """It failed with a PermissionError's traceback, after loading the net."""
+    save_image(tmp_path / "photos" / "x.png", photo())
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    args = [f"ckpt={ckpt}", f"input={tmp_path / 'photos'}", f"output={locked / 'out'}"]
+    done = _command("-m", "nailseg.predict", *args, "device=cpu", preexec_fn=_obey_permissions)
+    assert done.returncode == 1 and not (locked / "out").exists(), done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{locked} is not writable" in lines[0], done.stderr
 
