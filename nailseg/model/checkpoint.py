@@ -402,7 +402,11 @@ def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
     state = read_checkpoint(ckpt)["state_dict"]
     weights = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
     spec = plain_model(model, f"model for {ckpt}")
-    net = build_net(**spec, encoder_weights=None)
+    try:
+        net = build_net(**spec, encoder_weights=None)
+    except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
+        # a value only the architecture itself checks (decoder_channels of another length, ...)
+        raise CheckpointError(f"model for {ckpt}: {err}".replace("\n", " ")) from err
     _check_fits(ckpt, spec, weights, net.state_dict())
     net.load_state_dict(weights)
     return net.eval()

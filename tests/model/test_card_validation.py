@@ -23,7 +23,13 @@ from support.inference import compose_cli
 from support.train import compose_train, small_overrides
 
 from nailseg.inference.spec import resolve_spec
-from nailseg.model.checkpoint import CARD_KEY, CheckpointError, make_card, validate_card
+from nailseg.model.checkpoint import (
+    CARD_KEY,
+    CheckpointError,
+    load_net,
+    make_card,
+    validate_card,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -157,6 +163,19 @@ def test_a_bad_card_value_is_refused_naming_checkpoint_and_key(changes, key, pro
     with pytest.raises(CheckpointError, match=rf"^{value}.*: .*{problem}") as excinfo:
         resolve_spec(compose_cli("export", [f"ckpt={ckpt}"]))  # predict's spec too
     assert "\n" not in str(excinfo.value)
+
+
+def test_a_card_model_its_architecture_refuses_fails_in_one_line(tmp_path):
+    # each option is one Unet takes, but 2 decoder channels for an encoder of depth 3 are not
+    model = {"arch": "Unet", "encoder_name": "resnet18"}
+    model["options"] = {"encoder_depth": 3, "decoder_channels": [16, 8]}
+    ckpt = _checkpoint(tmp_path / "bad.ckpt", _with(model=model))
+    spec = resolve_spec(compose_cli("export", [f"ckpt={ckpt}"]))
+    with pytest.raises(
+        CheckpointError, match=rf"^model for {re.escape(str(ckpt))}: .*depth"
+    ) as err:
+        load_net(spec.ckpt, spec.model)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("model", ["unet", "segformer"])
