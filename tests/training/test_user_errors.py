@@ -6,6 +6,7 @@ before their output exists."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from support.inference import compose_cli
 from support.train import compose_train, train
 
+from nailseg.config import CONF_DIR
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.checks import ConfigError, check_config
@@ -213,3 +217,21 @@ def test_a_ckpt_that_is_no_checkpoint_is_named(name, message, tmp_path):
         with pytest.raises(CheckpointError) as refused:
             resolve_spec(cfg)
         assert str(refused.value).startswith(f"ckpt={ckpt}") and message in str(refused.value)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "slurm"])
+def test_a_sweep_run_on_other_machines_is_checked_without_this_machines_devices(launcher):
+    """train.py's own precheck: jobs that SLURM runs on its nodes are not refused for a device
+    the submitting machine lacks; any other value of theirs still is, before submitting."""
+    choice = ["hydra/launcher=slurm"] if launcher == "slurm" else []
+    cases = [(f"loader.device={ABSENT_DEVICE}", launcher == "basic"), ("seed=-1", True)]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for value, refused in cases:
+            config = compose("train", overrides=[*choice, value], return_hydra_config=True)
+            precheck = instantiate(config.hydra.callbacks.precheck)
+            if not refused:
+                precheck.on_multirun_start(config, config_name="train")
+                continue
+            key = re.escape(value.partition("=")[0])
+            with pytest.raises(SystemExit, match=rf"job 0 of 1 \(.*\): ConfigError: {key}="):
+                precheck.on_multirun_start(config, config_name="train")
