@@ -3,7 +3,7 @@ project's generated folders, and nothing else.
 
 Under `outputs/`, `multirun/`, `data/synthetic/` and `data/synthetic-mix/`, each folder whose marker
 nailseg wrote (a run's or sweep's `.nailseg.json`, a prepared root's `prepare.json`, a generated
-set's `synthetic.json`, a predict output's `summary.json`) loses the files its records show as
+set's `synthetic.json`, a predict output's `summary.json`, compare's `.compare.json`) loses the files its records show as
 nailseg's and still as written, then its marker; folders left empty go (rmdir). Whatever else is
 there stays and is named: a user's file, a file edited since nailseg wrote it, a folder whose
 marker nailseg did not write, the files of a run killed before it recorded them. The tool caches
@@ -81,6 +81,7 @@ _KINDS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict], dict[str, Proof]
     "prepare.json": (("prepare",), _prepared),
     "synthetic.json": (("synthetic",), _synthetic),
     "summary.json": (("predict",), _predicted),
+    ".compare.json": (("compare",), lambda folder, marker: dict(recorded(marker))),
 }
 
 

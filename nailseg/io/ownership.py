@@ -277,3 +277,24 @@ def scratch_folder(parent: Path, prefix: str) -> Iterator[Path]:
 def hard_link(source: Path, target: Path) -> None:
     """`target` as another name of `source` (a new name: an existing one is refused)."""
     os.link(source, target)
+
+
+def claim_files(folder: Path, ledger: str, kind: str, rels: Iterable[str]) -> None:
+    """Raise NotOursError, before any write, when a file at one of `rels` in `folder` is not one
+    the writer's ledger (a marker of `kind` at `folder/ledger`) records as written and unchanged:
+    for a writer whose few files go into a folder that is not its own (compare's into a sweep)."""
+    files = recorded(read_marker(folder, ledger, kind))
+    for rel in rels:
+        if not replaceable(folder / rel, files.get(rel)):
+            raise NotOursError(
+                f"{folder / rel} is not a file nailseg wrote there (not recorded in "
+                f"{folder / ledger}, or changed since), so it is not replaced: nothing was "
+                "written; move it away"
+            )
+
+
+def record_files(folder: Path, ledger: str, kind: str, rels: Iterable[str]) -> None:
+    """Record the files at `rels` in `folder`'s ledger (see `claim_files`), made if missing."""
+    marker = read_marker(folder, ledger, kind) or new_marker(kind)
+    marker["files"] = marker.get("files", {}) | records_of(folder, rels)
+    write_marker(folder, ledger, marker)

@@ -42,7 +42,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.config import CONF_DIR, require_values
-from nailseg.io.atomic import save_figure, write_text
+from nailseg.io.atomic import NotOursError, save_figure, write_text
+from nailseg.io.ownership import claim_files, record_files
 from nailseg.training.failure import job_folders, read_failure
 from nailseg.training.ledger import train_rows_once
 
@@ -67,6 +68,8 @@ RESULTS = [
 
 
 # the overrides that set a job's number of processes (the rest must match for a scaling ratio)
+OUTPUTS = ["compare.md", "compare.csv", "compare.png"]  # written into the sweep folder
+LEDGER = ".compare.json"  # compare's record of them there
 SCALING_KEYS = frozenset({"trainer", "trainer.devices", "trainer.num_nodes", "trainer.strategy"})
 
 
@@ -240,11 +243,16 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
         rows = rows.astype({"trial": "Int64"})
     rows["scaling"] = _scaling(rows, [overrides[i] for i in order])
     shown, note = _shown(rows)
+    try:  # a compare.* its ledger does not record as compare's is the user's
+        claim_files(sweep_dir, LEDGER, "compare", OUTPUTS)
+    except NotOursError as err:
+        raise CompareError(str(err)) from None
     write_text(sweep_dir / "compare.md", _markdown(shown) + (f"\n{note}\n" if note else ""))
     write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
     ok = rows[rows["status"] == "ok"]
     if not ok.empty:
         _plot(ok, varied, sweep_dir / "compare.png")
+    record_files(sweep_dir, LEDGER, "compare", OUTPUTS)
     return rows
 
 

@@ -182,3 +182,21 @@ def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name
     assert str(link) in done.stderr and "link" in done.stderr
     assert link.is_symlink()
     assert _files(theirs) == {"notes.txt": b"the user's notes\n"}
+
+
+def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path):
+    """Before, compare wrote its compare.md, compare.csv and compare.png over the user's files of
+    those names; now one its sweep's marker does not record is refused, named, and nothing is
+    written."""
+    sweep = tmp_path / "sweep"
+    for name, aug in (("0", "light"), ("1", "heavy")):
+        job = sweep / name
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- aug={aug}\n")
+        (job / "metrics.json").write_text(json.dumps({"fit": {}, "throughput": None}))
+    (sweep / "compare.md").write_text("my own notes on this sweep\n")
+    done = _command("-m", "nailseg.compare", str(sweep))
+    assert done.returncode == 1
+    assert f"{sweep / 'compare.md'} is not a file nailseg wrote there" in done.stderr
+    assert (sweep / "compare.md").read_text() == "my own notes on this sweep\n"
+    assert not (sweep / "compare.csv").exists()
