@@ -4,6 +4,7 @@ its own, so every process it started is found by the session's id."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,8 +48,9 @@ def _kill_and_check(args: list[str], started: Callable[[int], bool]) -> None:
             time.sleep(0.05)
         assert left == {}, f"left behind: {left}"
     finally:
-        for pid in session_processes(command.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in session_processes(command.pid):  # what a failed test left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         command.wait()
 
 
