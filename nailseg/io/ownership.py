@@ -264,9 +264,10 @@ def truncate(path: Path, size: int | None) -> None:
 
 
 @contextmanager
-def scratch_folder(parent: Path, prefix: str) -> Iterator[Path]:
-    """A folder made for this process alone (`mkdtemp`: a name no one else's can have) and
-    removed whole when the block ends: everything in it is this process's."""
+def scratch_folder(parent: Path | None = None, prefix: str = ".nailseg-") -> Iterator[Path]:
+    """A folder made for this process alone (`mkdtemp`: a name no one else's can have; in the
+    system's temporary folder when `parent` is None) and removed whole when the block ends:
+    everything in it is this process's."""
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     try:
         yield folder

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from rich.table import Table
 
 from nailseg.config import CONF_DIR
 from nailseg.io.atomic import write_text
-from nailseg.io.ownership import make_folder
+from nailseg.io.ownership import make_folder, scratch_folder
 from nailseg.prep.prepare import prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table
@@ -41,8 +40,8 @@ def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> 
     """Median time of `fn(folder)` with a folder that does not exist yet."""
     times = []
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(dir=scratch) as fresh:
-            times.append(_seconds(lambda: fn(Path(fresh) / "out")))
+        with scratch_folder(scratch) as fresh:
+            times.append(_seconds(lambda: fn(fresh / "out")))
     return statistics.median(times)
 
 

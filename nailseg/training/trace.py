@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from nailseg.io.atomic import write_bytes, write_text
+from nailseg.io.ownership import scratch_folder
 
 log = logging.getLogger(__name__)
 PHASE = "phase:"  # the host-phase annotations' prefix
@@ -159,8 +159,8 @@ class StepTrace(L.Callback):
         self._wrapped.clear()
 
     def _write(self, profiler: torch.profiler.profile, run_dir: Path, note: str = "") -> None:
-        with tempfile.TemporaryDirectory() as scratch:
-            exported = Path(scratch) / "trace.json"
+        with scratch_folder() as scratch:
+            exported = scratch / "trace.json"
             profiler.export_chrome_trace(str(exported))
             data = exported.read_bytes()  # read once: a trace runs to hundreds of MB
         events = json.loads(data)["traceEvents"]

@@ -14,6 +14,7 @@ MODULES = {
     "os": {"remove", "unlink", "rename", "renames", "replace", "rmdir", "removedirs", "mkdir"}
     | {"makedirs", "symlink", "link", "truncate", "mkfifo"},
     "shutil": {"rmtree", "copy", "copy2", "copyfile", "copytree", "move"},
+    "tempfile": {"mkdtemp", "mkstemp", "TemporaryDirectory", "NamedTemporaryFile"},
 }
 METHODS = {
     "unlink",
