@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -30,13 +29,13 @@ from nailseg.io.atomic import write_bytes, write_text
 from nailseg.io.overlap import overlap
 from nailseg.io.ownership import (
     ForeignFolderError,
-    Record,
     below,
     delete_listed,
     new_marker,
     read_marker,
     remove_temp_files,
     require_owned,
+    stamped,
 )
 from nailseg.prep.format import new_stamp, stamp_of
 
@@ -112,7 +111,7 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     stamp = new_stamp()
     write_summary(output, report, finished=False)
     list_outputs(output, earlier | dict.fromkeys(outputs, stamp))
-    delete_listed(output, {rel: _stamped(stamp) for rel, stamp in earlier.items()})
+    delete_listed(output, {rel: stamped(stamp) for rel, stamp in earlier.items()})
     remove_temp_files(output, [*earlier, *outputs, SUMMARY, OUTPUTS])  # a killed run's, if any
     return stamp
 
@@ -141,10 +140,6 @@ def listed_outputs(output: Path) -> dict[str, int]:
         if safe and stamp.isdigit() and stamp_of(output / rel) == int(stamp):
             ours[rel] = int(stamp)
     return ours
-
-
-def _stamped(stamp: int) -> Callable[[Record], bool]:
-    return lambda found: found.mtime_ns == stamp
 
 
 def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:

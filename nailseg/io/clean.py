@@ -24,11 +24,14 @@ from nailseg.io.ownership import (
     ForeignFolderError,
     Proof,
     Record,
+    below,
     is_ours,
+    marker_proofs,
     read_marker,
     recorded,
     remove_empty_folder,
     remove_file,
+    stamped,
 )
 from nailseg.io.run_folder import RUN_MARKER
 from nailseg.prep.format import MANIFEST_FILE, read_table
@@ -53,35 +56,23 @@ def _prepared(folder: Path, marker: dict) -> dict[str, Proof]:
         rows = read_table(folder / MANIFEST_FILE)
         for column, stamps in (("images", "image_mtime_ns"), ("masks", "mask_mtime_ns")):
             for rel, stamp in zip(rows[column], rows[stamps], strict=True):
-                proofs[rel] = _stamped(int(stamp))
+                proofs[rel] = stamped(int(stamp))
     return proofs
 
 
 def _predicted(folder: Path, marker: dict) -> dict[str, Proof]:
     """A predict output's masks, overlays and scores listed with their stamp in outputs.txt."""
-    proofs: dict[str, Proof] = {rel: _stamped(s) for rel, s in listed_outputs(folder).items()}
+    proofs: dict[str, Proof] = {rel: stamped(s) for rel, s in listed_outputs(folder).items()}
     return proofs | {OUTPUTS: lambda _: True}  # the listing itself, in predict's marked folder
-
-
-def _stamped(stamp: int) -> Callable[[Record], bool]:
-    return lambda found: found.mtime_ns == stamp
-
-
-def _synthetic(folder: Path, marker: dict) -> dict[str, Proof]:
-    """A generated set's pictures: recorded, or claimed by a run cut short."""
-    proofs: dict[str, Proof] = dict(recorded(marker))
-    for rel in marker.get("claimed", []):
-        proofs.setdefault(rel, lambda _: True)
-    return proofs
 
 
 # marker file -> (kind, the proofs of the files it shows as nailseg's besides itself)
 _KINDS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict], dict[str, Proof]]]] = {
-    RUN_MARKER: (("run", "sweep"), lambda folder, marker: dict(recorded(marker))),
+    RUN_MARKER: (("run", "sweep"), lambda folder, marker: marker_proofs(marker)),
     "prepare.json": (("prepare",), _prepared),
-    "synthetic.json": (("synthetic",), _synthetic),
+    "synthetic.json": (("synthetic",), lambda folder, marker: marker_proofs(marker)),
     "summary.json": (("predict",), _predicted),
-    ".compare.json": (("compare",), lambda folder, marker: dict(recorded(marker))),
+    ".compare.json": (("compare",), lambda folder, marker: marker_proofs(marker)),
 }
 
 
@@ -99,6 +90,8 @@ def clean_folder(folder: Path, cleaned: Cleaned) -> None:
             continue
         proofs = proofs_of(folder, marker) | {lock: _empty for lock in _LOCKS}
         for rel, proof in sorted(proofs.items()):
+            if not below(rel):  # a listing never leads outside its folder
+                continue
             path = folder / rel
             if os.path.lexists(path) and remove_file(path, proof):
                 cleaned.removed += 1

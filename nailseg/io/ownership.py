@@ -162,6 +162,22 @@ def recorded(marker: dict[str, Any] | None) -> dict[str, Record]:
     return {rel: r for rel, r in records.items() if r is not None and below(rel)}
 
 
+def marker_proofs(marker: dict[str, Any] | None) -> dict[str, Proof]:
+    """What a marker shows as nailseg's: each recorded file while it is as written, and whatever
+    lies on a path it claims (`claimed`: a run cut short wrote there after checking it free)."""
+    proofs: dict[str, Proof] = dict(recorded(marker))
+    claimed = (marker or {}).get("claimed", [])
+    for rel in claimed if isinstance(claimed, list) else []:
+        if isinstance(rel, str) and below(rel):
+            proofs.setdefault(rel, lambda _: True)
+    return proofs
+
+
+def stamped(stamp: int) -> Callable[[Record], bool]:
+    """The proof of a file a writer stamped with modification time `stamp` and listed so."""
+    return lambda found: found.mtime_ns == stamp
+
+
 def is_ours(path: Path, proof: Proof) -> bool:
     """Whether `path` is a plain file that `proof` shows nailseg wrote."""
     record = Record.of(path)

@@ -66,6 +66,7 @@ from nailseg.io.ownership import (
     remove_temp_files,
     replaceable,
     require_owned,
+    stamped,
     truncate,
     write_marker,
 )
@@ -217,7 +218,7 @@ class Owned:
         if rel in self.claims:
             return lambda _: True
         stamp = self._stamps.get(rel)
-        return None if stamp is None else lambda found: found.mtime_ns == stamp
+        return None if stamp is None else stamped(stamp)
 
     @cached_property
     def _stamps(self) -> dict[str, int]:

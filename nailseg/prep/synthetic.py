@@ -39,11 +39,10 @@ from nailseg.config import CONF_DIR, require_values
 from nailseg.io.atomic import write_bytes
 from nailseg.io.ownership import (
     ForeignFolderError,
-    Proof,
     is_marker,
     make_folder,
+    marker_proofs,
     new_marker,
-    recorded,
     records_of,
     remove_file,
     remove_temp_files,
@@ -451,15 +450,6 @@ def is_current(out_dir: Path, n: int = 200, seed: int = 0, name: str = MANIFEST)
     )
 
 
-def _proofs(marker: dict | None) -> dict[str, Proof]:
-    """The samples the folder's marker shows as the generator's: each recorded one while it is
-    as written, and whatever a run that was cut short left on the paths it claimed."""
-    proofs: dict[str, Proof] = dict(recorded(marker))
-    claimed = (marker or {}).get("claimed", [])
-    proofs.update({rel: (lambda _: True) for rel in claimed if isinstance(rel, str)})
-    return proofs
-
-
 def groups_of(n: int) -> list[str]:
     """The groups a set of `n` photos has (sample i is in group i mod 4)."""
     return list(GROUPS[: min(n, len(GROUPS))])
@@ -482,7 +472,7 @@ def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -
     if is_current(out_dir, n, seed):
         return out_dir
     marker = require_owned(out_dir, MANIFEST, MARKER_KIND, _OURS_IN_NEW_FOLDER)
-    proofs = _proofs(marker)
+    proofs = marker_proofs(marker)
     samples = [
         f"{kind}/{GROUPS[i % len(GROUPS)]}/s{i:04d}.png"
         for i in range(n)

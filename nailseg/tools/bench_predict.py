@@ -43,7 +43,7 @@ from nailseg.inference.predict import run as predict
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.io.atomic import save_figure, write_atomic, write_text
 from nailseg.io.overlap import overlap
-from nailseg.io.ownership import hard_link, make_folder, remove_file, scratch_folder
+from nailseg.io.ownership import hard_link, make_folder, remove_file, scratch_folder, stamped
 from nailseg.model.checkpoint import load_net
 from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
@@ -103,7 +103,7 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
             f"listed in {MARKER}): move it, or choose another output_dir"
         )
     for name in ours:  # each still bearing the set's stamp, checked above
-        remove_file(folder / name, lambda found: found.mtime_ns == manifest["stamp_ns"])
+        remove_file(folder / name, stamped(manifest["stamp_ns"]))
     stamp = new_stamp()
     manifest = {
         "created_by": CREATOR,
