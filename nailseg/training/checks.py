@@ -69,6 +69,9 @@ def check_values(cfg: DictConfig) -> None:
     size = list(cfg.dataset.image_size)
     if len(size) != 2 or any(int(v) < 1 for v in size):
         raise ConfigError(f"dataset.image_size={size}: must be [height, width], both >= 1")
+    synthetic = cfg.dataset.synthetic  # the built-in set, which train.py generates
+    if synthetic is not None and synthetic.n < 1:
+        raise ConfigError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
     if cfg.loader.batch_size < 1:
         raise ConfigError(f"loader.batch_size={cfg.loader.batch_size}: must be at least 1")
     if not 0.0 < cfg.module.threshold < 1.0:

@@ -119,6 +119,7 @@ OUT_OF_RANGE = [
     ("loader.seed=-1", "loader.seed=-1: must be >= 0"),
     ("seed=-1", "seed=-1: must be in [0, 4294967295]"),
     ("dataset.image_size=[0,32]", "dataset.image_size=[0, 32]: must be"),
+    ("dataset.synthetic.n=0", "dataset.synthetic.n=0: must be at least 1"),
     ("optimizer.lr=0", "optimizer.lr=0.0: must be > 0"),
     ("optimizer=sgd optimizer.lr=-0.1", "optimizer.lr=-0.1: must be > 0"),
     ("scheduler.T_max=0", "scheduler.T_max=0: must be >= 1 (null: the whole fit)"),
