@@ -192,6 +192,14 @@ def check_trainer(trainer: DictConfig, train: bool) -> None:
         )
     if trainer.max_time is not None and not _duration(trainer.max_time):
         raise ConfigError(f"trainer.max_time={trainer.max_time}: a time DD:HH:MM:SS")
+    if trainer.precision is not None:
+        # the Trainer's own reading of it, private: looked up at use, pinned by test_user_errors
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+
+        try:
+            _convert_precision_to_unified_args(trainer.precision)
+        except ValueError as err:
+            raise ConfigError(f"trainer.precision={trainer.precision}: {err}") from None
     if trainer.gradient_clip_algorithm not in (None, *CLIP_ALGORITHMS):
         raise ConfigError(
             f"trainer.gradient_clip_algorithm={trainer.gradient_clip_algorithm}: use one of "

@@ -112,6 +112,7 @@ OUT_OF_RANGE = [
     ("trainer.val_check_interval=1.5", "trainer.val_check_interval=1.5: a fraction"),
     ("trainer.max_time=1h", "trainer.max_time=1h: a time DD:HH:MM:SS"),
     ("trainer.accelerator=xpu", "trainer.accelerator=xpu: use one of"),
+    ("trainer.precision=17", "trainer.precision=17: Precision '17' is invalid"),
     ("trainer.accelerator=cpu trainer.devices=0", "trainer.devices=0: "),
     ("trainer.accelerator=cpu trainer.devices=-1", "trainer.devices=-1: "),
     ("loader.num_workers=-1", "loader.num_workers=-1: must be at least"),
@@ -153,6 +154,8 @@ WORKING = [
     "trainer.fast_dev_run=true trainer.max_epochs=-1",
     "trainer.accelerator=cpu trainer.devices=4",  # four processes on the CPU
     "trainer.devices=auto",
+    "trainer.precision=bf16-mixed",
+    "trainer.precision=32",  # Lightning's alias of 32-true
     "train=false ckpt_path=last trainer.limit_train_batches=0",
 ]
 
