@@ -31,6 +31,7 @@ written for, and tests/training/test_jobs.py pins the replaced function's signat
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,7 +45,7 @@ from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.pytorch.strategies.launchers import subprocess_script
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.precheck import BASIC_SWEEPER, composed_jobs, refusal
+from nailseg.precheck import BASIC_SWEEPER, composed_jobs, leave, refusal
 from nailseg.training.checks import ConfigError
 from nailseg.training.signals import ends_on_signal
 
@@ -198,15 +199,10 @@ class SlurmSweepCheck(Callback):
     all in one folder. (A refusal from a hook exits: an exception there is only a warning.)"""
 
     def __init__(self, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
-        swept = swept_keys(overrides, sweeper_params)
-        varied = [key for key in SLURM_TRAINER_KEYS if key in swept]
-        if varied:
-            raise ConfigError(
-                f"hydra/launcher=slurm: this sweep varies {', '.join(varied)}, but SLURM gets one "
-                f"request (nodes, tasks and GPUs per node) for every job of a sweep, resolved "
-                f"from the base config: run one sweep per setting of "
-                f"{', '.join(SLURM_TRAINER_KEYS)}"
-            )
+        try:
+            check_slurm_sweep(overrides, sweeper_params)
+        except ConfigError as err:
+            leave("", err)
 
     def on_multirun_start(
         self, config: DictConfig, config_name: str | None = None, **_: Any
@@ -226,6 +222,25 @@ class SlurmSweepCheck(Callback):
                         ),
                     )
                 )
+
+
+def check_slurm_sweep(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
+    """Raises ConfigError where SLURM cannot take this sweep: no `srun` here to submit with, or a
+    sweep that varies the trainer keys SLURM's one request follows."""
+    if shutil.which("srun") is None:  # submitit's SLURM executor submits through it
+        raise ConfigError(
+            "hydra/launcher=slurm: SLURM's srun is not on PATH here: submit from a SLURM login "
+            "node (hydra/launcher=submitit_local runs the same jobs on this machine)"
+        )
+    swept = swept_keys(overrides, sweeper_params)
+    varied = [key for key in SLURM_TRAINER_KEYS if key in swept]
+    if varied:
+        raise ConfigError(
+            f"hydra/launcher=slurm: this sweep varies {', '.join(varied)}, but SLURM gets one "
+            f"request (nodes, tasks and GPUs per node) for every job of a sweep, resolved "
+            f"from the base config: run one sweep per setting of "
+            f"{', '.join(SLURM_TRAINER_KEYS)}"
+        )
 
 
 def slurm_request(config: DictConfig) -> str:

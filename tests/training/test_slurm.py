@@ -6,56 +6,14 @@ from __future__ import annotations
 
 import runpy
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
-import submitit
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import InstantiationException
+from support.slurm import TRAIN, slurm_sweep
 
 from nailseg.training.checks import ConfigError
 from nailseg.training.jobs import swept_keys
-
-TRAIN = Path(__file__).resolve().parents[2] / "train.py"
-RESOURCES = ("nodes", "tasks_per_node", "gpus_per_node", "slurm_partition")
-
-
-class Done:
-    """A submitted job, already finished."""
-
-    def results(self) -> list[JobReturn]:
-        return [JobReturn(status=JobStatus.COMPLETED)]
-
-
-def slurm_sweep(monkeypatch, tmp_path: Path, *overrides: str) -> list[dict[str, Any]]:
-    """Run `train.py -m hydra/launcher=slurm *overrides` here, submitit recording instead of
-    submitting; per job, its overrides and what SLURM would be asked for."""
-    submitted: list[dict[str, Any]] = []
-
-    class Recorder:
-        def __init__(self, cluster: str, **_: Any) -> None:
-            self.params: dict[str, Any] = {}
-
-        def update_parameters(self, **params: Any) -> None:
-            self.params.update(params)
-
-        def map_array(self, _launcher: Any, jobs: list[list[str]], *_: Any) -> list[Done]:
-            request = {key: self.params[key] for key in RESOURCES}
-            submitted.extend({"overrides": job, **request} for job in jobs)
-            return [Done() for _ in jobs]
-
-    monkeypatch.setattr(submitit, "AutoExecutor", Recorder)
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # raise, not print and exit
-    argv = ["-m", "hydra/launcher=slurm", "hydra/hydra_logging=none", "hydra/job_logging=none"]
-    monkeypatch.setattr(sys, "argv", [str(TRAIN), *argv, f"hydra.sweep.dir={tmp_path}", *overrides])
-    state = Singleton.get_state()
-    try:
-        runpy.run_path(str(TRAIN), run_name="__main__")
-    finally:
-        Singleton.set_state(state)
-    return submitted
 
 
 @pytest.mark.parametrize(("nodes", "expected"), [([], 1), (["trainer.num_nodes=2"], 2)])
@@ -123,3 +81,29 @@ def test_the_keys_a_sweep_varies_include_the_sweepers_search_space():
     overrides = ["trainer.devices=4", "aug=none,light", "optimizer.lr=interval(1e-4,1e-2)"]
     params = {"trainer.num_nodes": "choice(1,2)"}
     assert swept_keys(overrides, params) == {"aug", "optimizer.lr", "trainer.num_nodes"}
+
+
+def test_a_slurm_sweep_where_there_is_no_srun_is_one_line_before_anything_is_written(
+    monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no srun: not a SLURM login node
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    argv = [
+        "-m",
+        "hydra/launcher=slurm",
+        "trainer=ddp",
+        "trainer.devices=4",
+        "model=unet,segformer",
+    ]
+    monkeypatch.setattr(sys, "argv", [str(TRAIN), *argv, f"paths.root_dir={tmp_path}"])
+    state = Singleton.get_state()
+    try:
+        with pytest.raises(SystemExit) as refused:
+            runpy.run_path(str(TRAIN), run_name="__main__")
+    finally:
+        Singleton.set_state(state)
+    assert str(refused.value) == (
+        "train.py: ConfigError: hydra/launcher=slurm: SLURM's srun is not on PATH here: submit "
+        "from a SLURM login node (hydra/launcher=submitit_local runs the same jobs on this machine)"
+    )
+    assert not list(tmp_path.iterdir())
