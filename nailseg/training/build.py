@@ -37,6 +37,7 @@ from nailseg.prep.builtin import prepare_builtin
 from nailseg.training import checks, evaluation, resume
 from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
+from nailseg.training.private_api import drop_unset_wandb_anonymous
 
 log = logging.getLogger(__name__)
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -94,9 +95,8 @@ def build_loggers(cfg: DictConfig, resumed: resume.Resume | None) -> list[Logger
         if name == "csv" and resumed is not None and cfg.train:
             extra["keep_steps_before"] = resumed.global_step
         logger = instantiate(conf, **extra)
-        if isinstance(logger, WandbLogger) and logger._wandb_init.get("anonymous") is None:
-            # Lightning passes anonymous=None, which W&B warns about on every run ("has no effect")
-            logger._wandb_init.pop("anonymous", None)
+        if isinstance(logger, WandbLogger):
+            drop_unset_wandb_anonymous(logger)
         loggers.append(logger)
     return loggers
 

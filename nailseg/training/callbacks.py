@@ -23,9 +23,9 @@ from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metri
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
-from nailseg.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.model.step_log import logs_step
+from nailseg.training.private_api import computed_bar_values
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
 
 log = logging.getLogger(__name__)
@@ -139,34 +139,12 @@ class TrainSpeedMonitor(L.Callback):
         }
 
 
-# where Lightning keeps the progress-bar values its loop has computed, and the version it was read in
-_COMPUTED = "_progress_bar_metrics"
-BAR_WRITTEN_FOR = "lightning 2.6"
-
-
-def computed_bar_values(trainer: L.Trainer) -> dict[str, Any]:
-    """The progress-bar values the loop has computed already, on every rank alike (after each
-    batch's and each epoch's hooks), read without computing any value still pending. Lightning
-    keeps them in its private logger connector: looked up here only, at use."""
-    values = getattr(trainer._logger_connector, _COMPUTED, None)
-    if values is None:
-        raise RuntimeError(
-            f"lightning no longer keeps the logger connector's {_COMPUTED}; nailseg's progress "
-            f"bar was written for {BAR_WRITTEN_FOR}: install the pinned versions"
-        )
-    return dict(values)
-
-
 class RankSafeProgressBar(RichProgressBar):
-    """Lightning's Rich progress bar, showing only values that every rank has computed already.
+    """Lightning's Rich progress bar, showing only values every rank has computed already.
 
-    Lightning computes an epoch's logged value when something first reads it, and computing one
-    is a collective (torchmetrics' all_gather, `sync_dist`'s all_reduce). Lightning's bar reads
-    them at the end of each training epoch and validation, on rank 0 alone (the other ranks' bars
-    are disabled): rank 0 then ran collectives the others did not, and the next collective paired
-    unlike operations, so a DDP fit hung at its first epoch's end. This bar reads what the loop
-    computed on every rank and so starts no collective on any rank: an epoch's training values
-    show from the next refresh on (validation's at once), a step's from the next step on.
+    Reading a logged value computes it, a collective under DDP; Lightning's bar reads on rank 0
+    alone, so the ranks' collectives would pair up wrongly and hang. This bar starts none: an
+    epoch's training values show from the next refresh on.
     """
 
     def get_metrics(
@@ -382,8 +360,9 @@ class PredictionOverlays(L.Callback):
         self,
         every_n_epochs: int = 5,
         max_images: int = 8,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        *,
+        mean: Sequence[float],
+        std: Sequence[float],
     ) -> None:
         if every_n_epochs < 1 or max_images < 1:
             raise ValueError("every_n_epochs and max_images must be >= 1")

@@ -28,6 +28,7 @@ from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.model.module import monitorable, schedule_length_args
 from nailseg.prep.builtin import missing_data
+from nailseg.training.private_api import check_precision
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 MODES = tuple(DIRECTIONS)
@@ -193,11 +194,8 @@ def check_trainer(trainer: DictConfig, train: bool) -> None:
     if trainer.max_time is not None and not _duration(trainer.max_time):
         raise ConfigError(f"trainer.max_time={trainer.max_time}: a time DD:HH:MM:SS")
     if trainer.precision is not None:
-        # the Trainer's own reading of it, private: looked up at use, pinned by test_user_errors
-        from lightning.fabric.connector import _convert_precision_to_unified_args
-
         try:
-            _convert_precision_to_unified_args(trainer.precision)
+            check_precision(trainer.precision)
         except ValueError as err:
             raise ConfigError(f"trainer.precision={trainer.precision}: {err}") from None
     if trainer.gradient_clip_algorithm not in (None, *CLIP_ALGORITHMS):

@@ -1,31 +1,16 @@
 """Keep the jobs of a sweep apart: DDP's extra ranks re-run only their job, and a job leaves no
 DDP rendezvous or open W&B run behind for the next job in the same process.
 
-Why this exists:
+* Lightning starts DDP ranks 1.. by re-running `sys.argv` plus `hydra.run.dir`: in a sweep that
+  re-runs the whole sweep, so rank 1 of job k could be another config
+  (Lightning-AI/pytorch-lightning#15689). `hydra_child_command` re-runs exactly this job, as a
+  single run in its folder, wherever Lightning's launcher starts ranks as subprocesses.
+* Lightning leaves its rendezvous (MASTER_PORT, LOCAL_RANK, ...) in `os.environ`: the next job
+  would take its ranks as started already and wait for them for ever.
+* A job that fails after W&B started leaves `wandb.run` open, which the next job's logger reuses.
 
-* Lightning's `ddp` strategy starts ranks 1..devices-1 by re-running the entry point. Under Hydra
-  it re-runs `sys.argv` plus `hydra.run.dir=<this run's dir>`: right for a single run, wrong for a
-  job of a sweep (`-m`). There the child re-runs the *whole sweep* in a sweep dir of its own (a
-  second timestamp), and rank 1 of job k is job k of that other sweep, a different config as soon
-  as a sweeper samples (Lightning-AI/pytorch-lightning#15689). `hydra_child_command` re-runs
-  exactly this job instead, as a single run: the job's own overrides (`hydra.overrides.task`), in
-  the job's output dir, `hydra.mode=RUN`, no `.hydra/` of its own. One run dir per job, any mode.
-* Lightning leaves its rendezvous in the process: MASTER_PORT, LOCAL_RANK, ... in `os.environ`
-  and the process group. The next job of a sweep in the same process would then believe its ranks
-  already exist (`LOCAL_RANK` set: "processes are created externally") and wait for them forever.
-* A job that fails after W&B started leaves `wandb.run` open, and Lightning's WandbLogger reuses an
-  open run: the next job would log into the failed job's W&B run.
-
-Under SLURM (`hydra/launcher=slurm`) no child is started: SLURM runs one task per device and
-Lightning reads the ranks from SLURM's variables; only the clean-up applies. `SlurmSweepCheck`
-refuses, before submitting, a sweep whose jobs would need other resources than SLURM's one request.
-
-The child command replaces a private function of Lightning (`_hydra_subprocess_cmd`) and reads
-Hydra's private argument parser, so both are contained here. It is swapped in for every job:
-Lightning calls it only when its own launcher starts ranks as subprocesses under Hydra (whatever
-strategy, devices, nodes and accelerator made it choose that: "auto" on 2 devices does), so the
-choice is Lightning's and cannot drift from it. A missing name fails naming the versions this was
-written for, and tests/training/test_jobs.py pins the replaced function's signature.
+Under SLURM no child is started (SLURM runs a task per device); `SlurmSweepCheck` refuses a sweep
+whose jobs need other resources than SLURM's one request.
 """
 
 from __future__ import annotations
@@ -42,11 +27,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.pytorch.strategies.launchers import subprocess_script
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.precheck import BASIC_SWEEPER, composed_jobs, leave, refusal
 from nailseg.training.checks import ConfigError
+from nailseg.training.precheck import composed_jobs, leave, refusal
+from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
 from nailseg.training.signals import ends_on_signal
 
 # what the child command replaces, and the versions it was written against
@@ -89,12 +74,12 @@ def _parent_only(override: str) -> bool:
 
 
 def hydra_child_command(local_rank: int) -> tuple[Sequence[str], str]:
-    """The command and cwd that start DDP rank `local_rank` of this Hydra job (replaces
-    Lightning's `_hydra_subprocess_cmd`, which has the same signature)."""
+    """The command and cwd that start DDP rank `local_rank` of this Hydra job, in place of
+    Lightning's (`private_api.ddp_child_command`)."""
     import __main__
 
     hydra_cfg = HydraConfig.get()
-    args = _hydra_args_parser().parse_args(sys.argv[1:])
+    args = hydra_args_parser().parse_args(sys.argv[1:])
     if __main__.__spec__ is None:
         command = [sys.executable, to_absolute_path(sys.argv[0])]
     else:
@@ -117,32 +102,6 @@ def hydra_child_command(local_rank: int) -> tuple[Sequence[str], str]:
     return command, get_original_cwd()
 
 
-def _hydra_args_parser():
-    try:
-        from hydra._internal.utils import get_args_parser
-    except ImportError as err:
-        raise RuntimeError(
-            f"hydra no longer has hydra._internal.utils.get_args_parser; nailseg's DDP launch "
-            f"was written for {WRITTEN_FOR}: install the pinned versions"
-        ) from err
-    return get_args_parser()
-
-
-@contextmanager
-def _child_command_swapped() -> Iterator[None]:
-    original = getattr(subprocess_script, PATCHED, None)
-    if original is None:
-        raise RuntimeError(
-            f"lightning no longer has {subprocess_script.__name__}.{PATCHED}; nailseg's DDP "
-            f"launch under Hydra was written for {WRITTEN_FOR}: install the pinned versions"
-        )
-    setattr(subprocess_script, PATCHED, hydra_child_command)
-    try:
-        yield
-    finally:
-        setattr(subprocess_script, PATCHED, original)
-
-
 def _finish_open_wandb_run() -> None:
     if "wandb" not in sys.modules:  # never imported: no run can be open
         return
@@ -153,9 +112,8 @@ def _finish_open_wandb_run() -> None:
 
 
 def _reset_wandb() -> None:
-    """Forget W&B's process-wide setup: it reads its environment (the cache and data folders
-    `keep_wandb_inside` points into the job's folder) once, at the first run of a process, and
-    warns that later changes are ignored: every later job of a sweep cached into the first's."""
+    """Forget W&B's process-wide setup, which reads its environment once a process: the next job
+    then keeps its cache in its own folder."""
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
 
@@ -169,7 +127,7 @@ def isolated_job() -> Iterator[None]:
     env = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
     threads = torch.get_num_threads()
     try:
-        with ends_on_signal(), _child_command_swapped():
+        with ends_on_signal(), ddp_child_command(hydra_child_command):
             yield
     except BaseException:
         _finish_open_wandb_run()
@@ -188,15 +146,11 @@ def isolated_job() -> Iterator[None]:
 
 class SlurmSweepCheck(Callback):
     """Refuses a sweep under hydra/launcher=slurm whose jobs need other resources than the
-    sweep's config: submitit submits a sweep as one job array with one request (nodes, tasks and
-    GPUs per node), resolved once from that config, so every job would get its request.
+    sweep's config: submitit sends every job of a sweep with one request (nodes, tasks, GPUs).
 
-    On construction, a sweep that varies the trainer keys SLURM's request follows is refused
-    (Hydra builds its callbacks before the launcher: nothing is submitted yet). Then, for the
-    basic sweeper, every job is composed as it will run and must ask for the same nodes and
-    devices: a choice such as `experiment=` can set them without naming them. A job that asked
-    for more would run on too few GPUs; one that asked for fewer would run once per SLURM task,
-    all in one folder. (A refusal from a hook exits: an exception there is only a warning.)"""
+    Built before the launcher, it refuses a sweep over the keys that request follows; for the
+    basic sweeper it then composes every job (an `experiment=` can set devices unnamed). A hook's
+    refusal exits: Hydra takes an exception there for a warning."""
 
     def __init__(self, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
         try:
@@ -207,7 +161,7 @@ class SlurmSweepCheck(Callback):
     def on_multirun_start(
         self, config: DictConfig, config_name: str | None = None, **_: Any
     ) -> None:
-        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        if config.hydra.sweeper._target_ != basic_sweeper_target():
             return  # a sampling sweeper's jobs exist only as they run: the keys check stands
         request = slurm_request(config)
         for where, job in composed_jobs(config, config_name):

@@ -1,18 +1,9 @@
-"""Check a composed config before Hydra writes anything: a Hydra callback for the entry points
-that write a run folder (train.py, prepare.py).
+"""A Hydra callback checking a composed config before Hydra writes the run folder (train.py,
+prepare.py): the single run's config, or every job of a basic sweep composed as it will run (a
+sampling sweeper: its base config; each job checks its own as it starts).
 
-Hydra makes the run folder, its `.hydra/` and the log file before it calls the task function, so
-a check inside the task leaves an empty run behind for every typo, and a sweep runs its first
-jobs before a bad value in a later one stops it. `on_run_start` and `on_multirun_start` come
-before all of that: the single run's config is checked there, and so is every job of a sweep by
-the basic sweeper (each composed as that job will be); a sweeper that samples (Optuna) has its
-base config checked, and each job checks its own as it starts. Jobs that a launcher runs on other
-machines (hydra/launcher=slurm) are checked with `elsewhere`, when given: what this machine has
-(its GPUs) is not what they will find.
-
-An error leaves at once with its message and no trace (`SystemExit`: Hydra turns an exception
-raised in a callback into a warning and runs on). HYDRA_FULL_ERROR=1 keeps the trace: the check
-then warns, and the job's own check raises it in full.
+A refusal exits with its message alone: Hydra turns an exception raised in a callback into a
+warning and runs on. HYDRA_FULL_ERROR=1 re-raises it instead, for the trace.
 """
 
 from __future__ import annotations
@@ -23,22 +14,23 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from hydra import compose
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
-BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
-BASIC_LAUNCHER = f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"  # runs jobs in this process
+from nailseg.training.private_api import (
+    basic_launcher_target,
+    basic_sweep_jobs,
+    basic_sweeper_target,
+)
 
 
 class PreCheck(Callback):
-    """Runs `check` (a function of the composed config that raises on a value that cannot work)
-    on every config a run or sweep will run, before the first write; `elsewhere` (default:
-    `check`) on the jobs of a launcher that runs them on other machines."""
+    """Runs `check` (raising on a value that cannot work) on every config a run or sweep will
+    run; `elsewhere` (default: `check`) on jobs a launcher runs on other machines, whose devices
+    are not this machine's."""
 
     def __init__(self, check: str, elsewhere: str | None = None) -> None:
         self.check: Callable[[DictConfig], Any] = get_method(check)
@@ -48,8 +40,9 @@ class PreCheck(Callback):
         self._run_check(self.check, config, "")
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
-        check = self.check if config.hydra.launcher._target_ == BASIC_LAUNCHER else self.elsewhere
-        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        here = config.hydra.launcher._target_ == basic_launcher_target()
+        check = self.check if here else self.elsewhere
+        if config.hydra.sweeper._target_ != basic_sweeper_target():
             self._run_check(check, config, "the sweep's base config: ")
             return
         for where, job in composed_jobs(config, config_name):
@@ -69,7 +62,6 @@ def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple
     key that exists in no config) leaves with its error (`leave`)."""
     jobs = sweep_jobs(config)
     hydra_overrides = list(config.hydra.overrides.hydra)  # hydra.searchpath: a user's own configs
-    # ~0.15 s a job, composing: a large grid takes a while
     for number, overrides in enumerate(
         track(jobs, description="checking the sweep's jobs", transient=True)
     ):
@@ -87,8 +79,7 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     params = config.hydra.sweeper.params or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
     arguments += list(OmegaConf.to_container(config.hydra.overrides.task))
-    parsed = OverridesParser.create().parse_overrides(arguments)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return basic_sweep_jobs(OverridesParser.create().parse_overrides(arguments))
 
 
 def leave(where: str, err: Exception) -> NoReturn:

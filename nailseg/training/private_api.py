@@ -1,0 +1,101 @@
+"""The private names of Hydra and Lightning that training uses, one function each, so a library
+update that changes one fails here, naming it (tests/training/test_private_api.py pins each).
+
+DALI's `backend.ReleaseUnusedMemory` is looked up in nailseg/data/loaders/dali.py, where the
+loader is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+WRITTEN_FOR = "lightning 2.6 and hydra-core 1.3"
+DDP_CHILD_COMMAND = "_hydra_subprocess_cmd"  # Lightning's: the command of a DDP rank under Hydra
+
+
+class PrivateApiError(RuntimeError):
+    """A private name nailseg relies on is gone from the installed library."""
+
+
+def _gone(what: str) -> PrivateApiError:
+    return PrivateApiError(
+        f"{what} is gone from the installed library; nailseg was written for {WRITTEN_FOR}: "
+        "install the pinned versions"
+    )
+
+
+def basic_sweeper_target() -> str:
+    """The `_target_` of Hydra's basic sweeper, whose jobs can be composed before they run."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+
+
+def basic_launcher_target() -> str:
+    """The `_target_` of Hydra's basic launcher, which runs the jobs in this process."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    return f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"
+
+
+def basic_sweep_jobs(overrides: list[Any]) -> list[list[str]]:
+    """Each job's overrides as the basic sweeper expands parsed `overrides`, in its order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def hydra_args_parser() -> argparse.ArgumentParser:
+    """Hydra's own command-line parser (`--config-path`, `--config-name`, ...)."""
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError as err:
+        raise _gone("hydra._internal.utils.get_args_parser") from err
+    return get_args_parser()
+
+
+@contextmanager
+def ddp_child_command(command: Callable[[int], tuple[Sequence[str], str]]) -> Iterator[None]:
+    """Lightning's launcher takes `command` for the command of each DDP rank it starts under
+    Hydra, within the block."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    original = getattr(subprocess_script, DDP_CHILD_COMMAND, None)
+    if original is None:
+        raise _gone(f"{subprocess_script.__name__}.{DDP_CHILD_COMMAND}")
+    setattr(subprocess_script, DDP_CHILD_COMMAND, command)
+    try:
+        yield
+    finally:
+        setattr(subprocess_script, DDP_CHILD_COMMAND, original)
+
+
+def drop_unset_wandb_anonymous(logger: Any) -> None:
+    """Leave `anonymous` out of a WandbLogger's `wandb.init` arguments when it is unset: Lightning
+    passes None, which W&B warns about on every run."""
+    init = getattr(logger, "_wandb_init", None)
+    if not isinstance(init, dict):
+        raise _gone("WandbLogger._wandb_init")
+    if init.get("anonymous") is None:
+        init.pop("anonymous", None)
+
+
+def computed_bar_values(trainer: Any) -> dict[str, Any]:
+    """The progress-bar values the loop has computed already, read without computing a pending
+    one (a collective under DDP)."""
+    values = getattr(getattr(trainer, "_logger_connector", None), "_progress_bar_metrics", None)
+    if values is None:
+        raise _gone("Trainer._logger_connector._progress_bar_metrics")
+    return dict(values)
+
+
+def check_precision(precision: Any) -> None:
+    """Raise ValueError for a `trainer.precision` the Trainer would refuse, as it reads it."""
+    try:
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+    except ImportError as err:
+        raise _gone("lightning.fabric.connector._convert_precision_to_unified_args") from err
+    _convert_precision_to_unified_args(precision)
