@@ -18,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.config import CONF_DIR
 from nailseg.io.lock import locked
 from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
-from nailseg.prep.prepare import PrepareError, check_config, run
+from nailseg.prep.prepare import run
+from nailseg.prep.request import PrepareError, check_config
+from nailseg.prep.settings import compose_prepare
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 BUILTIN_CONFIG = Path(CONF_DIR) / "dataset" / "synthetic.yaml"  # the built-in set and its folders
@@ -96,16 +98,8 @@ def missing_data(dataset: DictConfig) -> str | None:
 
 
 def _compose_prepare(dataset: DictConfig) -> DictConfig:
-    """conf/prepare.yaml for `dataset`, composed inside a Hydra app (train.py) or outside one."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        cfg = compose("prepare")
-    else:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("prepare")
-    # resolved where it was composed: its paths are the caller's (paths.root_dir=...), not these
+    """conf/prepare.yaml for `dataset`: its paths are the caller's, resolved where it was made."""
+    cfg = compose_prepare()
     cfg.dataset = OmegaConf.merge(cfg.dataset, OmegaConf.to_container(dataset, resolve=True))
     return cfg
 

@@ -20,6 +20,7 @@ from nailseg.io.atomic import write_bytes
 CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
 SPLITS = ("train", "valid", "test")
 MARKER_FILE = "prepare.json"  # marks a folder as a prepared root: nailseg writes only into those
+MARKER_KIND = "prepare"
 MANIFEST_FILE = "manifest.csv"  # every pair whose outputs nailseg wrote and still owns
 JOURNAL_FILE = "manifest.journal"  # pairs claimed and converted since the last complete run
 EXCLUDED_FILE = "excluded.csv"
@@ -48,6 +49,11 @@ NUMERIC_DTYPES = {
 
 def split_file(split: str) -> str:
     return f"{split}.csv"
+
+
+def output_paths(key: str) -> tuple[str, str]:
+    """The image and mask arrays of the pair `<group>/<stem>`, relative to the root."""
+    return f"images/{key}.npy", f"masks/{key}.npy"
 
 
 def read_table(path: Path, required: Sequence[str] = ()) -> pd.DataFrame:

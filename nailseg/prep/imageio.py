@@ -1,24 +1,18 @@
 """Decode users' image and mask files into the arrays the project stores, whatever their mode.
 
 Images become RGB uint8 HxWx3 (grey, RGBA, palette and deep converted; EXIF orientation applied).
-Deep (more than 8-bit) images are scaled by their real bit depth: the PNG's `sBIT` chunk when it
-has one, else the smallest of 10/12/14/16 bits that holds the image's maximum, so a 12-bit camera
-image in a 16-bit file is not scaled by 16 bits into near black. The PNG spec stores sBIT samples
-scaled up to the file's depth (the value in the top bits), yet some writers store the raw values:
-a maximum above what the significant bits hold tells the spec's form, whose top bits are taken.
-PIL cuts 16-bit colour to 8 bits itself, so such files are decoded by OpenCV. A float image (a
-32-bit float TIFF) is scaled from [0, 1], and refused when its values leave that range (PIL's own
-conversion clipped it to 0..255: black).
+Deep images are scaled by their real bit depth: the PNG's `sBIT` when it has one (in the spec's
+scaled-up form or as raw values, told apart by the maximum), else the smallest of 10/12/14/16
+bits that holds the maximum, so a 12-bit image in a 16-bit file does not turn near black. 16-bit
+colour is decoded by OpenCV (PIL cuts it to 8 bits); a float image is scaled from [0, 1] and
+refused outside it.
 
-Masks become one integer channel HxW of their raw label values, whatever their depth (binarised
-later, by `binarise`), so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an
-RGB(A) mask is reduced by the max over its colour channels so that a coloured annotation on black
-(a pure red nail, say) still counts as foreground; alpha is ignored. A palette (indexed) mask is
-read by index, never by colour: index 0 is background, any other nail, the convention of indexed
-label files (VOC, CVAT), whatever colours the palette shows them in (a dark nail colour was
-below the threshold, a white background above it). Each file is turned upright by its own EXIF
-orientation; `orientation_mismatch` says when that cannot be trusted to align a mask with its
-image.
+Masks become one integer channel HxW of their raw label values (binarised later by `binarise`),
+so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an RGB(A) mask is reduced
+by the max over its colour channels (a coloured annotation on black is foreground; alpha is
+ignored); a palette mask is read by index, never by colour: index 0 is background, any other
+nail, as in indexed label files (VOC, CVAT). `orientation_mismatch` says when the files' own
+EXIF orientations cannot be trusted to align a mask with its image.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Seeded train/valid/test splits, stratified by group, that keep each subject on one side.
 
 A subject is what `group_regex` extracts from a file stem (its first non-empty capture group, or
-the whole match): all photos of one subject in a group land in the same split, so near-identical
-shots of one hand cannot leak from train into valid. A stem the regex does not match is its own
-subject.
+the whole match; a stem it does not match is its own subject): all photos of one subject land in
+one split, so near-identical shots of one hand cannot leak from train into valid. Every subject
+gets a position in [0, 1) within its group and subjects are taken in order of position, so each
+split draws from every group in proportion and the overall split is within one subject of the
+requested fraction. The result depends only on the seed and the names, never on their order.
 
-The split sizes are allocated over the whole set, not per group: every subject gets a position in
-[0, 1) within its group (the middle of its share of the group's samples, in a seeded shuffle), and
-subjects are taken in order of position, so each split draws from every group in proportion, and
-the overall split is within one subject of the requested fraction however small the groups are
-(50 groups of one photo each still give a 20% validation split). The result depends only on the
-seed and the names, never on their order.
-
-Leave-one-source-out: every photo of a group named in `holdout_groups` is "test", and the other
-groups are split exactly as if the held-out groups were absent (the fractions count the remaining
-photos only), so holding a group out never moves a photo of another group between train and valid.
-
-The split CSVs prepare writes are read back by `read_split_file`, which names the file, row and
-column of a damaged value (a column missing, a cell emptied, NaN) before training starts.
+Every photo of a group in `holdout_groups` is "test"; the other groups are split as if the
+held-out ones were absent. `read_split_file` reads the split CSVs back, naming the file, row and
+column of a damaged value.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -34,6 +27,19 @@ import pandas as pd
 from nailseg.prep.format import CSV_COLUMNS, NUMERIC_DTYPES
 
 Unit = tuple[str, str]  # (group, subject): what is kept whole
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    """How prepare splits the pairs: conf/prepare.yaml's `split`."""
+
+    valid_fraction: float
+    test_fraction: float
+    seed: int
+    group_regex: str | None
+    folds: int  # > 1: k-fold by subject, `fold` is the validation fold (valid_fraction unused)
+    fold: int
+    holdout_groups: tuple[str | int, ...]  # groups whose every photo is "test"
 
 
 class SplitFileError(ValueError):
@@ -95,21 +101,12 @@ def holdout_names(holdout_groups: Iterable[object] | None) -> list[str]:
     return sorted({str(name) for name in holdout_groups})
 
 
-def check_split_settings(
-    valid_fraction: float,
-    test_fraction: float,
-    folds: int,
-    fold: int,
-    holdout_groups: Iterable[object] | None = (),
-    groups: Iterable[str] | None = None,
-    group_regex: str | None = None,
-) -> None:
+def check_split_settings(settings: SplitSettings, groups: Iterable[str] | None = None) -> None:
     """Raise ValueError naming the `split.` key and value that is out of range, or the
-    `group_regex` that does not compile (and why).
-
-    With `groups` (the groups of the input), also a held-out group that is not one of them, and
-    holding out every group (nothing would be left to train on).
-    """
+    `group_regex` that does not compile; with `groups` (the input's), also a held-out group that
+    is not one of them, or holding out every group."""
+    group_regex, folds, fold = settings.group_regex, settings.folds, settings.fold
+    valid_fraction, test_fraction = settings.valid_fraction, settings.test_fraction
     if group_regex:
         try:
             re.compile(group_regex)
@@ -129,7 +126,7 @@ def check_split_settings(
         raise ValueError(f"split.folds={folds} must be at least 1")
     if folds > 1 and not 0 <= fold < folds:
         raise ValueError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
-    held = holdout_names(holdout_groups)
+    held = holdout_names(settings.holdout_groups)
     if groups is None or not held:
         return
     existing = sorted(set(groups))
@@ -201,42 +198,53 @@ def _fold(order: list[Unit], sizes: Counter[Unit], folds: int, fold: int) -> lis
 
 
 def assign_splits(
-    groups: Sequence[str],
-    stems: Sequence[str],
-    *,
-    valid_fraction: float = 0.2,
-    test_fraction: float = 0.0,
-    seed: int = 0,
-    group_regex: str | None = None,
-    folds: int = 1,
-    fold: int = 0,
-    holdout_groups: Iterable[object] | None = (),
+    groups: Sequence[str], stems: Sequence[str], settings: SplitSettings
 ) -> list[str]:
     """The split name ("train", "valid" or "test") of each sample, in input order.
 
-    With `folds > 1`, the samples left after the test split are cut into `folds` subject-disjoint
-    folds of near-equal size; fold `fold` is "valid", the rest "train" (`valid_fraction` unused).
+    With `folds > 1` the samples left after the test split are cut into `folds` subject-disjoint
+    folds of near-equal size, fold `fold` "valid". `test_fraction` takes its share of the groups
+    not held out (0: a test split of the held-out groups only).
 
-    Every sample of a group in `holdout_groups` (names compared as text) is "test". The other
-    groups are split exactly as they would be with the held-out groups absent: the fractions and
-    folds apply to the remaining samples, and `test_fraction` still takes its share of them into
-    "test" too (use 0 for a test split of the held-out groups only). A held-out name that is not
-    among `groups`, or holding out every group, is a ValueError.
+    Raises:
+        ValueError: a setting out of range, a held-out name not among `groups`, or every group
+            held out.
     """
-    check_split_settings(
-        valid_fraction, test_fraction, folds, fold, holdout_groups, groups, group_regex
-    )
-    held = set(holdout_names(holdout_groups))
-    pattern = re.compile(group_regex) if group_regex else None
+    check_split_settings(settings, groups)
+    held = set(holdout_names(settings.holdout_groups))
+    pattern = re.compile(settings.group_regex) if settings.group_regex else None
     units = [(g, subject_of(s, pattern)) for g, s in zip(groups, stems, strict=True)]
     kept = [unit for unit in units if unit[0] not in held]
     sizes = Counter(kept)
-    order = _stratified_order(sizes, seed)
-    test = _take(order, sizes, test_fraction, len(kept))
+    order = _stratified_order(sizes, settings.seed)
+    test = _take(order, sizes, settings.test_fraction, len(kept))
     rest = order[len(test) :]
-    if folds > 1:
-        valid = _fold(rest, sizes, folds, fold)
+    if settings.folds > 1:
+        valid = _fold(rest, sizes, settings.folds, settings.fold)
     else:
-        valid = _take(rest, sizes, valid_fraction, len(kept))
+        valid = _take(rest, sizes, settings.valid_fraction, len(kept))
     split_of = {unit: "test" for unit in test} | {unit: "valid" for unit in valid}
     return ["test" if unit[0] in held else split_of.get(unit, "train") for unit in units]
+
+
+def split_usable(groups: Sequence[str], stems: Sequence[str], settings: SplitSettings) -> list[str]:
+    """`assign_splits` of the pairs prepare converted: ValueError also when a held-out group has
+    no usable pair left, or the valid or the train split is empty (training needs both)."""
+    lost = [g for g in holdout_names(settings.holdout_groups) if g not in set(groups)]
+    if lost:
+        raise ValueError(
+            f"split.holdout_groups: group(s) {lost} have no usable pair left (every one of their "
+            "files was excluded, see the summary): the test split would not hold them"
+        )
+    try:
+        names = assign_splits(groups, stems, settings)
+    except ValueError as err:  # every usable pair in a held-out group
+        raise ValueError(f"{err} (of the {len(groups)} usable pairs)") from err
+    subjects = "subject" if settings.group_regex else "photo"
+    for split, need in (("valid", "to validate"), ("train", "to train on")):
+        if split not in names:
+            raise ValueError(
+                f"the {split} split of the {len(groups)} usable pairs is empty, and training "
+                f"needs one {need}: prepare more than one {subjects}, or change split.*"
+            )
+    return names

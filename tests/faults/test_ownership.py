@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.image_files import box_mask, photo, save_image
-
-from nailseg.prep.prepare import prepare
+from support.prep_settings import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 

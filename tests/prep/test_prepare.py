@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from PIL import Image, PngImagePlugin
 from support.image_files import box_mask, photo, save_image
+from support.prep_settings import assign_splits, prepare
 
 from nailseg.prep.format import JOURNAL_FILE, LOCK_FILE, MARKER_FILE, read_table
 from nailseg.prep.layout import (
@@ -28,8 +29,8 @@ from nailseg.prep.layout import (
     UNREADABLE,
     UNSUPPORTED,
 )
-from nailseg.prep.prepare import PrepareError, prepare
-from nailseg.prep.splits import assign_splits, subject_of
+from nailseg.prep.prepare import PrepareError
+from nailseg.prep.splits import subject_of
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_SUBJECT = r"^(\d+_\d+)_|^(None_\d+)-"

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from support.image_files import box_mask, photo, save_image
+from support.prep_settings import prepare
 
-import nailseg.prep.prepare
+import nailseg.prep.convert
 from nailseg.config import CONF_DIR
 from nailseg.io.ownership import delete_listed
 from nailseg.prep.format import read_table, write_table
 from nailseg.prep.layout import OUTPUT_CLASH, UNREADABLE
-from nailseg.prep.prepare import PrepareError, prepare, run
+from nailseg.prep.prepare import PrepareError, run
 
 ROOT = Path(__file__).resolve().parents[2]
 # prepare in its own process, killed (SIGKILL) the moment its first mask output is renamed into
@@ -33,7 +34,9 @@ def replace_then_die(src, dst, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 os.replace = replace_then_die
 from nailseg.prep.prepare import prepare
-prepare(sys.argv[1], sys.argv[2], num_workers=1, mask_threshold=int(sys.argv[3]))
+from nailseg.prep.settings import PrepareSettings, compose_prepare
+cfg = compose_prepare(["num_workers=1", f"mask_threshold={sys.argv[3]}"])
+prepare(sys.argv[1], sys.argv[2], PrepareSettings.from_config(cfg))
 """
 
 
@@ -97,7 +100,7 @@ def test_a_source_saved_while_it_is_read_is_read_again(tmp_path, monkeypatch):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 6)
     edited = raw / "Masks" / "g0" / "s000.png"
-    real_read = nailseg.prep.prepare.read_mask_values
+    real_read = nailseg.prep.convert.read_mask_values
     saves = []
 
     def read_then_the_user_saves(path: Path) -> np.ndarray:
@@ -108,7 +111,7 @@ def test_a_source_saved_while_it_is_read_is_read_again(tmp_path, monkeypatch):
             saves.append(path)
         return values
 
-    monkeypatch.setattr(nailseg.prep.prepare, "read_mask_values", read_then_the_user_saves)
+    monkeypatch.setattr(nailseg.prep.convert, "read_mask_values", read_then_the_user_saves)
     prepare(raw, out, num_workers=1)
     assert saves and np.load(out / "masks/g0/s000.npy").sum() == 100  # the saved content
     monkeypatch.undo()

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from support.image_files import box_mask, photo, save_image
+from support.prep_settings import assign_splits, prepare
 
 from nailseg.config import CONF_DIR
 from nailseg.prep.format import read_table
-from nailseg.prep.prepare import PrepareError, prepare, run
-from nailseg.prep.splits import assign_splits, subject_of
+from nailseg.prep.prepare import PrepareError, run
+from nailseg.prep.splits import subject_of
 
 REAL_SUBJECT = r"^(\d+_\d+)_|^(None_\d+)-"
 SIZES = {"1": 6, "2": 4, "3": 5}  # photos per group of the tiny raw folder

@@ -21,6 +21,7 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf.errors import ValidationError
+from support.prep_settings import prepare
 from support.prepared import write_split
 from support.train import FreezeProbe, compose_train, small_overrides, train
 from support.wandb_records import history, run_id, summary
@@ -28,7 +29,6 @@ from support.wandb_records import history, run_id, summary
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
 from nailseg.prep.format import read_table, write_table
-from nailseg.prep.prepare import prepare
 from nailseg.training import callbacks, resume
 from nailseg.training.build import build
 from nailseg.training.checks import ConfigError, check_strategy
