@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -26,6 +27,7 @@ from nailseg.config import CONF_DIR
 from nailseg.io.atomic import write_text
 from nailseg.io.ownership import make_folder, scratch_folder
 from nailseg.prep.prepare import prepare
+from nailseg.prep.settings import PrepareSettings, compose_prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table
 
@@ -51,8 +53,12 @@ def main(cfg: DictConfig) -> None:
     make_folder(out)
     workers = cfg.num_workers or os.cpu_count() or 1
 
+    defaults = PrepareSettings.from_config(compose_prepare())  # conf/prepare.yaml's
+    split = replace(defaults.split, group_regex=cfg.group_regex)
+    settings = replace(defaults, num_workers=workers, split=split)
+
     def run_prepare(root: Path):
-        return prepare(input_dir, root, num_workers=workers, group_regex=cfg.group_regex)
+        return prepare(input_dir, root, settings)
 
     first = run_prepare(out / "prepared")
     n_pairs = first.written + first.up_to_date
