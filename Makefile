@@ -58,16 +58,16 @@ format: install  ## ruff fix and format
 	$(VENV)/bin/ruff format .
 
 bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
-	$(PY) -m nailseg.bench_prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
+	$(PY) -m nailseg bench-prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
 
 clean:  ## remove what nailseg provably wrote (runs, sweeps, synthetic sets) and the tool caches; names what it keeps
 	$(PY) -m nailseg.io.clean
 
 bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
-	$(PY) -m nailseg.bench_predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
+	$(PY) -m nailseg bench-predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
-	$(PY) -m nailseg.bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
+	$(PY) -m nailseg bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
 
 ifndef COMPARE_DIR
 COMPARE_DIR := multirun/compare-$(shell date +%Y%m%d-%H%M%S)
@@ -76,7 +76,7 @@ compare: install  ## train once per loader x aug (one W&B group), then a table a
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py -m dataset=$(DATASET) loader=torch,kornia,dali aug=light,heavy \
 		hydra.sweep.dir=$(COMPARE_DIR) $(ARGS)
-	$(PY) -m nailseg.compare sweep_dir=$(COMPARE_DIR)
+	$(PY) -m nailseg compare sweep_dir=$(COMPARE_DIR)
 
 ifndef DDP_DIR
 DDP_DIR := multirun/ddp-$(shell date +%Y%m%d-%H%M%S)
@@ -85,7 +85,7 @@ bench-ddp: install  ## DDP scaling on REAL_DATA: one GPU, then DDP on every GPU 
 	$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=outputs/bench-ddp/data
 	$(PY) train.py -m experiment=gpu_384 dataset=nails dataset.root=outputs/bench-ddp/data \
 		trainer=gpu,ddp callbacks=audit test=false logger=csv hydra.sweep.dir=$(DDP_DIR) $(ARGS)
-	$(PY) -m nailseg.compare sweep_dir=$(DDP_DIR)
+	$(PY) -m nailseg compare sweep_dir=$(DDP_DIR)
 
 cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group x dataset x aug, a table + plot (GPU: ARGS=experiment=gpu_384)
 	for g in $(HOLDOUT); do \
@@ -97,7 +97,7 @@ cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group 
 	$(PY) train.py -m dataset=$(CROSS_DATASETS) \
 		dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
 		aug=$(CROSS_AUGS) hydra.sweep.dir=$(CROSS_DIR)/sweep $(ARGS)
-	$(PY) -m nailseg.compare sweep_dir=$(CROSS_DIR)/sweep
+	$(PY) -m nailseg compare sweep_dir=$(CROSS_DIR)/sweep
 
 ifndef TTT_DIR
 TTT_DIR := outputs/time-to-target/$(shell date +%Y%m%d-%H%M%S)
@@ -109,7 +109,7 @@ time-to-target: install  ## seconds from process start to val Dice >= TARGET on 
 			seed=$$seed callbacks.time_to_target.target=$(TARGET) callbacks.time_to_target.stop=true \
 			test=false logger=csv hydra.run.dir=$(TTT_DIR)/$$n $(ARGS) || exit 1; \
 	done; done
-	$(PY) -m nailseg.compare sweep_dir=$(TTT_DIR)
+	$(PY) -m nailseg compare sweep_dir=$(TTT_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
 	$(PY) -m pytest -m gpu tests/test_gpu.py tests/data/test_dali_loader.py $(ARGS)

@@ -303,7 +303,7 @@ class TrainConfig:
 
 @dataclass
 class BenchConfig:
-    """`python -m nailseg.bench`; values in conf/bench.yaml."""
+    """`python -m nailseg bench`; values in conf/bench.yaml."""
 
     paths: PathsConfig = MISSING
     dataset: DatasetConfig = MISSING
@@ -329,7 +329,7 @@ class BenchConfig:
 
 @dataclass
 class BenchPrepareConfig:
-    """`python -m nailseg.bench_prepare`; values in conf/bench_prepare.yaml."""
+    """`python -m nailseg bench-prepare`; values in conf/bench_prepare.yaml."""
 
     paths: PathsConfig = MISSING
     input_dir: str = MISSING
@@ -342,7 +342,7 @@ class BenchPrepareConfig:
 
 @dataclass
 class BenchPredictConfig:
-    """`python -m nailseg.bench_predict`; values in conf/bench_predict.yaml."""
+    """`python -m nailseg bench-predict`; values in conf/bench_predict.yaml."""
 
     paths: PathsConfig = MISSING
     ckpt: str = MISSING

@@ -42,3 +42,9 @@ def test_every_dependency_is_pinned_to_the_tested_versions():
         "kornia==0.9.0",
     ):
         assert required in pins
+
+
+def test_the_nailseg_script_is_the_front_door():
+    """`nailseg <command>` runs what `python -m nailseg <command>` runs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"nailseg": "nailseg.__main__:main"}

@@ -1,4 +1,4 @@
-"""A checkpoint as an ONNX model. `python -m nailseg.export ckpt=RUN/checkpoints/last.ckpt
+"""A checkpoint as an ONNX model. `python -m nailseg export ckpt=RUN/checkpoints/last.ckpt
 [format=onnx] [output=model.onnx]`
 
 The model takes `image`, float32 B×3×H×W normalised as in training (H×W: the run's input size,
@@ -263,7 +263,7 @@ def _refuse_to_replace(path: Path, ckpt: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
 def _main(cfg: DictConfig) -> None:
-    require_values(cfg, "nailseg.export")
+    require_values(cfg, "nailseg export")
     try:
         run(cfg)
     except (ExportError, CheckpointError) as err:
@@ -272,7 +272,7 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The command: its model-key check runs before Hydra composes the config."""
-    require_model_group("nailseg.export", sys.argv[1:])
+    require_model_group("nailseg export", sys.argv[1:])
     _main()
 
 

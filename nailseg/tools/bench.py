@@ -1,6 +1,6 @@
 """Loader benchmark: which data path keeps the device busiest, for one model and one aug spec.
 
-    python -m nailseg.bench output_dir=DIR [loaders=...] [model=...] [image_size=[384,384]]
+    python -m nailseg bench output_dir=DIR [loaders=...] [model=...] [image_size=[384,384]]
 
 For every loader backend × aug spec, in one process and one run:
 

@@ -1,7 +1,7 @@
 """Benchmark of `predict` (photos/s, files read and masks written) and of ONNX Runtime against
 PyTorch on the CPU; not a timed test.
 
-    python -m nailseg.bench_predict ckpt=RUN/checkpoints/last.ckpt input_dir=PHOTOS output_dir=DIR
+    python -m nailseg bench-predict ckpt=RUN/checkpoints/last.ckpt input_dir=PHOTOS output_dir=DIR
 
 The photo set, `DIR/photos`, is made once from the images under `input_dir` (searched recursively):
 each photo as it is, plus a JPEG copy at every scale in `jpeg_scales` (so the set mixes formats and
@@ -286,5 +286,5 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_predict")
 def main(cfg: DictConfig) -> None:
-    require_values(cfg, "nailseg.bench_predict")
+    require_values(cfg, "nailseg bench-predict")
     run(cfg)

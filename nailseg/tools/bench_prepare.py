@@ -1,6 +1,6 @@
 """Benchmark of `prepare` (cold and rerun) and of the synthetic generator; not a timed test.
 
-    python -m nailseg.bench_prepare input_dir=../shared/data/nails output_dir=outputs/bench/prepare
+    python -m nailseg bench-prepare input_dir=../shared/data/nails output_dir=outputs/bench/prepare
 
 Each figure is the median of `repeats` runs; a cold run writes into a new folder (made for it
 and removed after it, so the benchmark never deletes anything it did not make; the input files sit

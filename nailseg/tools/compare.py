@@ -1,6 +1,6 @@
 """Summarise a training sweep: one row per job, what the sweep varied, throughput and quality.
 
-    python -m nailseg.compare sweep_dir=multirun/<timestamp>      (or just the folder)
+    python -m nailseg compare sweep_dir=multirun/<timestamp>      (or just the folder)
 
 The columns come from the jobs' own overrides (`<job>/.hydra/overrides.yaml`): every key whose
 value differs between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study
@@ -353,15 +353,15 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="compare")
 def _app(cfg: DictConfig) -> None:
-    require_values(cfg, "nailseg.compare")
+    require_values(cfg, "nailseg compare")
     sweep_dir = Path(cfg.sweep_dir)
     try:
         rows = summarise(sweep_dir)
     except CompareError as err:
-        sys.exit(f"nailseg.compare: {err}")
+        sys.exit(f"nailseg compare: {err}")
     for _, row in rows[rows["status"].str.startswith("unreadable")].iterrows():
         folder = sweep_dir.parent / row["sweep"] if "sweep" in row else sweep_dir
-        print(f"nailseg.compare: {folder / row['job']}: {row['status']}", file=sys.stderr)
+        print(f"nailseg compare: {folder / row['job']}: {row['status']}", file=sys.stderr)
     shown, note = _shown(rows)
     print(_markdown(shown))
     if note:

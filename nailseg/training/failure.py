@@ -1,5 +1,5 @@
 """A sweep job's failure record, `failed.json` in its run folder: written by `run_job` when a job
-of a sweep fails (the sweep goes on), reported by `python -m nailseg.compare` and by the sweep's
+of a sweep fails (the sweep goes on), reported by `python -m nailseg compare` and by the sweep's
 exit status (`FailedJobsExit`), and removed when a later run in that folder completes (the job
 resumed). Only a record this module wrote is ever read as a failure or removed: a user's own
 `failed.json` there is left alone."""
@@ -71,5 +71,5 @@ class FailedJobsExit(Callback):
             listed = "; ".join(f"{job} ({error})" for job, error in failed)
             sys.exit(
                 f"train.py: {len(failed)} of {len(jobs)} jobs failed: {listed}. "
-                f"python -m nailseg.compare sweep_dir={sweep_dir} tabulates the sweep"
+                f"python -m nailseg compare sweep_dir={sweep_dir} tabulates the sweep"
             )

@@ -252,7 +252,7 @@ USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, SplitFileError)
 
 def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
-    the sweep goes on (`python -m nailseg.compare` reports it; a later run that completes in that
+    the sweep goes on (`python -m nailseg compare` reports it; a later run that completes in that
     folder, such as the job resumed, removes it); a single run raises as usual."""
     try:
         # DDP ranks re-run this job only; nothing leaks into the next job

@@ -194,7 +194,7 @@ def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path)
         (job / ".hydra" / "overrides.yaml").write_text(f"- aug={aug}\n")
         (job / "metrics.json").write_text(json.dumps({"fit": {}, "throughput": None}))
     (sweep / "compare.md").write_text("my own notes on this sweep\n")
-    done = _command("-m", "nailseg.compare", str(sweep))
+    done = _command("-m", "nailseg", "compare", str(sweep))
     assert done.returncode == 1
     assert f"{sweep / 'compare.md'} is not a file nailseg wrote there" in done.stderr
     assert (sweep / "compare.md").read_text() == "my own notes on this sweep\n"

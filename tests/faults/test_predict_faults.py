@@ -151,7 +151,8 @@ def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(ckpt
         [
             sys.executable,
             "-m",
-            "nailseg.predict",
+            "nailseg",
+            "predict",
             f"ckpt={ckpt}",
             f"input={data / 'photos'}",
             f"output={output}",
@@ -446,11 +447,11 @@ def _importing_torch(pid: int) -> bool:
 
 
 def _predict_in_a_session(ckpt: Path, photos: Path, out: Path) -> subprocess.Popen:
-    """`python -m nailseg.predict` on the CPU, one photo a batch, in a session (and process
+    """`python -m nailseg predict` on the CPU, one photo a batch, in a session (and process
     group) of its own, as a terminal's foreground job: a test can send it Ctrl-C."""
     args = [f"ckpt={ckpt}", f"input={photos}", f"output={out}", "num_workers=2"]
     return subprocess.Popen(
-        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=1"],
+        [sys.executable, "-m", "nailseg", "predict", *args, "device=cpu", "batch_size=1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -524,7 +525,7 @@ def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path):
     """A link at `output` to a model exported earlier (the user's own copy, kept elsewhere):
     before, export replaced the link with a new file; now it is refused, named, both kept."""
     theirs = tmp_path / "kept" / "model.onnx"
-    args = [sys.executable, "-m", "nailseg.export", f"ckpt={ckpt}"]
+    args = [sys.executable, "-m", "nailseg", "export", f"ckpt={ckpt}"]
     assert (
         subprocess.run([*args, f"output={theirs}"], cwd=ROOT, capture_output=True).returncode == 0
     )

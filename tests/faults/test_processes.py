@@ -87,7 +87,14 @@ def test_predict_killed_leaves_no_worker_nor_forkserver(tmp_path):
     for i in range(1500):
         save_image(tmp_path / "photos" / f"p{i:04d}.png", np.full((20, 24, 3), i % 256, np.uint8))
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "nailseg.predict", f"ckpt={ckpt}", f"input={tmp_path / 'photos'}"]
+    args = [
+        sys.executable,
+        "-m",
+        "nailseg",
+        "predict",
+        f"ckpt={ckpt}",
+        f"input={tmp_path / 'photos'}",
+    ]
     args += [f"output={out}", "num_workers=2", "device=cpu", "batch_size=1"]
 
     _kill_and_check(args, lambda session: any(out.glob("masks/*.png")))  # the workers at work

@@ -1,4 +1,4 @@
-"""`python -m nailseg.export`: ONNX with a dynamic batch axis that ONNX Runtime runs like PyTorch."""
+"""`python -m nailseg export`: ONNX with a dynamic batch axis that ONNX Runtime runs like PyTorch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python -m nailseg.predict`: photos of any size and mode → full-size masks and overlays, TTA,
+"""`python -m nailseg predict`: photos of any size and mode → full-size masks and overlays, TTA,
 unreadable files skipped, scoring against true masks, threshold=auto, checkpoint loading errors."""
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def test_nothing_readable_fails(trained, tmp_path):
 
 
 def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
-    """`python -m nailseg.predict` (its Hydra main, in-process): success with one unreadable file
+    """`python -m nailseg predict` (its Hydra main, in-process): success with one unreadable file
     among good ones, the config in summary.json; exit non-zero, naming the problem,
     when nothing could be read."""
     save_image(tmp_path / "in" / "ok.png", np.full((20, 30, 3), 128, np.uint8))
@@ -231,7 +231,7 @@ def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
 
 
 def test_the_command_as_users_run_it_writes_every_mask_and_warns_of_nothing(trained, tmp_path):
-    """`python -m nailseg.predict` in a process of its own, as users run it (its worker processes
+    """`python -m nailseg predict` in a process of its own, as users run it (its worker processes
     then start from its main module): every mask written, and no warning printed (a worker
     importing the main module a second time made runpy warn)."""
     for i in range(4):
@@ -239,7 +239,7 @@ def test_the_command_as_users_run_it_writes_every_mask_and_warns_of_nothing(trai
     out = tmp_path / "out"
     args = [f"ckpt={trained}", f"input={tmp_path / 'in'}", f"output={out}", "num_workers=2"]
     done = subprocess.run(
-        [sys.executable, "-m", "nailseg.predict", *args, "device=cpu", "batch_size=2"],
+        [sys.executable, "-m", "nailseg", "predict", *args, "device=cpu", "batch_size=2"],
         capture_output=True,
         text=True,
         env=os.environ | {"PYTHONWARNINGS": "default"},

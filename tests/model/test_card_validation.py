@@ -216,14 +216,14 @@ def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo,
     torch.save({"conv1.weight": torch.zeros(1)}, bait)
     reads_a_file = _with(model_encoder_name="tu-resnet18", model_options={"checkpoint_path": str(bait)})  # fmt: skip
     downloads = _with(model_encoder_name="tu-hf-hub:timm/resnet18.a1_in1k")
-    for module, card, key in (
-        ("nailseg.export", reads_a_file, "model.options.checkpoint_path"),
-        ("nailseg.predict", downloads, "model.encoder_name"),
+    for command, card, key in (
+        ("export", reads_a_file, "model.options.checkpoint_path"),
+        ("predict", downloads, "model.encoder_name"),
     ):
         ckpt = _checkpoint(watch / "run.ckpt", card)
         out = tmp_path / "out"
-        extra = [f"input={photo}", f"output={out}"] if module == "nailseg.predict" else []
-        code, stderr, opened = _command(module, f"ckpt={ckpt}", *extra, watch=watch)
+        extra = [f"input={photo}", f"output={out}"] if command == "predict" else []
+        code, stderr, opened = _command("nailseg", command, f"ckpt={ckpt}", *extra, watch=watch)
         assert code != 0 and "Traceback" not in stderr, stderr[-3000:]
         (line,) = stderr.strip().splitlines()
         assert f"{ckpt}: card key {key}=" in line and "refused" in line

@@ -110,7 +110,9 @@ def test_predict_skips_a_fifo_naming_it(ckpt, tmp_path):
     os.mkfifo(tmp_path / "given.png")
     out = tmp_path / "out"
     inputs = f"input=[{photos},{tmp_path / 'given.png'}]"
-    done = _command("-m", "nailseg.predict", f"ckpt={ckpt}", inputs, f"output={out}", "device=cpu")
+    done = _command(
+        "-m", "nailseg", "predict", f"ckpt={ckpt}", inputs, f"output={out}", "device=cpu"
+    )
     assert done.returncode == 0, done.stderr
     assert (out / "masks" / "x.png").is_file()
     assert not (out / "masks" / "fifo.png").exists() and not (out / "masks" / "given.png").exists()
@@ -243,7 +245,7 @@ def test_predict_names_an_unwritable_output_folder_in_one_line(ckpt, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     args = [f"ckpt={ckpt}", f"input={tmp_path / 'photos'}", f"output={locked / 'out'}"]
-    done = _command("-m", "nailseg.predict", *args, "device=cpu", preexec_fn=_obey_permissions)
+    done = _command("-m", "nailseg", "predict", *args, "device=cpu", preexec_fn=_obey_permissions)
     assert done.returncode == 1 and not (locked / "out").exists(), done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{locked} is not writable" in lines[0], done.stderr

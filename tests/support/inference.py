@@ -39,6 +39,6 @@ def constant_checkpoint(ckpt: Path, logit: float, name: str = "constant.ckpt") -
 
 
 def compose_cli(config: str, overrides: list[str]) -> DictConfig:
-    """The config `python -m nailseg.<config> <overrides>` would run."""
+    """The config `python -m nailseg <command> <overrides>` would run (`config`: its name)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config, overrides=overrides)

@@ -1,4 +1,4 @@
-"""`python -m nailseg.bench_predict` end to end on the CPU (tiny model, a few photos), and the
+"""`python -m nailseg bench-predict` end to end on the CPU (tiny model, a few photos), and the
 photo set it makes: reused when its marker matches, a folder it did not make refused."""
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_an_interrupted_set_is_made_again(sources: Path, tmp_path: Path, monkeyp
 def test_an_output_overlapping_the_photos_is_refused_before_anything_is_written(
     sources: Path, tmp_path: Path, inside: str
 ) -> None:
-    """From bench_predict's real config, as `python -m nailseg.bench_predict` composes it."""
+    """From bench_predict's real config, as `python -m nailseg bench-predict` composes it."""
     out = sources / "bench" if inside == "output in the photos" else sources.parent
     before = sorted(tmp_path.rglob("*"))
     cfg = compose_cli("bench_predict", ["ckpt=x.ckpt", f"input_dir={sources}", f"output_dir={out}"])
@@ -181,7 +181,7 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
             "runs.cpu.overlays=false", "+runs.cpu_overlays={device: cpu}", "limit.cpu=6",
             "+limit.cpu_overlays=2", "limit.cpu_onnx=3", "batch_size=2", "onnx_batch=2", "repeats=1"]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "nailseg.bench_predict", *args],
+        [sys.executable, "-m", "nailseg", "bench-predict", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

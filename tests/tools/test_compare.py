@@ -1,4 +1,4 @@
-"""`python -m nailseg.compare` on a real sweep of train.py with a failing job."""
+"""`python -m nailseg compare` on a real sweep of train.py with a failing job."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def test_a_sweep_is_summarised_by_what_it_varied_failed_jobs_included(failing_sw
 
 
 def compare(folder: Path) -> subprocess.CompletedProcess:
-    """`python -m nailseg.compare FOLDER`, as a user runs it."""
+    """`python -m nailseg compare FOLDER`, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "nailseg.compare", str(folder)],
+        [sys.executable, "-m", "nailseg", "compare", str(folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -43,7 +43,7 @@ def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
     proc = compare(failing_sweep)
     assert proc.returncode == 0 and "scheduler.total_steps" in proc.stdout, proc.stderr[-2000:]
     help_text = subprocess.run(
-        [sys.executable, "-m", "nailseg.compare", "--help"],
+        [sys.executable, "-m", "nailseg", "compare", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -108,7 +108,7 @@ def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path)
     }
     for folder, says in cases.items():
         proc = compare(folder)
-        assert proc.returncode == 1 and proc.stderr == f"nailseg.compare: {folder}{says}\n"
+        assert proc.returncode == 1 and proc.stderr == f"nailseg compare: {folder}{says}\n"
         assert not (folder / "compare.md").exists()
 
 
@@ -137,7 +137,7 @@ def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes
     (_job(tmp_path, "2", ["optimizer.lr=0.01", "aug=light"], {}) / "metrics.json").write_text("{")
     proc = compare(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.startswith(f"nailseg.compare: {tmp_path / '2'}: unreadable: metrics.json: ")
+    assert proc.stderr.startswith(f"nailseg compare: {tmp_path / '2'}: unreadable: metrics.json: ")
     assert proc.stderr.count("\n") == 1
     (broken,) = [line for line in proc.stdout.splitlines() if line.startswith("| 2 | 0.01 | ")]
     assert "| unreadable: metrics.json: JSONDecodeError: " in broken

@@ -352,20 +352,21 @@ def test_every_entry_points_config_is_typed(app, key, required):
 
 
 @pytest.mark.parametrize(
-    ("command", "given", "missing"),
+    ("command", "name", "given", "missing"),
     [
-        ("nailseg.predict", [], "ckpt=, input=, output="),
-        ("nailseg.predict", ["ckpt=x.ckpt"], "input=, output="),
-        ("nailseg.export", [], "ckpt="),
-        ("nailseg.compare", [], "sweep_dir="),
-        ("nailseg.bench_predict", [], "ckpt="),
-        ("nailseg.prep.synthetic", [], "out="),
+        ("nailseg predict", "nailseg.predict", [], "ckpt=, input=, output="),
+        ("nailseg predict", "nailseg.predict", ["ckpt=x.ckpt"], "input=, output="),
+        ("nailseg export", "nailseg export", [], "ckpt="),
+        ("nailseg compare", "nailseg compare", [], "sweep_dir="),
+        ("nailseg bench-predict", "nailseg bench-predict", [], "ckpt="),
+        ("nailseg.prep.synthetic", "nailseg.prep.synthetic", [], "out="),
     ],
 )
-def test_a_required_value_left_out_is_named_in_one_line(command, given, missing, tmp_path):
-    """Left out, a required (`???`) value raised a trace from deep inside the run."""
+def test_a_required_value_left_out_is_named_in_one_line(command, name, given, missing, tmp_path):
+    """Left out, a required (`???`) value raised a trace from deep inside the run. `name`: what
+    the command calls itself."""
     proc = subprocess.run(
-        [sys.executable, "-m", command, *given],
+        [sys.executable, "-m", *command.split(), *given],
         cwd=tmp_path,  # nothing is written: not here either
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -375,17 +376,19 @@ def test_a_required_value_left_out_is_named_in_one_line(command, given, missing,
     assert proc.returncode == 1
     assert (
         proc.stderr.strip()
-        == f"{command}: missing {missing} (python -m {command} --help says what each is)"
+        == f"{name}: missing {missing} (python -m {name} --help says what each is)"
     )
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", ["nailseg.predict", "nailseg.export"])
-def test_a_model_key_without_the_model_is_named_in_one_line(command, tmp_path):
+@pytest.mark.parametrize(
+    ("command", "name"), [("predict", "nailseg.predict"), ("export", "nailseg export")]
+)
+def test_a_model_key_without_the_model_is_named_in_one_line(command, name, tmp_path):
     """predict's and export's model is the checkpoint's (null) unless model= names one:
     `model.encoder_name=resnet18` alone failed inside Hydra with an AssertionError."""
     proc = subprocess.run(
-        [sys.executable, "-m", command, "ckpt=x.ckpt", "model.encoder_name=resnet18"],
+        [sys.executable, "-m", "nailseg", command, "ckpt=x.ckpt", "model.encoder_name=resnet18"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -394,7 +397,7 @@ def test_a_model_key_without_the_model_is_named_in_one_line(command, tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        f"{command}: model.encoder_name=resnet18 changes the model, and model= does not name "
+        f"{name}: model.encoder_name=resnet18 changes the model, and model= does not name "
         "one (the model is the checkpoint's): give it as well, e.g. model=unet "
         "model.encoder_name=resnet18"
     )

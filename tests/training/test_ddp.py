@@ -123,7 +123,7 @@ def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep):
         assert len(set(rank0) | set(rank1)) == 2 * share <= N_TRAIN  # no row twice on one rank
         assert set(rank0) | set(rank1) <= set(range(N_TRAIN))
     assert logged(run_dir, "train/samples") == [2 * share] * EPOCHS
-    # the verdict `python -m nailseg.compare` reports for a job's ledger
+    # the verdict `python -m nailseg compare` reports for a job's ledger
     assert train_rows_once(ddp_sweep.ledger) == f"every row once in each of {EPOCHS} epochs"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2

@@ -80,7 +80,7 @@ def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared
     assert trials[2].params not in (trials[0].params, trials[1].params)
     # compare shows the whole study: the rerun's folder and the first one's, trial by trial
     shown = subprocess.run(
-        [sys.executable, "-m", "nailseg.compare", str(tmp_path / "more")],
+        [sys.executable, "-m", "nailseg", "compare", str(tmp_path / "more")],
         capture_output=True,
         text=True,
         check=True,

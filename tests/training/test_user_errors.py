@@ -192,11 +192,11 @@ def test_predict_and_export_point_an_onnx_model_given_as_ckpt_to_its_checkpoint(
     (photos / "a.png").write_bytes(b"")
     out = tmp_path / "out"
     args = [f"ckpt={model}", f"input={photos}", f"output={out}"]
-    last = _refused(tmp_path / "p", "-m", "nailseg.predict", *args)
+    last = _refused(tmp_path / "p", "-m", "nailseg", "predict", *args)
     assert last.startswith(f"predict failed: ckpt={model} is an ONNX model"), last
     assert "engine=onnx" in last
     before = model.read_bytes()  # export's output would be beside it: model.onnx itself
-    last = _refused(tmp_path / "e", "-m", "nailseg.export", f"ckpt={model}")
+    last = _refused(tmp_path / "e", "-m", "nailseg", "export", f"ckpt={model}")
     assert last.startswith(f"export failed: ckpt={model} is an ONNX model"), last
     assert model.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "model.onnx", "p", "photos"]

@@ -1,0 +1,78 @@
+"""`python -m nailseg <command>` and the `nailseg` script: one front door for every command, each
+still a Hydra app with its own help, its overrides passed through unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nailseg
+from nailseg.__main__ import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+# sys.argv[0] as `python -m nailseg` sets it
+MAIN = str(Path(nailseg.__file__).with_name("__main__.py"))
+
+
+def test_the_front_door_lists_each_command_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "nailseg"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("usage: python -m nailseg <command>")
+    for name in [*COMMANDS, "prepare.py", "train.py"]:
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        assert len(line.split()) > 2, line  # the name and what it does
+
+
+def test_an_unknown_command_is_one_line_naming_it_and_the_commands(monkeypatch):
+    monkeypatch.setattr(sys, "argv", [MAIN, "bench_predict", "ckpt=x.ckpt"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == (
+        "python -m nailseg: unknown command 'bench_predict'; the commands: predict, export, "
+        "compare, bench, bench-prepare, bench-predict"
+    )
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_command_has_its_own_hydra_help_through_the_front_door(name, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [MAIN, name, "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"python -m nailseg {name} ")
+
+
+def test_hydra_names_the_command_as_the_user_typed_it(monkeypatch, capsys):
+    """Hydra's own help builds its shell-completion lines from sys.argv[0]: it names the front
+    door and the command, not nailseg/__main__.py."""
+    monkeypatch.setattr(sys, "argv", [MAIN, "compare", "--hydra-help"])
+    with pytest.raises(SystemExit):
+        main()
+    out = capsys.readouterr().out
+    assert 'eval "$(python -m nailseg compare -sc install=bash)"' in out
+    assert "__main__" not in out
+
+
+def test_the_nailseg_script_runs_a_command_with_its_arguments_unchanged(tmp_path):
+    """The console script from pyproject's [project.scripts], end to end: compare takes a bare
+    folder as `sweep_dir=` and refuses a folder that is no sweep in one line."""
+    script = Path(sys.executable).with_name("nailseg")
+    proc = subprocess.run(
+        [str(script), "compare", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (
+        f"nailseg compare: {tmp_path}: no job folders (subfolders with .hydra/) in it; expected "
+        "a sweep's folder (multirun/<time>) whose jobs are its subfolders\n"
+    )
+    assert list(tmp_path.iterdir()) == []
