@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support.loaders import loader_settings, spec_from
 from support.loggers import KeptRows
 from support.train import TINY_UNET, compose_train, small_overrides, train
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 # every op that keeps a constant image's median value where it was (brightness would move it)
-PAIRING = AugSpec.from_config(
+PAIRING = spec_from(
     [
         {"op": "hflip", "p": 0.5},
         {"op": "vflip", "p": 0.5},
@@ -55,8 +55,8 @@ def _constant_samples(root: Path, n: int) -> pd.DataFrame:
 def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     records = _constant_samples(tmp_path, 30)
     mean, std = torch.tensor(PAIRING.mean).view(3, 1, 1), torch.tensor(PAIRING.std).view(3, 1, 1)
-    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=8, image_size=(32, 32),
-                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
     for _ in range(3):
         rows = []
         for batch in loader:
@@ -73,8 +73,9 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     for world in (1, 2, 3):
         seen = []
         for rank in range(world):
-            evaluation = DaliLoader(records, tmp_path, PAIRING, train=False, batch_size=7, image_size=(32, 32),
-                                    group_ids={"g": 0}, device="gpu", rank=rank, world_size=world)  # fmt: skip
+            evaluation = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=False,
+                                    batch_size=7, image_size=(32, 32), group_ids={"g": 0}, device="gpu",
+                                    rank=rank, world_size=world))  # fmt: skip
             seen += [i for batch in evaluation for i in batch["index"].tolist()]
             evaluation.close()
         assert sorted(seen) == list(range(30))
@@ -85,8 +86,8 @@ def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
     already queued there (the previous training step), or the CPU could not run ahead of the
     GPU."""
     records = _constant_samples(tmp_path, 16)
-    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=4, image_size=(32, 32),
-                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=4,
+                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
     batches = iter(loader)
     taken = [next(batches)]
     time.sleep(0.5)  # the next batch, prefetched, is made meanwhile
@@ -137,8 +138,8 @@ def test_closing_a_gpu_loader_returns_its_memory(prepared):
     groups = {g: i for i, g in enumerate(sorted(set(records["group"])))}
     torch.zeros(1, device="cuda")  # the CUDA context exists before the baseline
     free_before = torch.cuda.mem_get_info()[0]
-    loader = DaliLoader(records, prepared, PAIRING, train=True, batch_size=8, image_size=(1024, 1024),
-                        group_ids=groups, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, prepared, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(1024, 1024), group_ids=groups, device="gpu"))  # fmt: skip
     batches = sum(1 for _ in loader)
     assert batches == len(loader) > 0
     assert torch.cuda.mem_get_info()[0] < free_before - 256 * 2**20  # the pipeline's buffers
@@ -312,8 +313,9 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkey
 
 
 def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
+    from nailseg.inference.engine import capture
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.predict import PredictError, _capture
+    from nailseg.inference.predict import PredictError
     from nailseg.inference.spec import InferenceSpec
 
     class Syncing(torch.nn.Module):  # asks the host for a value mid-forward: no graph holds that
@@ -327,7 +329,7 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
     spec = InferenceSpec(ckpt=tmp_path / "x.ckpt", model={}, image_size=(32, 32), mean=(0, 0, 0),
                          std=(1, 1, 1), threshold=0.5, data_root=None)  # fmt: skip
     with pytest.raises(PredictError, match="cannot run as a CUDA graph") as raised:
-        _capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
+        capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
     assert "\n" not in str(raised.value) and str(raised.value).endswith(
         "cuda_graphs=false runs it eagerly"
     )
@@ -341,7 +343,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
     for the GPU. Normalising once did: a plain copy of the mean and std to the GPU waits for
     all the work queued there, so the host idled a batch's length every batch."""
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.predict import _to_host
+    from nailseg.inference.host_copy import to_host
     from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
     from nailseg.model.net import build_net
 
@@ -355,7 +357,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 
     def queue() -> object:
         maps = full_size_probabilities(graphed, image_tensors(photos, torch.device("cuda")), spec)
-        return _to_host(maps, lambda flat: flat > 0.5)
+        return to_host(maps, lambda flat: flat > 0.5)
 
     first = queue().arrays()  # captures the graph (which waits, once)
     torch.cuda.set_sync_debug_mode("error")
@@ -371,11 +373,11 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
     """predict queues a batch's copy to the host before the next batch's work and waits for the
     copy only: what is queued after it (here: changing the tensor) must not reach it."""
-    from nailseg.inference.predict import _to_host
+    from nailseg.inference.host_copy import to_host
 
     maps = [torch.rand(300, 400, device="cuda"), torch.rand(50, 70, device="cuda")]
     expected = [(m > 0.5).cpu().numpy() for m in maps]
-    copy = _to_host(maps, lambda flat: flat > 0.5)
+    copy = to_host(maps, lambda flat: flat > 0.5)
     for m in maps:
         m.sub_(1.0)  # every value below 0.5 once this has run
     assert copy.flat.is_pinned()
