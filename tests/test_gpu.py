@@ -11,6 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support.loggers import KeptRows
+from support.train import TINY_UNET, compose_train, small_overrides, train
+
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
@@ -18,8 +21,6 @@ from nailseg.model.checkpoint import load_net
 from nailseg.model.step_log import StepValues
 from nailseg.prep.format import CSV_COLUMNS
 from nailseg.training.run import run
-from support.loggers import KeptRows
-from support.train import TINY_UNET, compose_train, small_overrides, train
 
 pytestmark = [
     pytest.mark.gpu,
@@ -198,6 +199,7 @@ def test_fit_with_cuda_graphs(prepared, tmp_path):
 
 def test_bench_on_gpu(prepared, tmp_path):
     from hydra import compose, initialize_config_dir
+
     from nailseg.tools.bench import run
 
     with initialize_config_dir(
@@ -215,9 +217,10 @@ def test_bench_on_gpu(prepared, tmp_path):
 
 
 def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
-    from nailseg.inference.predict import run as predict
     from PIL import Image
     from support.inference import compose_cli, make_run
+
+    from nailseg.inference.predict import run as predict
 
     ckpt = make_run(prepared, tmp_path / "run")
 
@@ -309,9 +312,8 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkey
 
 
 def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
-    from nailseg.inference.engine import capture
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.predict import PredictError
+    from nailseg.inference.predict import PredictError, _capture
     from nailseg.inference.spec import InferenceSpec
 
     class Syncing(torch.nn.Module):  # asks the host for a value mid-forward: no graph holds that
@@ -325,7 +327,7 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
     spec = InferenceSpec(ckpt=tmp_path / "x.ckpt", model={}, image_size=(32, 32), mean=(0, 0, 0),
                          std=(1, 1, 1), threshold=0.5, data_root=None)  # fmt: skip
     with pytest.raises(PredictError, match="cannot run as a CUDA graph") as raised:
-        capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
+        _capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
     assert "\n" not in str(raised.value) and str(raised.value).endswith(
         "cuda_graphs=false runs it eagerly"
     )
@@ -339,7 +341,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
     for the GPU. Normalising once did: a plain copy of the mean and std to the GPU waits for
     all the work queued there, so the host idled a batch's length every batch."""
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.host_copy import to_host
+    from nailseg.inference.predict import _to_host
     from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
     from nailseg.model.net import build_net
 
@@ -353,7 +355,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 
     def queue() -> object:
         maps = full_size_probabilities(graphed, image_tensors(photos, torch.device("cuda")), spec)
-        return to_host(maps, lambda flat: flat > 0.5)
+        return _to_host(maps, lambda flat: flat > 0.5)
 
     first = queue().arrays()  # captures the graph (which waits, once)
     torch.cuda.set_sync_debug_mode("error")
@@ -369,11 +371,11 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
     """predict queues a batch's copy to the host before the next batch's work and waits for the
     copy only: what is queued after it (here: changing the tensor) must not reach it."""
-    from nailseg.inference.host_copy import to_host
+    from nailseg.inference.predict import _to_host
 
     maps = [torch.rand(300, 400, device="cuda"), torch.rand(50, 70, device="cuda")]
     expected = [(m > 0.5).cpu().numpy() for m in maps]
-    copy = to_host(maps, lambda flat: flat > 0.5)
+    copy = _to_host(maps, lambda flat: flat > 0.5)
     for m in maps:
         m.sub_(1.0)  # every value below 0.5 once this has run
     assert copy.flat.is_pinned()

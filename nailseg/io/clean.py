@@ -68,7 +68,7 @@ def _predicted(folder: Path, marker: dict) -> dict[str, Proof]:
 
 # marker file -> (kind, the proofs of the files it shows as nailseg's besides itself)
 _KINDS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict], dict[str, Proof]]]] = {
-    RUN_MARKER: (("run", "sweep"), lambda folder, marker: marker_proofs(marker)),
+    RUN_MARKER: (("run", "sweep", "bench"), lambda folder, marker: marker_proofs(marker)),
     "prepare.json": (("prepare",), _prepared),
     "synthetic.json": (("synthetic",), lambda folder, marker: marker_proofs(marker)),
     "summary.json": (("predict",), _predicted),

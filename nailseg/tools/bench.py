@@ -16,13 +16,15 @@ For every loader backend × aug spec, in one process and one run:
 
 Warm-up batches are excluded; each figure is the median of `repeats` timed windows. Training is
 measured on CUDA by default only (`measure_train: auto`): on a 2-core CPU the model, not the
-loader, is the story and one window would take minutes. Writes `bench.csv`, `bench.png` and prints
-a table.
+loader, is the story and one window would take minutes. Writes `bench.csv`, `bench.png` and
+`bench.json` (the config) into `output_dir`, a folder of its own (`nailseg.tools.output`), and
+prints a table.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 import threading
 import time
@@ -35,7 +37,7 @@ import matplotlib
 import pandas as pd
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -47,11 +49,13 @@ from nailseg.model.losses import build_loss
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin
 from nailseg.tables import print_table
+from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 from nailseg.training.build import use_channels_last
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+OUTPUTS = ["bench.csv", "bench.png", "bench.json"]
 COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
     "loader_img_s", "train_img_s", "ceiling_img_s", "ceiling_batch_size", "train_vs_ceiling",
@@ -283,6 +287,8 @@ def _print(rows: pd.DataFrame) -> None:
 
 
 def run(cfg: DictConfig) -> pd.DataFrame:
+    out = Path(cfg.output_dir)
+    claim_output(out, OUTPUTS)
     prepare_builtin(cfg.dataset)  # the built-in synthetic data, as train.py makes it
     device = resolve_device(cfg.device)
     measure_train = (
@@ -317,17 +323,20 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 close()
     # columns of training left unmeasured are NaN; the ceiling's batch stays an integer
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"ceiling_batch_size": "Int64"})
-    out = Path(cfg.output_dir)
     write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
     _plot(frame, out / "bench.png")
     _print(frame)
-    Console().print(f"written: {out / 'bench.csv'}, {out / 'bench.png'}")
+    Console().print(f"written: {out / 'bench.csv'}, bench.png, bench.json")
     return frame
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
+    config = OmegaConf.to_container(cfg, resolve=True)
+    write_text(out / "bench.json", json.dumps({"config": config}, indent=2))
+    record_outputs(out, OUTPUTS)
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    with refused_in_one_line("nailseg bench"):
+        run(cfg)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ no GPU. The ONNX comparison times the net alone on one batch of the photos at th
 PyTorch, and ONNX Runtime on the model predict's `engine=onnx` runs (built and checked in memory,
 nothing written), each with torch's CPU threads, median of `repeats`. Writes
 `DIR/bench_predict.csv`, `.json` (with the config) and `.png` and prints a table. DIR may not
-overlap `input_dir`; nothing is written before that is checked.
+overlap `input_dir`, and is a folder of its own (`nailseg.tools.output`); nothing is written
+before that is checked.
 """
 
 from __future__ import annotations
@@ -37,10 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 from nailseg.config import CONF_DIR, require_values
-from nailseg.inference.engine import build_engine
 from nailseg.inference.photos import find_images
+from nailseg.inference.predict import STAGES, build_engine
 from nailseg.inference.predict import run as predict
-from nailseg.inference.progress import STAGES
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.io.atomic import save_figure, write_atomic, write_text
 from nailseg.io.overlap import overlap
@@ -50,12 +50,14 @@ from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
 from nailseg.tables import print_table
 
+from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 MARKER = "photos.json"  # the photo set's manifest
 CREATOR = "nailseg.bench_predict"
 COLUMNS = [
+OUTPUTS = ["bench_predict.csv", "bench_predict.json", "bench_predict.png"]
     "run", "device", "engine", "gpu_decode", "cuda_graphs", "overlays", "photos", "seconds",
     "photos_per_s", *STAGES, "capture_s",
 ]  # fmt: skip
@@ -254,7 +256,7 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
             f"output_dir={out} and input_dir={cfg.input_dir} overlap (one is, or is inside, the "
             "other): nothing was written; choose an output folder apart from the photos"
         )
-    make_folder(out)
+    claim_output(out, OUTPUTS)
     folder = out / "photos"
     photos = make_photos(Path(cfg.input_dir), folder, list(cfg.jpeg_scales), cfg.jpeg_quality)
     sizes = np.array([_size(p) for p in photos])
@@ -275,6 +277,7 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     write_text(out / "bench_predict.json", json.dumps(extra, indent=2))
     _plot(rows, out / "bench_predict.png")
     table = Table(title="predict (photos/s: read, predicted, mask written)")
+    record_outputs(out, OUTPUTS)
     for column in COLUMNS:
         table.add_column(column, justify="right")
     for row in rows.itertuples(index=False):
@@ -288,4 +291,5 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_predict")
 def main(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg bench-predict")
-    run(cfg)
+    with refused_in_one_line("nailseg bench-predict"):
+        run(cfg)

@@ -5,11 +5,13 @@
 Each figure is the median of `repeats` runs; a cold run writes into a new folder (made for it
 and removed after it, so the benchmark never deletes anything it did not make; the input files sit
 in the page cache after the first read, as they would on a second epoch), a rerun into
-`<output_dir>/prepared`. Writes `<output_dir>/bench_prepare.csv` and prints a table.
+`<output_dir>/prepared`. Writes `<output_dir>/bench_prepare.csv` and `bench_prepare.json` (the
+config) and prints a table; `output_dir` is a folder of its own (`nailseg.tools.output`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -19,17 +21,20 @@ from pathlib import Path
 
 import hydra
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from nailseg.config import CONF_DIR
 from nailseg.io.atomic import write_text
-from nailseg.io.ownership import make_folder, scratch_folder
+from nailseg.io.ownership import scratch_folder
 from nailseg.prep.prepare import prepare
 from nailseg.prep.settings import PrepareSettings, compose_prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table
+from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
+
+OUTPUTS = ["bench_prepare.csv", "bench_prepare.json"]
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -50,7 +55,8 @@ def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_prepare")
 def main(cfg: DictConfig) -> None:
     input_dir, out = Path(cfg.input_dir), Path(cfg.output_dir)
-    make_folder(out)
+    with refused_in_one_line("nailseg bench-prepare"):
+        claim_output(out, OUTPUTS)
     workers = cfg.num_workers or os.cpu_count() or 1
 
     defaults = PrepareSettings.from_config(compose_prepare())  # conf/prepare.yaml's
@@ -82,6 +88,9 @@ def main(cfg: DictConfig) -> None:
     rows["workers"] = workers
     rows["cpus"] = os.cpu_count()
     write_text(out / "bench_prepare.csv", rows.to_csv(index=False, float_format="%.4f"))
+    config = OmegaConf.to_container(cfg, resolve=True)
+    write_text(out / "bench_prepare.json", json.dumps({"config": config}, indent=2))
+    record_outputs(out, OUTPUTS)
 
     table = Table(
         title=f"prepare benchmark ({input_dir}, {workers} workers, median of {cfg.repeats})"
@@ -93,7 +102,7 @@ def main(cfg: DictConfig) -> None:
     console = Console()
     print_table(table, console)
     console.print(f"rerun / cold time: {rerun / cold:.3f}  (target <= 0.10)")
-    console.print(f"written: {out / 'bench_prepare.csv'}")
+    console.print(f"written: {out / 'bench_prepare.csv'}, bench_prepare.json")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
 from nailseg.io.atomic import write_atomic
+from nailseg.io.run_folder import RUN_MARKER
 from nailseg.tools import bench_predict
 from nailseg.tools.bench_predict import MARKER, make_photos
 
@@ -203,4 +204,6 @@ def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
     assert len(list((out / "photos").glob("*.*g"))) == 6  # the set, whole after its links went
     assert report["config"]["input_dir"] == str(sources)
     written = sorted(p.name for p in out.iterdir())  # every run's folder removed, no model file
-    assert written == ["bench_predict.csv", "bench_predict.json", "bench_predict.png", "photos"]
+    assert written == [
+        RUN_MARKER, "bench_predict.csv", "bench_predict.json", "bench_predict.png", "photos"
+    ]  # fmt: skip
