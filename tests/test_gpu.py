@@ -312,8 +312,9 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkey
 
 
 def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
+    from nailseg.inference.engine import capture
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.predict import PredictError, _capture
+    from nailseg.inference.predict import PredictError
     from nailseg.inference.spec import InferenceSpec
 
     class Syncing(torch.nn.Module):  # asks the host for a value mid-forward: no graph holds that
@@ -327,7 +328,7 @@ def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written
     spec = InferenceSpec(ckpt=tmp_path / "x.ckpt", model={}, image_size=(32, 32), mean=(0, 0, 0),
                          std=(1, 1, 1), threshold=0.5, data_root=None)  # fmt: skip
     with pytest.raises(PredictError, match="cannot run as a CUDA graph") as raised:
-        _capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
+        capture(GraphedNet(Syncing().cuda()), spec, batch_size=2, tta=False)
     assert "\n" not in str(raised.value) and str(raised.value).endswith(
         "cuda_graphs=false runs it eagerly"
     )
@@ -341,7 +342,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
     for the GPU. Normalising once did: a plain copy of the mean and std to the GPU waits for
     all the work queued there, so the host idled a batch's length every batch."""
     from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.predict import _to_host
+    from nailseg.inference.host_copy import to_host
     from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
     from nailseg.model.net import build_net
 
@@ -355,7 +356,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 
     def queue() -> object:
         maps = full_size_probabilities(graphed, image_tensors(photos, torch.device("cuda")), spec)
-        return _to_host(maps, lambda flat: flat > 0.5)
+        return to_host(maps, lambda flat: flat > 0.5)
 
     first = queue().arrays()  # captures the graph (which waits, once)
     torch.cuda.set_sync_debug_mode("error")
@@ -371,11 +372,11 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
     """predict queues a batch's copy to the host before the next batch's work and waits for the
     copy only: what is queued after it (here: changing the tensor) must not reach it."""
-    from nailseg.inference.predict import _to_host
+    from nailseg.inference.host_copy import to_host
 
     maps = [torch.rand(300, 400, device="cuda"), torch.rand(50, 70, device="cuda")]
     expected = [(m > 0.5).cpu().numpy() for m in maps]
-    copy = _to_host(maps, lambda flat: flat > 0.5)
+    copy = to_host(maps, lambda flat: flat > 0.5)
     for m in maps:
         m.sub_(1.0)  # every value below 0.5 once this has run
     assert copy.flat.is_pinned()
