@@ -24,7 +24,11 @@ from support.prepared import write_prepared
 from support.train import TINY_UNET
 
 from nailseg.data.datamodule import read_split
-from nailseg.inference.predict import PredictError, build_engine, main, run
+from nailseg.inference.engine import build_engine
+from nailseg.inference.host_copy import to_host
+from nailseg.inference.pipeline import fast_gil_handoff
+from nailseg.inference.predict import PredictError, main, run
+from nailseg.inference.request import worker_count
 from nailseg.inference.scoring import score_image
 from nailseg.inference.spec import (
     full_size_probabilities,
@@ -588,11 +592,9 @@ def test_default_workers_leave_the_gpu_driving_thread_room(
     monkeypatch, cores, device, overrides, workers
 ):
     """From predict's real config (overlays on, num_workers null by default)."""
-    from nailseg.inference import predict as predict_module
-
-    monkeypatch.setattr(predict_module.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
     cfg = compose_cli("predict", ["ckpt=x", "input=y", "output=z", *overrides])
-    assert predict_module._workers(cfg, torch.device(device)) == workers
+    assert worker_count(cfg.num_workers, cfg.overlays, torch.device(device)) == workers
 
 
 def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
@@ -620,31 +622,27 @@ def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
 
 @pytest.mark.parametrize(("device", "during"), [("cuda", 0.0005), ("cpu", None)])
 def test_the_gil_switch_interval_is_shortened_on_a_gpu_only_while_predicting(device, during):
-    from nailseg.inference.predict import _gil_handoff
-
     before = sys.getswitchinterval()
-    with _gil_handoff(torch.device(device)):
+    with fast_gil_handoff(torch.device(device)):
         assert sys.getswitchinterval() == pytest.approx(during or before)
     assert sys.getswitchinterval() == before
-    with pytest.raises(KeyError), _gil_handoff(torch.device(device)):
+    with pytest.raises(KeyError), fast_gil_handoff(torch.device(device)):
         raise KeyError("a failed prediction")
     assert sys.getswitchinterval() == before
 
 
 def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
-    from nailseg.inference.predict import _to_host
-
     rng = np.random.default_rng(0)
     images = [torch.from_numpy(rng.integers(0, 256, s, np.uint8)) for s in [(3, 5, 4), (3, 2, 7)]]
     expected = [image.numpy().copy() for image in images]
-    copy = _to_host(images)
+    copy = to_host(images)
     for image in images:  # work queued after the copy does not reach it
         image.add_(1)
     for got, image in zip(copy.arrays(), expected, strict=True):
         np.testing.assert_array_equal(got, image)
         np.testing.assert_array_equal(got.transpose(1, 2, 0), image.transpose(1, 2, 0))
     maps = [torch.rand(4, 6), torch.rand(3, 3)]
-    for got, prob in zip(_to_host(maps, lambda flat: flat > 0.5).arrays(), maps, strict=True):
+    for got, prob in zip(to_host(maps, lambda flat: flat > 0.5).arrays(), maps, strict=True):
         assert got.dtype == bool and got.shape == prob.shape
         np.testing.assert_array_equal(got, (prob > 0.5).numpy())
 
