@@ -38,9 +38,10 @@ from rich.console import Console
 from rich.table import Table
 
 from nailseg.config import CONF_DIR, require_values
+from nailseg.inference.engine import build_engine
 from nailseg.inference.photos import find_images
-from nailseg.inference.predict import STAGES, build_engine
 from nailseg.inference.predict import run as predict
+from nailseg.inference.progress import STAGES
 from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
 from nailseg.io.atomic import save_figure, write_atomic, write_text
 from nailseg.io.overlap import overlap
