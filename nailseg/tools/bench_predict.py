@@ -50,15 +50,15 @@ from nailseg.model.checkpoint import load_net
 from nailseg.prep.format import new_stamp, stamp_of
 from nailseg.prep.imageio import read_rgb
 from nailseg.tables import print_table
-
 from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 MARKER = "photos.json"  # the photo set's manifest
 CREATOR = "nailseg.bench_predict"
-COLUMNS = [
 OUTPUTS = ["bench_predict.csv", "bench_predict.json", "bench_predict.png"]
+COLUMNS = [
     "run", "device", "engine", "gpu_decode", "cuda_graphs", "overlays", "photos", "seconds",
     "photos_per_s", *STAGES, "capture_s",
 ]  # fmt: skip
@@ -277,8 +277,8 @@ def run(cfg: DictConfig) -> tuple[pd.DataFrame, dict]:
     write_text(out / "bench_predict.csv", rows.to_csv(index=False, float_format="%.4f"))
     write_text(out / "bench_predict.json", json.dumps(extra, indent=2))
     _plot(rows, out / "bench_predict.png")
-    table = Table(title="predict (photos/s: read, predicted, mask written)")
     record_outputs(out, OUTPUTS)
+    table = Table(title="predict (photos/s: read, predicted, mask written)")
     for column in COLUMNS:
         table.add_column(column, justify="right")
     for row in rows.itertuples(index=False):
