@@ -325,15 +325,15 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"ceiling_batch_size": "Int64"})
     write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
     _plot(frame, out / "bench.png")
+    config = OmegaConf.to_container(cfg, resolve=True)
+    write_text(out / "bench.json", json.dumps({"config": config}, indent=2))
+    record_outputs(out, OUTPUTS)
     _print(frame)
     Console().print(f"written: {out / 'bench.csv'}, bench.png, bench.json")
     return frame
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
-    config = OmegaConf.to_container(cfg, resolve=True)
-    write_text(out / "bench.json", json.dumps({"config": config}, indent=2))
-    record_outputs(out, OUTPUTS)
 def main(cfg: DictConfig) -> None:
     with refused_in_one_line("nailseg bench"):
         run(cfg)
