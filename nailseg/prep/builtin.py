@@ -1,10 +1,8 @@
 """The built-in synthetic dataset as `train.py` gets it: generated and prepared on first use, and
-again when its options (n, seed) change, in its own folders only (the raw_dir and root
-conf/dataset/synthetic.yaml sets, under `paths.data_dir`); a root prepared otherwise under its
-name is used as it is. A folder the user names is never filled: a root that is not ready there
-is refused before anything is written (`missing_data`), naming the `prepare.py` command that
-makes it. `train.py` calls `prepare_builtin` in every process, DDP ranks included: one prepares
-while the others wait for it.
+again when its options (n, seed) change, in its own folders only (conf/dataset/synthetic.yaml's
+raw_dir and root). A folder the user names is never filled: `missing_data` names the
+`prepare.py` command that makes it. Every process calls `prepare_builtin`; one prepares while the
+others wait for it.
 """
 
 from __future__ import annotations
@@ -30,9 +28,7 @@ log = logging.getLogger(__name__)
 
 def _builtin_current(dataset: DictConfig) -> bool:
     """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
-    (its raw photos are not needed: a root kept without them, or copied, is used as it is), or
-    prepared without recording a synthetic source (by hand, or by a nailseg before it recorded
-    one), which is used as it is."""
+    (its raw photos are not needed), or prepared without recording a synthetic source."""
     from nailseg.prep.synthetic import is_current
 
     n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
@@ -105,15 +101,11 @@ def _compose_prepare(dataset: DictConfig) -> DictConfig:
 
 
 def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
-    """Generate and prepare the built-in (synthetic) dataset in its own folders (`makes`) with
-    the settings of conf/prepare.yaml, unless its root was prepared from the set its options (n,
-    seed) ask for; returns whether it did. Other datasets and folders are the user's to prepare
-    (`missing_data` says how). prune=true: the root is nailseg's alone, and a smaller set must not
-    fail as pairs gone missing.
-
-    Safe in many processes at once (the DDP ranks of a job, each running train.py): one does the
-    work holding the root's BUILTIN_LOCK_FILE; the others wait for it, up to `wait_s` (then fail
-    saying so), and use what it made.
+    """Generate and prepare the built-in dataset in its own folders (`makes`) with the settings
+    of conf/prepare.yaml, unless its root already holds the set its options ask for; returns
+    whether it did. prune=true: the root is nailseg's alone, and a smaller set must not fail as
+    pairs gone missing. One process works holding BUILTIN_LOCK_FILE; the others wait for it, up
+    to `wait_s`, and use what it made.
     """
     if not makes(dataset) or _builtin_current(dataset):
         return False

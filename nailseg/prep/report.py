@@ -58,24 +58,18 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
     for kind in EXCLUSION_KINDS:
         if reasons[kind]:
             table.add_row(f"excluded: {kind}", str(reasons[kind]))
-    if summary.nonbinary_masks:
-        table.add_row(
-            "masks not binary (binarised)",
-            f"{summary.nonbinary_masks} (up to {summary.max_distinct_values} distinct values)",
-        )
-    if summary.rescaled:
-        depths = ", ".join(f"{n} from {bits}-bit" for bits, n in sorted(summary.rescaled.items()))
-        table.add_row("images rescaled to 8 bits", depths)
-    if summary.kept_gone:
-        table.add_row(
-            "pairs gone from the input, outputs kept (prune=true deletes)", str(summary.kept_gone)
-        )
-    if summary.pruned:
-        table.add_row("pairs gone from the input, outputs deleted (prune)", str(summary.pruned))
-    if summary.users_files:
-        table.add_row(
-            "outputs changed since prepare wrote them (yours: kept)", str(len(summary.users_files))
-        )
+    depths = ", ".join(f"{n} from {bits}-bit" for bits, n in sorted(summary.rescaled.items()))
+    nonbinary = f"{summary.nonbinary_masks} (up to {summary.max_distinct_values} distinct values)"
+    shown_when_any = {
+        "masks not binary (binarised)": summary.nonbinary_masks and nonbinary,
+        "images rescaled to 8 bits": depths,
+        "pairs gone from the input, outputs kept (prune=true deletes)": summary.kept_gone,
+        "pairs gone from the input, outputs deleted (prune)": summary.pruned,
+        "outputs changed since prepare wrote them (yours: kept)": len(summary.users_files),
+    }
+    for label, value in shown_when_any.items():
+        if value:
+            table.add_row(label, str(value))
     table.add_row("seconds", f"{summary.seconds:.2f}")
     print_table(table, console)
     for path in summary.users_files[:max_listed]:

@@ -1,19 +1,12 @@
 """Built-in synthetic dataset: procedural hand photos and nail masks, the default on a fresh clone.
 
-A fresh clone has no photos, yet training, tests and benchmarks need data in the users' layout
-(`<out>/Images/<group>/<name>.png` RGB, `<out>/Masks/<group>/<name>.png` 0/255). The scenes are
-built so that a model has something real to learn: skin-coloured fingers (and palms) surround
-every nail, skin tones and nail colours (natural or polished) vary, nails sit at the finger tip and
-turn with it, and each of the four groups has its own backgrounds, scale, finger count, nail
-shape, lighting and image size. Skin- and nail-coloured objects in the clutter group keep "find
-the pink blob" from being the answer.
-
-Every sample draws from its own RNG, seeded by (seed, index), so the files do not depend on the
-worker count or order: same (n, seed) gives byte-identical files.
-
-The generator writes only into a folder that is new, empty, or marked as its own by `MANIFEST`, so
-pointing it (or `prepare.py dataset.raw_dir=...`) at a folder of real photos fails, naming it,
-before anything is written; in its own folder it deletes only its own `sNNNN.png` files.
+Written in the users' layout (`Images/<group>/<name>.png` RGB, `Masks/<group>/<name>.png` 0/255)
+with something real to learn: skin-coloured fingers around every nail, varied skin tones and
+nail colours, and per group its own backgrounds, scale, finger count, nail shape, lighting and
+size; skin- and nail-coloured clutter keeps "find the pink blob" from being the answer. Each
+sample draws from its own RNG seeded by (seed, index): the same (n, seed) gives byte-identical
+files, whatever the workers. The generator writes only into a folder that is new, empty or marked
+by `MANIFEST`, and deletes only its own samples there.
 """
 
 from __future__ import annotations
@@ -434,7 +427,7 @@ def manifest_text(n: int, seed: int) -> str:
     return json.dumps(_manifest(n, seed)) + "\n"
 
 
-def is_current(out_dir: Path, n: int = 200, seed: int = 0, name: str = MANIFEST) -> bool:
+def is_current(out_dir: Path, n: int, seed: int, name: str = MANIFEST) -> bool:
     """Whether `out_dir/name` is the manifest of the complete set for (n, seed) of this generator
     version: `out_dir` holds that set (its marker, complete) or, for a prepared root's copy of
     the manifest, was prepared from it."""
@@ -455,16 +448,13 @@ def groups_of(n: int) -> list[str]:
     return list(GROUPS[: min(n, len(GROUPS))])
 
 
-def generate(out_dir: Path, n: int = 200, seed: int = 0, num_workers: int = 0) -> Path:
+def generate(out_dir: Path, n: int, seed: int, num_workers: int = 0) -> Path:
     """Write n samples to `out_dir` unless it already holds them; returns `out_dir`.
 
     Raises ForeignFolderError, before writing, when `out_dir` holds files but not our marker, or
-    a sample's path holds a file the marker does not show as the generator's (a user's). The
-    marker is first rewritten as unfinished, claiming the paths this run writes, and written
-    complete last with the record of every sample, so an interrupted run is redone next time;
-    samples of an earlier set that are not part of the new one are removed while they are as
-    written, and every other file is kept. One process per folder at a time: another's temporary
-    files would look stale (`prepare_builtin` lets one process at a time in).
+    a sample's path holds a file the marker does not show as the generator's. The marker claims
+    the paths first and is written complete last, so an interrupted run is redone; an earlier
+    set's samples are removed while they are as written. One process per folder at a time.
     """
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:

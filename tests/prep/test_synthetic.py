@@ -143,4 +143,4 @@ def test_cli_prints_a_summary_then_skips_a_current_set(
 @pytest.mark.parametrize(("n", "workers"), [(0, 0), (4, -1)])
 def test_rejects_bad_arguments(tmp_path: Path, n: int, workers: int) -> None:
     with pytest.raises(ValueError, match="need n >= 1"):
-        generate(tmp_path, n=n, num_workers=workers)
+        generate(tmp_path, n=n, seed=0, num_workers=workers)
