@@ -1,11 +1,9 @@
 """Photos from files to RGB uint8 C×H×W tensors on the device predict runs on.
 
-On a GPU, JPEG files are read as bytes by predict's worker processes (workers.py) and decoded
-in batches by nvJPEG (torchvision's `decode_jpeg(device="cuda")`), so the CPU only reads files
-and encodes the masks; their EXIF orientation is read from the header on the CPU and applied on
-the GPU (nvJPEG ignores it). Every other format, and a JPEG that nvJPEG refuses (CMYK, say), is
-decoded on the CPU by `read_rgb`, the decoder prepare uses, which also names what is wrong with a
-broken file. On the CPU everything goes through `read_rgb`.
+On a GPU, JPEGs come from the workers as bytes and are decoded there in batches by nvJPEG, their
+EXIF orientation (read on the CPU) applied there, as nvJPEG ignores it. Any other format, a JPEG
+nvJPEG refuses (CMYK, say), and every photo on the CPU is decoded by `read_rgb`, prepare's
+decoder, which names what is wrong with a broken file.
 """
 
 from __future__ import annotations
@@ -76,8 +74,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None
 
 
 def _decode_jpeg(data, device: torch.device):
-    # torchvision 0.29 (the pinned one) deprecates its decoders (TorchCodec's replace them) and
-    # warns at every call; they are what runs nvJPEG here
+    # torchvision's decoders warn at every call that they are deprecated; they run nvJPEG here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)

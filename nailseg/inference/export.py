@@ -6,15 +6,11 @@ The model takes `image`, float32 B×3×H×W normalised as in training (H×W: the
 threshold and the model config are stored in the file's metadata (`nailseg.*` keys) so a consumer
 can prepare inputs without the training config.
 
-Exported with PyTorch's TorchScript-based exporter (`dynamo=False`): it needs only `onnx`, where the
-torch.export-based one also needs `onnxscript`. That exporter is deprecated, so its deprecation
-warnings are silenced here; what guards the result is the parity check run before the file is
-published: ONNX Runtime (CPU) and PyTorch must agree on the logits of random batches of 1 and 3
-(the dynamic axis) within `TOLERANCE`, relative to the logits' size: float32 sums taken in another
-order differ in proportion to the values summed, and an early UNet-resnet34 gives logits beyond
-2,000 on random inputs (max |difference| 3.7e-3 there, 1.6e-6 of the largest logit). The model
-is built in memory and written atomically only after the check; predict's `engine=onnx` runs the
-same in-memory model (`OnnxNet`).
+Exported with PyTorch's TorchScript-based exporter (`dynamo=False`: it needs only `onnx`), whose
+deprecation warnings are silenced: the guard is the parity check before the file is written
+(atomically): ONNX Runtime (CPU) and PyTorch must agree on the logits of random batches of 1 and 3
+within `TOLERANCE`, relative to the logits' size (float32 sums taken in another order differ in
+proportion to the values summed). predict's `engine=onnx` runs the same in-memory model (`OnnxNet`).
 """
 
 from __future__ import annotations
@@ -98,9 +94,8 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes
 
 
 def _declare_output_shape(model: onnx.ModelProto, sizes: Sequence[int]) -> None:
-    """The output's declared shape: the batch axis, then the sizes the net gives (its logits
-    at the input size). The exporter's own inference declared a UNet's as [batch, 1, batch, ?],
-    which a tool that trusts declared shapes would take at its word."""
+    """The output's declared shape: the batch axis, then the sizes the net gives (its logits at
+    the input size), where the exporter's own inference gets a UNet's wrong."""
     shape = model.graph.output[0].type.tensor_type.shape
     del shape.dim[:]
     shape.dim.add().dim_param = "batch"

@@ -1,13 +1,8 @@
-"""The net's forward pass replayed as a CUDA graph: one launch a batch instead of one per layer.
-
-predict's main thread queues every device call, so each of an eager UNet's few hundred kernel
-launches a batch costs host time the GPU waits for (docs/BENCHMARKS.md; more while reading and
-writing threads took Python's GIL from it, before worker processes did that work). A captured graph
-is replayed with one call. A graph holds fixed addresses: each batch is copied into the captured
-input, and the logits returned are a view of the captured output, valid until the next call
-(predict consumes them at once, in stream order). Each input shape (channels and size) is captured
-once, at its batch size; a smaller batch (the last) is padded, rows being independent in an
-eval-mode net.
+"""The net's forward pass replayed as a CUDA graph: one launch a batch instead of one per kernel,
+each of which costs the host time the GPU waits for. A graph holds fixed addresses: each batch is
+copied into the captured input, and the logits returned are a view of the captured output, valid
+until the next call. Each input shape is captured once, at its batch size; a smaller batch is
+padded (rows are independent in an eval-mode net).
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The folder predict writes into, and why predict may write there.
 
-predict writes only into a folder it made: a new one, an empty one, or one whose `summary.json`
-it wrote (its marker: `nailseg.io.ownership`'s fields, tool, kind `predict` and the folder's id,
-beside the report; a `summary.json` without them is not predict's). That marker is written first, marked unfinished. With it, `outputs.txt`
-lists every mask, overlay and `scores.csv` the run is to write (and those of the run before,
-until they are gone), and then the earlier run's listed outputs are removed. So a rerun leaves
-only its own results: no mask of a photo since removed, no overlay of a run with other settings,
-and no scores describing masks they were not computed from, even when it stops part-way. A file
-predict did not write is never removed or replaced (each output bears its run's stamp, its
-modification time, as listed): one where this run would write (a user's `masks/x.png`, or an
-older predict's, which listed none) is refused before the first write. The
-folder may not overlap the photos or the true masks, nor hold a symbolic link (predict never
-makes one: a link inside it could lead the writes into the photos or the true masks). All of it
-is checked before the first write. One run writes into a folder at a time: a second one fails at
-once, naming the lock file the first holds (`nailseg.io.lock`). A rerun removes what a killed
-run's atomic writes left behind: temporary files, for listed outputs only.
+Only a new folder, an empty one, or one whose `summary.json` predict wrote (its marker:
+`nailseg.io.ownership`'s tool, kind `predict` and folder id), written first, marked unfinished.
+Then `outputs.txt` lists every output the run is to write (and the earlier run's, until they are
+gone), and the earlier run's are removed: a rerun, even one stopped part-way, leaves only its own
+results. A file predict did not write (each output bears its run's stamp, its modification time,
+as listed) is never removed or replaced: one where this run would write is refused. The folder
+may not overlap the photos or the true masks, nor hold a symbolic link (one could lead the writes
+into them). All of it is checked before the first write; one run writes a folder at a time
+(`nailseg.io.lock`); a rerun removes a killed run's temporary files, for listed outputs only.
 """
 
 from __future__ import annotations

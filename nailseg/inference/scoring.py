@@ -10,25 +10,11 @@ questions (how well nails are covered overall; how well a typical photo does).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
-
-SCORE_COLUMNS = [
-    "key",
-    "image",
-    "mask",
-    "group",
-    "height",
-    "width",
-    "tp",
-    "fp",
-    "fn",
-    "dice",
-    "iou",
-]
 
 
 def dice_iou(tp, fp, fn) -> tuple[Any, Any]:
@@ -56,6 +42,9 @@ class ImageScore:
     fn: int
     dice: float
     iou: float
+
+
+SCORE_COLUMNS = [f.name for f in fields(ImageScore)]  # scores.csv's, in order
 
 
 def score_image(

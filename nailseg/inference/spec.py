@@ -1,12 +1,9 @@
 """Running a trained net on photos: what predict, the threshold sweep and export share.
 
-The input size, normalisation and threshold come from the checkpoint's card (see
-model/checkpoint.py), so a model is run exactly as it was validated, even when the checkpoint was
-copied away from its run; each can be overridden. Photos are brought to the input size the way the
-evaluation loader does it (bilinear with antialiasing, like DALI's linear resize, then
-`(x/255 - mean) / std`), and probabilities are brought back to each photo's own size bilinearly
-before they are thresholded, so masks have smooth edges at full resolution rather than the blocks
-of an upsampled low-resolution mask.
+The input size, normalisation and threshold come from the checkpoint's card (model/checkpoint.py),
+each overridable, so a model runs as it was validated, even away from its run. Photos are resized
+as the evaluation loader does (bilinear, antialiased, then `(x/255 - mean) / std`); probabilities
+are brought back to each photo's size bilinearly before the threshold: smooth full-size edges.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """`threshold=auto`: the Dice-best threshold on the run's validation split, computed once.
 
-The sweep scores what predict writes: probabilities brought back to each photo's full size, then
-thresholded (`p > t`, as training's metrics do), with Dice from pixel counts summed over the
-whole split. All 99 thresholds 0.01 … 0.99 are scored in one pass: each pixel's probability is
-binned between thresholds, and per-bin foreground/background counts give TP/FP/FN for every
-threshold by a cumulative sum. Ties (a plateau of equal Dice) go to the threshold nearest the
-run's own, so a well-separated model keeps its usual threshold.
-
-The choice is stored in `threshold.json` beside the checkpoint, one entry per checkpoint (by
-name, size and modification time, so a rewritten `last.ckpt` is swept again) and per inference
-setting (TTA, input size, normalisation, data root) that changes it.
+The sweep scores what predict writes (full-size probabilities, `p > t`) by Dice from pixel counts
+summed over the split. All `THRESHOLDS` are scored in one pass: per-bin foreground/background
+counts of the probabilities give TP/FP/FN at every threshold by a cumulative sum. Ties go to the
+threshold nearest the run's own. The choice is cached in `threshold.json` beside the checkpoint,
+per checkpoint file (name, size, modification time) and per setting that changes it.
 """
 
 from __future__ import annotations

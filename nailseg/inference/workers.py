@@ -1,16 +1,8 @@
-"""What predict's worker processes run: reading photos, and writing each photo's mask and overlay
-(and scoring the mask).
-
-predict's main thread queues the device's work, and every torch call it makes lets another thread
-take Python's GIL. Reading and writing files is mostly Python and system calls (PIL's plugins,
-about ten calls a written file), so eight reading and writing threads kept asking for the GIL, and
-on a GPU the main thread spent most of its time waiting for it (docs/BENCHMARKS.md, tenth session:
-their waits summed to 3-4 times their CPU time). In processes of their own they run under their
-own GILs. Work goes out in chunks of photos, so a batch costs the main process a few messages.
-
-This module does not import torch: the processes fork from the forkserver (predict.py) with little
-to copy. Everything passed to and from them is pickled: photos, decoded images and masks as numpy
-arrays, JPEG files as their bytes.
+"""What predict's worker processes run: reading photos, and writing (and scoring) each photo's
+mask and overlay. This file work is mostly Python, so in processes of their own it runs under their
+own GILs, not the GIL of the thread that drives the device; work comes in chunks of photos, so a
+batch costs that thread a few messages. No torch here: the processes fork from the forkserver with
+little to copy; all passed to and from them is pickled (numpy arrays; JPEG files as bytes).
 """
 
 from __future__ import annotations
@@ -34,11 +26,9 @@ JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 
 def start_worker() -> None:
-    """Each worker's start: it dies with its parent, the forkserver, which exits with the command
-    (lifetime.py), so a command killed outright leaves no worker behind. Ctrl-C reaches the whole
-    process group, and the command handles it by shutting the workers down (each finishes what it
-    was given; every write is atomic); a worker that took it too would die printing a traceback of
-    its own."""
+    """Each worker's start: it dies with its parent, the forkserver, which dies with the command
+    (lifetime.py); it ignores Ctrl-C, which the command handles by shutting the workers down (each
+    finishes what it was given; every write is atomic)."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -119,9 +109,7 @@ class PhotoWriter:
         """A name the filesystem refuses (too long, a folder in the way) leaves that photo out,
         named: the other photos are still written."""
         mask = pred.astype(np.uint8) * 255
-        # zlib's fastest level: a 0/255 mask barely differs from the default's; an overlay (a
-        # photo) is 4x faster to encode than at PIL's default 6 and ~25% larger (573x450 on the
-        # 2-core CPU: 18 against 80 ms, 248 against 200 kB); overlays bound predict's speed
+        # zlib's fastest level: encoding overlays bounds predict's speed; the files grow a little
         try:
             masks, overlays = self.output / "masks", self.output / "overlays"
             save_png_atomic(masks / f"{photo.key}.png", mask, 1, self.stamp)
