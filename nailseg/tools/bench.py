@@ -301,7 +301,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         spec = instantiate(aug_cfg, mean=cfg.normalize.mean, std=cfg.normalize.std, _convert_="all")
         for loader_name, loader_cfg in cfg.loaders.items():
             datamodule = NailDataModule(
-                cfg.dataset.root, tuple(cfg.image_size), instantiate(loader_cfg), spec
+                cfg.dataset.root,
+                tuple(cfg.image_size),
+                instantiate(loader_cfg),
+                spec,
+                final_split="auto",
+                mix=[],  # the loaders on the primary root alone
+                weight=cfg.dataset.weight,
             )
             loader = datamodule.train_dataloader()
             batches = _batches(loader)
