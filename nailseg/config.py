@@ -1,12 +1,8 @@
-"""Typed schemas for every config, registered in Hydra's ConfigStore.
-
-Schemas carry types only; every value lives in a YAML file under `conf/` (one source of defaults).
-A field is MISSING (the YAML must set it) or None ("not set": the code's documented meaning, such
-as Lightning's own default for a trainer key, or a schedule as long as the whole fit). Each YAML
-file lists its schema first in its defaults, so an unknown key or a value of the wrong type fails
-when the config is composed, naming the key — not at epoch 3. `tests/training/test_config.py`
-holds every schema to this rule. Schemas are stored outside every group (a group file names its
-own as `/<name>@_here_`), so they are not offered as a group's options in `--help` or completion.
+"""Typed schemas for every config, registered in Hydra's ConfigStore: types only, every value in a
+YAML file under `conf/`. A field is MISSING (the YAML sets it) or None ("not set": the code's
+documented meaning). Each YAML file lists its schema first, so a wrong key or type fails at
+composition, naming the key. Schemas are stored outside every group (`/<name>@_here_`), so they
+are never offered as a group's options.
 """
 
 from __future__ import annotations
@@ -387,7 +383,7 @@ DIRECTIONS = {"max": "maximize", "min": "minimize"}
 
 def require_values(cfg: DictConfig, command: str) -> None:
     """Exit with one line naming the required keys (`???`) the command line left out, before
-    anything is read or written: reading one first raised a trace from deep inside the run."""
+    anything is read or written."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         keys = ", ".join(f"{key}=" for key in missing)
@@ -395,9 +391,8 @@ def require_values(cfg: DictConfig, command: str) -> None:
 
 
 def require_model_group(command: str, overrides: list[str]) -> None:
-    """Exit with one line when the command line sets a key of `model` without naming the model:
-    predict's and export's `model` is null (the checkpoint's) unless `model=` names one, and
-    `model.encoder_name=x` alone failed inside Hydra (`AssertionError: Unexpected type for root`)."""
+    """Exit with one line when the command line sets a key of `model` without naming the model
+    (predict's and export's `model` is null, the checkpoint's, unless `model=` names one)."""
     keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
     if "model" in keys:
         return
@@ -417,10 +412,9 @@ def study_direction(mode: str) -> str:
 
 
 def study_seed(seed: int, storage: str | None, study_name: str) -> int:
-    """The Optuna sampler's seed: the run's, plus the trials the stored study already holds. With
-    the run's seed alone, rerunning a stored study to add trials drew the first trials again
-    (the random start-up trials repeat exactly). A study kept nowhere, or not made yet, adds 0;
-    a SQLite file that does not exist is not created here (resolving a config writes nothing)."""
+    """The Optuna sampler's seed: the run's plus the trials the stored study holds, so a rerun
+    adds new trials rather than repeating the first ones. A SQLite file that does not exist is
+    not created here (resolving a config writes nothing)."""
     if not storage or (
         storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists()
     ):

@@ -1,8 +1,6 @@
-"""The one reading of a device setting: `auto`, `cpu`, `gpu`, `cuda` or `cuda:N`, and the one
-choice `auto` makes, for the trainer (`trainer=auto`) and the loaders (`device: auto`) alike.
-
-torch is imported inside the functions: `nailseg.config` registers the `auto` choice as config
-resolvers, and every entry point (its `--help` too) imports that module before anything heavy.
+"""The one reading of a device setting (`auto`, `cpu`, `gpu`, `cuda`, `cuda:N`) and the one choice
+`auto` makes, for the trainer and the loaders alike. torch is imported inside the functions: every
+entry point imports this module (through `nailseg.config`) before anything heavy.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Worker processes that end with their parent, even a parent killed with `kill -9` (which runs
-no cleanup): an idle pool worker otherwise waits for its next task forever, since it holds both
-ends of its task queue's pipe itself and so never sees it close.
+"""Worker processes that end with their parent, even one killed with `kill -9`: an idle pool
+worker holds both ends of its task pipe and would otherwise wait forever.
 
-On Linux, prctl(PR_SET_PDEATHSIG) has the kernel kill a process when its parent exits. A worker
-arms it first thing (`die_with_parent`, a pool's initializer); a parent that died before that is
-caught by comparing os.getppid() with the process that forked the worker, noted just before every
-fork. A worker forked by multiprocessing's forkserver has the server as its parent, so the server
-arms it too (predict's: inference/server_start.py). Elsewhere than on Linux, nothing is armed.
+On Linux a worker arms prctl(PR_SET_PDEATHSIG) first thing (`die_with_parent`, a pool's
+initializer); a parent that died before that is caught by comparing os.getppid() with the process
+that forked the worker, noted before every fork. Elsewhere nothing is armed.
 """
 
 from __future__ import annotations

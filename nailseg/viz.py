@@ -1,8 +1,5 @@
-"""Drawing masks over images and tiling them into one PNG: plain numpy + PIL, no display needed.
-
-Used by the training overlays callback and meant for `predict` too, so both draw masks the same way.
-Arrays are HxWx3 uint8 (RGB) and HxW bool masks throughout.
-"""
+"""Drawing masks over images and tiling them into one PNG (numpy + PIL), for training's overlays
+and predict alike. Arrays are HxWx3 uint8 (RGB) and HxW bool masks throughout."""
 
 from __future__ import annotations
 
@@ -63,9 +60,8 @@ def save_png_atomic(
     compress_level: int = 6,
     mtime_ns: int | None = None,
 ) -> Path:
-    """Write `array` as a PNG atomically, so readers (a dashboard, a file sync) never see a
-    half-written image. `compress_level`: zlib's, 1 (fastest) to 9; 6 is PIL's default;
-    `mtime_ns`: the file's modification time (a run's stamp, `write_atomic`)."""
+    """Write `array` as a PNG atomically (`write_atomic`). `compress_level`: zlib's, 1 (fastest)
+    to 9; `mtime_ns`: the file's modification time."""
     return write_atomic(
         path,
         lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=compress_level),

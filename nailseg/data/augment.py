@@ -71,9 +71,6 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "gaussian_blur": ("sigma", 1e-3, float("inf")),
 }
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 
 @dataclass(frozen=True)
 class AugOp:
@@ -117,9 +114,9 @@ class AugOp:
 class AugSpec:
     """The whole spec: ordered ops plus the normalisation that follows the geometric part."""
 
-    ops: tuple[AugOp, ...] = ()
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    ops: tuple[AugOp, ...]
+    mean: tuple[float, float, float]  # conf/normalize
+    std: tuple[float, float, float]
 
     @property
     def geometric_ops(self) -> tuple[AugOp, ...]:
@@ -135,15 +132,10 @@ class AugSpec:
 
     @classmethod
     def from_config(
-        cls,
-        ops: Iterable[Mapping],
-        mean: Iterable[float] = IMAGENET_MEAN,
-        std: Iterable[float] = IMAGENET_STD,
+        cls, ops: Iterable[Mapping], mean: Iterable[float], std: Iterable[float]
     ) -> AugSpec:
-        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`.
-
-        Parameters set to None (the typed schema's unset keys) are ignored.
-        """
+        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`;
+        parameters set to None (the schema's unset keys) are ignored."""
         parsed = []
         for raw in ops:
             entry = dict(raw)
@@ -159,7 +151,7 @@ def rgb_triple(
     values: Iterable[float], key: str, positive: bool = False
 ) -> tuple[float, float, float]:
     """Three values, one per RGB channel, or a ValueError naming `key`; `positive`: each above 0
-    (a std, which divides: 0 trained on NaN and exited 0)."""
+    (a std, which divides)."""
     out = tuple(float(v) for v in values)
     if len(out) != 3:
         raise ValueError(f"{key}={list(out)}: needs 3 values, one per RGB channel")

@@ -1,25 +1,14 @@
-"""Reads the prepared CSVs and builds the loader backend named by `loader=` for each split.
+"""Reads the prepared CSVs and builds the loader backend named by `loader=` (a partial taking the
+split's records) for each split, sharded by the trainer's global rank and world size.
 
-The backend is a partial (Hydra `_partial_: true`) taking the split's records; whatever it is, it
-yields the batch contract, so nothing downstream knows which backend runs. Sharding uses the
-trainer's global rank and world size (not LOCAL_RANK), so it is right on any number of nodes.
+A rank with no evaluation batch would skip Lightning's evaluation loop and its epoch-end sync,
+leaving the others waiting: an evaluation split smaller than the world size is refused up front.
+Each loader is closed when it is replaced or at `teardown`.
 
-Under DDP ranks may run different numbers of evaluation batches (rows r, r + world, ...; nothing
-padded): nothing in an evaluation step talks to other ranks (metrics sync once, at epoch end), so
-no rank waits. A rank with *no* evaluation batch would skip Lightning's whole evaluation loop,
-epoch-end sync included, and leave the others waiting forever: an evaluation split smaller than
-the world size is refused up front, on every rank alike.
-
-Loaders hold threads and (DALI) device buffers: each is closed when it is replaced or at
-`teardown`, so the jobs of a sweep in one process do not pile them up.
-
-Mixed sources (`dataset.mix`, e.g. synthetic photos mixed into real ones): the root stays the
-primary source (its train split trains, its valid split validates, its test split is the final
-evaluation); each extra source adds only its train split. The train records are the primary's
-rows (unchanged, first: their `index` is their CSV row as before) followed by each source's, with
-absolute paths, groups named `<name>/<group>`, and the `source` / `source_weight` columns the
-loaders' plan draws each source's share of an epoch by (loaders/base.py, sampling.py). With no
-mix the records are exactly the CSV's.
+Mixed sources (`dataset.mix`): the root stays the primary source (its splits train, validate and
+evaluate); each extra source adds only its train rows, after the primary's (whose `index` stays
+their CSV row), with absolute paths, groups named `<name>/<group>` and the `SOURCE` /
+`SOURCE_WEIGHT` columns the plan draws by.
 """
 
 from __future__ import annotations
@@ -132,16 +121,10 @@ def read_mix(
 
 
 class NailDataModule(L.LightningDataModule):
-    """train / valid loaders over a prepared root, and the loader of the final evaluation.
-
-    Lightning's test stage runs the final evaluation on `final_split`: `auto` is the test split
-    when the data has one, else the validation split (then the module must not report it as a
-    test score; see `SegModule.test_prefix`).
-
-    `mix` ({name, root, weight} each) adds other prepared roots' train splits to training, drawn
-    by weight against the root's own `weight` (see the module docstring); `sources` lists them,
-    the root first.
-    """
+    """train / valid loaders over a prepared root, and the loader of the final evaluation
+    (Lightning's test stage) on `final_split`: `auto` is the test split when there is one, else
+    valid. `mix` ({name, root, weight} each) adds other roots' train splits, drawn by weight
+    against the root's own `weight`; `sources` lists them, the root first."""
 
     def __init__(
         self,
@@ -149,9 +132,9 @@ class NailDataModule(L.LightningDataModule):
         image_size: tuple[int, int],
         loader: functools.partial,
         aug: AugSpec,
-        final_split: str = "auto",
-        mix: Sequence[Mapping[str, Any]] = (),
-        weight: float = 1.0,
+        final_split: str,
+        mix: Sequence[Mapping[str, Any]],
+        weight: float,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -219,9 +202,7 @@ class NailDataModule(L.LightningDataModule):
     @property
     def overfitting(self) -> bool:
         """`trainer.overfit_batches`: train and validate on the same fixed, unaugmented batches
-        of the train split. Training takes them unshuffled in equal shares (every rank the same
-        number of steps, or DDP's gradient sync would wait forever); evaluation, as always,
-        every row once (the first batches of a rank's share are its first evaluation batches)."""
+        of the train split (training unshuffled, in equal shares per rank)."""
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
     def check_evaluations(self, world_size: int, fit: bool, final: bool) -> None:
@@ -232,9 +213,8 @@ class NailDataModule(L.LightningDataModule):
             self._check_rows(*self._rows(stage), world_size)
 
     def _rows(self, stage: str) -> tuple[str, pd.DataFrame]:
-        """(split, rows) a stage's loader reads: training, and validation when overfitting
-        (`overfitting`), the rows training draws from; validation the primary's valid split; the
-        final evaluation the primary's `final_split` (its own rows only, never a mixed source's)."""
+        """(split, rows) a stage's loader reads: training (and validation when overfitting) the
+        rows training draws from; validation and the final evaluation the primary's own split."""
         if stage == "train" or (stage == "val" and self.overfitting):
             return "train", self.train_rows
         split = "valid" if stage == "val" else self.final_split
@@ -273,8 +253,7 @@ class NailDataModule(L.LightningDataModule):
 
     def train_batches(self) -> int:
         """len() of this rank's train loader before the fit, counted on a CPU twin of it: the
-        real one would take its device now, before Lightning sets each rank's own (every DDP
-        rank's CUDA context on GPU 0)."""
+        real one would take its device before Lightning sets each rank's own."""
         loader = self._make("train", device="cpu")
         try:
             return len(loader)

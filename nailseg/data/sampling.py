@@ -1,27 +1,16 @@
 """Which CSV rows each rank yields in each epoch: the one plan every loader backend follows.
 
 Train: one permutation seeded by (seed, epoch), identical on every rank, cut into equal shares of
-floor(N / world_size) rows (the few left over change every epoch), then into batches. Every rank
-runs the same number of steps, which DDP needs.
+floor(N / world_size) rows, then into batches, so every rank runs the same number of steps.
+Over mixed sources (`sources`, `weights`) the epoch still has N samples, source k making up
+exactly `source_shares` of them: each source's rows in seeded permutations laid end to end (no
+row repeats before its source's every row came), merged in a random order.
 
-Train over mixed sources (`sources`: a source id per row, `weights`: one per source): the epoch
-still has N samples, source k making up weights[k] / sum(weights) of them (`source_shares`: exact
-counts, rounded so they sum to N). A source's samples are its rows in a seeded permutation, tiled
-when its share exceeds its rows, so no row repeats before every row of its source was drawn; the
-sources' samples are then merged in a random order that keeps each source's, and sharded as
-above. Still seeded by (seed, epoch) alone, so identical on every rank. Without `sources` (or
-with one source) the plan is exactly the plain one.
-
-Eval: no shuffle; rank r takes rows r, r + world_size, ...; nothing is padded or dropped, so
-across ranks every row is seen exactly once and metrics are not skewed by duplicates.
-
-Unshuffled train (`shuffle=False`, e.g. `trainer.overfit_batches`): eval's rows cut to the equal
-share, so every rank still runs the same number of steps, and its batches are the first eval
-batches of the rank: training and validating see the same fixed batches. No mix: rows are rows.
+Eval: rank r takes rows r, r + world_size, ...; nothing padded or dropped: every row once.
+Unshuffled train (`trainer.overfit_batches`): eval's rows cut to the equal share.
 
 Draws (`draws=True`): under each batch's rows, how often each row was drawn earlier in the whole
-epoch, counted over the plan before it is sharded. A repeated row (a tiled source) is then told
-apart on every rank, and a sample's (row, draw) does not depend on the number of ranks.
+epoch's plan, so a repeated row is told apart whatever the number of ranks.
 """
 
 from __future__ import annotations
@@ -107,12 +96,7 @@ def source_shares(total: int, weights: Sequence[float]) -> np.ndarray:
 def _mixed_order(
     rng: np.random.Generator, sources: np.ndarray, weights: Sequence[float]
 ) -> np.ndarray:
-    """The epoch's samples over mixed sources, before sharding (see the module docstring).
-
-    Each source's draws are its rows in seeded permutations laid end to end, cut at its share;
-    the sources are then merged in a random order that keeps each one's draws in sequence, so
-    also in the order batches are yielded no row comes twice before its source's every row came.
-    """
+    """The epoch's samples over mixed sources, before sharding (see the module docstring)."""
     counts = source_shares(len(sources), weights)
     draws = []
     for k, count in enumerate(counts):

@@ -1,14 +1,7 @@
-"""Atomic file writes: every output goes to a temporary sibling, is flushed to the disk (fsync),
-then renamed into place, so a final name never holds a half-written file: not after an
-interrupted run (even `kill -9`), not for a reader watching the folder, not after a power cut.
-
-The temporary name starts with a dot (folder scans skip dotfiles) and carries the process id, so
-parallel writers never share one; it lives in the target's folder, since a rename is atomic only
-within one filesystem.
-
-A link, folder or anything but a plain file where the file would go is not nailseg's: the write
-is refused naming it (`NotOursError`), so it is never followed nor replaced. The temporary file is
-created exclusively (`O_EXCL`), which never follows a link either.
+"""Atomic file writes: a temporary sibling (a dotfile named with the process id, in the target's
+folder: a rename is atomic within one filesystem), fsync'd, then renamed into place, so a final
+name never holds a half-written file. Anything but a plain file where the file would go is
+refused (`NotOursError`), never followed nor replaced.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """`make clean` (`python -m nailseg.io.clean [ROOT]`): remove what nailseg provably wrote under a
-project's generated folders, and nothing else.
+project's generated folders (`GENERATED`), and nothing else.
 
-Under `outputs/`, `multirun/`, `data/synthetic/` and `data/synthetic-mix/`, each folder whose marker
-nailseg wrote (a run's or sweep's `.nailseg.json`, a prepared root's `prepare.json`, a generated
-set's `synthetic.json`, a predict output's `summary.json`, compare's `.compare.json`) loses the files its records show as
-nailseg's and still as written, then its marker; folders left empty go (rmdir). Whatever else is
-there stays and is named: a user's file, a file edited since nailseg wrote it, a folder whose
-marker nailseg did not write, the files of a run killed before it recorded them. The tool caches
-(`.pytest_cache`, `.ruff_cache`) are the tools' own and go whole.
+Each folder whose marker nailseg wrote (`_KINDS`) loses the files its records show as nailseg's
+and still as written, then its marker; folders left empty go. Anything else stays and is named.
+The tool caches go whole.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""One writer at a time per output folder: the lock files prepare and predict hold while they
-write. A second run into the same folder would interleave its files with the first's and remove
-what the first had just written as an earlier run's.
+"""One writer at a time per output folder: the lock files prepare, predict and train.py hold
+while they write.
 
-A POSIX record lock (`lockf`), not `flock`: it belongs to this process alone, so worker processes
-forked while it is held never inherit it, and it dies with the process, so even `kill -9` leaves
-no stale lock. A process holds each lock file once: closing any descriptor of it would drop the
-lock, hence a separate file for each lock (prepare's built-in dataset has its own). A link where
-the lock file would be is refused, never followed (`O_NOFOLLOW`): it could make a file anywhere.
+A POSIX record lock (`lockf`): forked workers never inherit it and it dies with the process, so
+`kill -9` leaves no stale lock. Closing any descriptor of the file drops it, so each lock has its
+own file. A link where the lock file would be is refused, never followed.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Ownership by identity: what nailseg may replace or delete, and the only code that deletes.
 
-A folder is nailseg's when its marker file is one nailseg wrote: a JSON object naming the tool
-(`nailseg`), the kind of folder (prepare, synthetic, predict, run, sweep) and a random id of the
-folder. A file of the marker's name holding anything else (a user's `prepare.json`) makes the
-folder foreign: it is refused, named, and nothing is written there.
-
-Inside its folder, nailseg replaces or deletes a file only while it is still the file nailseg
-recorded when it wrote it (`Record`: size, modification time and inode, or what a writer's own
-listing keeps of them). A file edited, replaced or copied in since is the user's: it stays, and
-the caller names it. Nothing here follows a link: a link is never a file nailseg wrote.
+A folder is nailseg's when its marker file is one nailseg wrote (tool, kind, a random id); a file
+of that name holding anything else makes the folder foreign: refused, named, never written.
+Inside it, a file is replaced or deleted only while it is still the one nailseg recorded
+(`Record`, or a writer's own listing); otherwise it is the user's and stays. Links are never
+followed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Run folders as nailseg's own: a Hydra callback marks each job's folder, and a sweep's, with
-`.nailseg.json` (kind `run` or `sweep`) and records there every file the job wrote, so `make clean`
-(`nailseg.io.clean`) removes those one by one and nothing else.
+"""Run folders as nailseg's own: a Hydra callback marks each job's (and sweep's) folder with
+`.nailseg.json` and records there every file the job wrote, for `make clean`.
 
 A file is the job's when its status changed (`st_ctime`, which no user tool can set back) after
-this process started: Hydra's `.hydra/` and log, checkpoints, the loggers' files, metrics.json.
-Files that were there before (a user's, in a folder named with `hydra.run.dir`) are not recorded,
-and nor is anything in a folder whose `.nailseg.json` nailseg did not write: that folder is left
-alone, and a warning names it. The records are taken when the job ends; a job killed before that
-leaves its files unrecorded, and clean keeps and names them.
+this process started; a folder whose marker nailseg did not write is left alone, with a warning.
 """
 
 from __future__ import annotations

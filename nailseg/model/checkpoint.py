@@ -1,21 +1,13 @@
 """What a checkpoint carries, and from a checkpoint to a ready network, without running its config.
 
-Every checkpoint that training writes holds a card under `CARD_KEY`: the architecture and its plain
-arguments, the input size, the normalisation, the threshold, the group names, the prepared data
-root, the nailseg version and the whole resolved config, all as plain data. So a checkpoint copied
-anywhere can be predicted with or exported on its own, and `torch.load(weights_only=True)` reads
-it.
+Every checkpoint training writes holds a card under `CARD_KEY`, plain data only (model, input size,
+normalisation, threshold, groups, data, the resolved config), so it can be predicted with or
+exported on its own and `torch.load(weights_only=True)` reads it.
 
-Nothing read off disk is ever instantiated: a `_target_` in a checkpoint or in a run folder's
-`.hydra/config.yaml` could name any callable (`torch.load` with `weights_only: false` runs
-arbitrary code). The net is built by `plain_model` + `build_net` from an allow-list instead: an
-smp architecture, an encoder name and keyword arguments that are plain values. Checkpoints written
-before cards existed are still read, through the same allow-list, from their run folder's config.
-
-A checkpoint is data from anywhere: `validate_card` checks every key of its card before any is used
-(resume, evaluation, predict, export), so no value can make nailseg read another file or reach the
-network: encoder names only from the installed smp and timm registries, options only the
-architecture's own plain arguments, none that loads weights.
+Nothing read off disk is instantiated: the net is built by `plain_model` + `build_net` from an
+allow-list (an smp architecture, an installed encoder, plain keyword arguments), and
+`validate_card` checks every key before any is used, so no value can make nailseg read another
+file or reach the network. Checkpoints older than cards are read from their run folder's config.
 """
 
 from __future__ import annotations
@@ -407,24 +399,14 @@ def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
     except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
         # a value only the architecture itself checks (decoder_channels of another length, ...)
         raise CheckpointError(f"model for {ckpt}: {err}".replace("\n", " ")) from err
-    _check_fits(ckpt, spec, weights, net.state_dict())
+    problems = state_dict_mismatch(weights, net.state_dict())
+    if problems:
+        options = spec["options"]
+        model = f"{spec['arch']}/{spec['encoder_name']}" + (f" {options}" if options else "")
+        raise ArchitectureMismatch(
+            f"checkpoint {ckpt} was trained with a different architecture than model {model}: "
+            f"{problems}; pass model=… matching the run that wrote it, or leave model unset to "
+            "use the checkpoint's own"
+        )
     net.load_state_dict(weights)
     return net.eval()
-
-
-def _check_fits(
-    ckpt: Path,
-    spec: Mapping[str, Any],
-    weights: Mapping[str, torch.Tensor],
-    expected: Mapping[str, torch.Tensor],
-) -> None:
-    problems = state_dict_mismatch(weights, expected)
-    if not problems:
-        return
-    options = spec["options"]
-    model = f"{spec['arch']}/{spec['encoder_name']}" + (f" {options}" if options else "")
-    raise ArchitectureMismatch(
-        f"checkpoint {ckpt} was trained with a different architecture than model {model}: "
-        f"{'; '.join(problems)}; pass model=… matching the run that wrote it, or leave model "
-        "unset to use the checkpoint's own"
-    )

@@ -1,9 +1,6 @@
-"""Binary segmentation losses on logits, chosen by name from the config (`module.loss=...`).
-
-Every loss takes `(logits, target)` with logits B×1×H×W (raw, before sigmoid) and target B×1×H×W
-in {0, 1}, and returns a scalar. The soft Dice term is computed over the whole batch (smp's binary
-mode), and is zero for a batch with no foreground at all: Dice alone cannot penalise false positives
-on nail-free images, which is why the default adds BCE.
+"""Binary segmentation losses on logits, chosen by name (`module.loss=...`): `(logits, target)`,
+both B×1×H×W (target in {0, 1}), to a scalar. Soft Dice is over the whole batch (smp's binary
+mode) and cannot penalise false positives on nail-free images, hence `dice_bce`.
 """
 
 from __future__ import annotations

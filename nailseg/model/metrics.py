@@ -1,23 +1,9 @@
-"""Epoch-level Dice and IoU from pixel counts summed over every sample, overall and per group.
+"""Epoch-level Dice and IoU from pixel counts summed over every sample, overall and per group:
+independent of how samples fall into batches, and exactly reducible across ranks.
 
-Why sums and not a mean of batch scores: a batch's Dice depends on how samples happen to be grouped
-into batches (and the last batch is smaller), so averaging batch scores weights pixels unevenly.
-Summing TP/FP/FN over the epoch gives the one number that describes the whole split, and sums are
-also what DDP can reduce exactly (`dist_reduce_fx="sum"`).
-
-Conventions:
-
-* a pixel is predicted foreground when its probability is `> threshold` (torchmetrics' rule);
-* empty case: when there are no true and no predicted foreground pixels (2TP+FP+FN == 0) the
-  prediction is perfect, so Dice = IoU = 1.0;
-* a group that received no samples this epoch has no score: its Dice and IoU are NaN (not 1.0,
-  which would claim a perfect result that was never measured).
-
-No update here waits for the device: they are called every step, and a host-device sync per step
-keeps the CPU from queueing the next step while the GPU works (torchmetrics' MeanMetric and
-SumMetric check their input for NaN and copy their weights to the device, 6 syncs a training step
-between them, found with torch's sync debug mode). Values are only read at epoch end, where
-`compute()` syncs once.
+A pixel is foreground when its probability is `> threshold`; with no true and no predicted
+foreground Dice = IoU = 1.0; a group with no samples this epoch scores NaN. No update waits for the
+device (torchmetrics' MeanMetric and SumMetric would); `compute()` syncs once, at epoch end.
 """
 
 from __future__ import annotations
@@ -41,7 +27,7 @@ class SegmentationScores(Metric):
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, num_groups: int = 0, threshold: float = 0.5) -> None:
+    def __init__(self, num_groups: int, threshold: float) -> None:
         super().__init__()
         self.num_groups = num_groups
         self.threshold = threshold

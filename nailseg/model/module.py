@@ -1,26 +1,16 @@
 """The LightningModule: one binary segmentation net, its loss, and epoch-level metrics.
 
-It reads only the batch contract (`image`, `mask`, `group`; see docs/DESIGN.md), so any loader
-backend works. Every epoch number is computed from sums over the whole epoch (torchmetrics states
-reduced with "sum" across DDP ranks), never from an average of per-batch or per-rank values:
+It reads only the batch contract. Every epoch value comes from sums over the whole epoch, reduced
+by "sum" across ranks:
 
     train/loss  train/loss_step  train/samples
     val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>  val/dice_best
-    <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `final_prefix`
+    <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `test_prefix`
 
-`*/samples` counts the samples actually seen (batch sizes, reset every epoch), so a loader that
-drops, repeats or pads samples shows up in the logs. Nothing in a step waits for the device (no
-`.item()`, no metric that checks its input on the host, nothing per step in the progress bar):
-the CPU keeps queueing steps while the GPU runs them; epoch values are read once per epoch, and
-the logged steps' losses once they have reached the host (step_log.py). Groups that
-got no samples in an epoch are not logged that epoch (their scores would be NaN). `val/dice_best`
-is the best `val/dice` so far; it is part of the module's state, so a resumed fit keeps it.
-
-Optimizer and scheduler arrive as `functools.partial`s (Hydra `_partial_: true`): the optimizer
-partial is called with the parameters; the scheduler partial with the optimizer. The scheduler is
-stepped after every optimizer step (`interval: step`), so its length (`T_max`, `total_steps`)
-counts optimizer steps; when the config leaves it unset (None) it is
-`trainer.estimated_stepping_batches`, the number of steps the whole fit takes.
+`*/samples` counts the samples seen, so a loader that drops or repeats samples shows. Nothing in a
+step waits for the device; groups with no samples in an epoch are not logged; `val/dice_best` is
+module state, kept on resume. The scheduler steps after every optimizer step; a length the config
+leaves None is the whole fit (`trainer.estimated_stepping_batches`).
 """
 
 from __future__ import annotations
@@ -47,28 +37,24 @@ _EVAL_STAGES = ("val", "test")
 class SegModule(L.LightningModule):
     """Binary segmentation (one output channel, logits) trained on the batch contract.
 
-    `forward` returns logits; `predict_step` returns probabilities B×1×H×W. With `channels_last`
-    the net's weights and every input use the channels-last memory format (faster convolutions
-    with AMP on tensor-core GPUs). `test_prefix` names what the test stage logs: `test` for a
-    test split; the final evaluation of another split sets its own name (`val_best`, ...), so a
-    figure is never reported as a test score when it was not measured on a test split.
+    `forward` returns logits; `predict_step` probabilities B×1×H×W. `optimizer` and `scheduler`
+    are partials (Hydra `_partial_`); `channels_last`: the net's weights and inputs in that memory
+    format. `test_prefix` names what the test stage logs (`test` only for a test split).
     """
 
     def __init__(
         self,
         net: nn.Module,
         optimizer: functools.partial,
-        scheduler: functools.partial | None = None,
-        loss: str = "dice_bce",
-        group_names: Sequence[str] = (),
-        threshold: float = 0.5,
-        channels_last: bool = False,
+        scheduler: functools.partial | None,
+        loss: str,
+        group_names: Sequence[str],
+        threshold: float,
+        channels_last: bool,
     ) -> None:
         super().__init__()
-        # Only plain values go into hparams: checkpoints then load with torch.load(weights_only=True)
-        # (a partial or an OmegaConf container would not), and the logger gets readable config.
-        # The optimizer/scheduler are recorded as descriptions under names that are not __init__
-        # arguments, so load_from_checkpoint asks for real ones instead of receiving a dict.
+        # plain values only, so checkpoints load with weights_only=True; the partials as
+        # descriptions under names that are not arguments, so load_from_checkpoint asks for them
         self.group_names = [str(name) for name in group_names]
         self.save_hyperparameters(
             {
@@ -108,11 +94,8 @@ class SegModule(L.LightningModule):
         logits = self(batch["image"])
         loss = self.loss_fn(logits, batch["mask"])
         n = len(batch["image"])
-        # Lightning computes the epoch's value (synced across ranks, weighted by batch size)
-        # and resets the metric at epoch end. The step value goes to the loggers through
-        # `_step_values`, never through self.log(on_step=True): Lightning reads such a value
-        # with a device sync at every logged step (step_log.py). Not in the progress bar
-        # either: it would read the value, a device sync, every step.
+        # the step value reaches the loggers through `_step_values`: self.log(on_step=True) or
+        # the progress bar would read it with a device sync (step_log.py)
         self.train_loss.update(loss, n)
         self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
         self._step_loss = loss
@@ -178,9 +161,7 @@ class SegModule(L.LightningModule):
                 for metric, per_group in groups.items():
                     values[f"{prefix}/{metric}_group_{name}"] = per_group[i].float()
         for name, value in values.items():
-            # the value is already the same on every rank: sync_dist's mean over ranks leaves it
-            # as it is (counts exactly, scores to float rounding) and stops Lightning's DDP
-            # warning that an unsynced epoch value would be rank-local
+            # the same on every rank already: sync_dist leaves it and silences Lightning's warning
             self.log(name, value, prog_bar=name == f"{prefix}/dice", sync_dist=True)
         self.eval_loss[stage].reset()
         self.eval_scores[stage].reset()

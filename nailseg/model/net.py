@@ -20,8 +20,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-# torch.compile's modes; reduce-overhead and max-autotune also replay the compiled forward and
-# backward as CUDA graphs (one launch each), which is what a launch-bound model needs on a GPU
+# torch.compile's modes; reduce-overhead and max-autotune also replay CUDA graphs
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 WEIGHTS_SUFFIXES = (".pth", ".pt", ".ckpt", ".bin")
@@ -43,11 +42,8 @@ def build_net(
     encoder_weights: str | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """A binary segmentation net (3 input channels, 1 logit channel).
-
-    `encoder_weights=None` by default: pretrained weights are downloaded at run time, so they are
-    opt-in (`model.encoder_weights=imagenet`), or read from a local file (a path, see above).
-    """
+    """A binary segmentation net (3 input channels, 1 logit channel); `encoder_weights`: None,
+    smp's name of weights to download, or a local path (see the module docstring)."""
     if arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
         raise ValueError(
             f"model.arch={arch!r} is not an smp architecture "
@@ -75,9 +71,8 @@ def build_net(
 
 
 def _check_options(arch: str, encoder_name: str, options: Mapping[str, Any]) -> None:
-    """Refuse a `model.options` key the architecture does not take: smp passes unknown keywords
-    on to the encoder, and only a timm (`tu-`) encoder reads them; any other drops them, so a
-    misspelt `encoder_dept=3` would train the default depth without a word."""
+    """Refuse a `model.options` key the architecture does not take: smp hands unknown keywords to
+    the encoder, and only a timm (`tu-`) encoder reads them; any other silently drops them."""
     if encoder_name.startswith("tu-"):
         return
     taken = inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters
@@ -151,7 +146,12 @@ def load_encoder_weights(net: nn.Module, path: str | Path, encoder_name: str) ->
     expected = net.encoder.state_dict()
     state = _renamed(state, expected.keys())
     state = {k: v for k, v in state.items() if k in expected or k.split(".")[0] not in _HEADS}
-    _check_fits(path, encoder_name, state, expected)
+    problems = state_dict_mismatch(state, expected)
+    if problems:
+        raise EncoderWeightsError(
+            f"model.encoder_weights: {path} does not fit encoder {encoder_name}: {problems}; it "
+            f"must hold the state dict of a {encoder_name} encoder (net.encoder.state_dict())"
+        )
     nn.Module.load_state_dict(net.encoder, state, strict=True)
     log.info("encoder %s: %d tensors loaded from %s", encoder_name, len(state), path)
 
@@ -172,26 +172,11 @@ def _renamed(state: Mapping[str, torch.Tensor], expected: Any) -> Mapping[str, t
     return max(layouts, key=lambda layout: len(layout.keys() & expected))
 
 
-def _check_fits(
-    path: Path,
-    encoder_name: str,
-    state: Mapping[str, torch.Tensor],
-    expected: Mapping[str, torch.Tensor],
-) -> None:
-    problems = state_dict_mismatch(state, expected)
-    if problems:
-        raise EncoderWeightsError(
-            f"model.encoder_weights: {path} does not fit encoder {encoder_name}: "
-            f"{'; '.join(problems)}; it must hold the state dict of a {encoder_name} encoder "
-            "(net.encoder.state_dict())"
-        )
-
-
 def state_dict_mismatch(
     given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
-) -> list[str]:
+) -> str:
     """What keeps `given` from loading strictly into a module whose state dict is `expected`:
-    missing, unexpected and reshaped keys, the first few of each named (empty: it fits)."""
+    missing, unexpected and reshaped keys, the first few of each named ("": it fits)."""
     missing = sorted(expected.keys() - given.keys())
     unexpected = sorted(given.keys() - expected.keys())
     reshaped = [
@@ -199,7 +184,7 @@ def state_dict_mismatch(
         for k in sorted(expected.keys() & given.keys())
         if given[k].shape != expected[k].shape
     ]
-    return [
+    return "; ".join(
         _listing(items, what)
         for items, what in (
             (missing, "missing keys"),
@@ -207,7 +192,7 @@ def state_dict_mismatch(
             (reshaped, "keys of another shape (given vs expected)"),
         )
         if items
-    ]
+    )
 
 
 def _listing(items: list[str], what: str) -> str:
@@ -217,13 +202,9 @@ def _listing(items: list[str], what: str) -> str:
 
 
 def compile_net(net: nn.Module, mode: str) -> nn.Module:
-    """Compile `net`'s forward in place (`nn.Module.compile`), so its state_dict keys, and the
-    checkpoints holding them, stay those of the eager net. The mode is checked here, before
-    training starts, so a typo does not surface inside the first training step.
-
-    Only the net: Lightning, given a compiled LightningModule, also compiles its step methods,
-    and under CUDA graphs the metric states updated there would be overwritten by the next replay.
-    """
+    """Compile `net`'s forward in place (`nn.Module.compile`), so its state_dict keys stay the
+    eager net's; the mode is checked now. Only the net: Lightning would also compile a compiled
+    module's steps, whose metric states CUDA graph replays would overwrite."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
     net.compile(mode=mode)

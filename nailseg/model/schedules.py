@@ -25,8 +25,8 @@ class WarmupCosineLR(LambdaLR):
         self,
         optimizer: Optimizer,
         total_steps: int,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.0,
+        warmup_fraction: float,
+        min_lr_ratio: float,
     ) -> None:
         if total_steps < 1:
             raise ValueError(f"scheduler.total_steps={total_steps}: must be at least 1")

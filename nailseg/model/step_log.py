@@ -1,13 +1,9 @@
-"""Per-step values handed to the loggers without waiting for the device.
+"""Per-step values handed to the loggers without waiting for the device (Lightning's `on_step`
+logging calls `.item()`, which waits for every queued step).
 
-Lightning turns a value logged with `on_step=True` into a number at every
-`log_every_n_steps`-th step (`.item()`), which waits for the GPU to finish every step queued so
-far; the GPU then idles while the host queues the next one. With the net replayed as a CUDA graph
-the host is far ahead of the GPU, and each such step cost about 10 ms of the device's time
-(SegFormer-b2, docs/BENCHMARKS.md). Here a logged step's values are copied to pinned host memory
-behind that step's work, with an event; the loggers get them, labelled with their own step, once
-a later step finds the event done, and at the latest at the epoch's end, where the fit waits for
-the device anyway.
+A logged step's values are copied to pinned host memory behind that step's work, with an event;
+the loggers get them, at their own step, once a later step finds the event done, and at the
+latest at the epoch's end.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.loaders import loader_settings, spec, spec_from
 from support.prepared import write_split
 
 from nailseg.data.augment import AugSpec
@@ -107,7 +108,9 @@ def test_plan_rejects_bad_rank() -> None:
 def _loader(root: Path, split: str, spec: AugSpec, **kwargs) -> DaliLoader:
     records = read_split(root, split)
     kwargs = {"train": split == "train", "batch_size": 4, "image_size": (32, 32), **kwargs}
-    return DaliLoader(records, root, spec, group_ids=GROUPS, **kwargs)
+    return DaliLoader(
+        records, root, spec, **loader_settings(DaliLoader, group_ids=GROUPS, **kwargs)
+    )
 
 
 def _unnormalise(image: torch.Tensor, spec: AugSpec) -> np.ndarray:
@@ -156,7 +159,7 @@ def ramps(tmp_path: Path) -> Path:
 
 
 def test_batches_follow_contract_and_auto_is_cpu(prepared: Path) -> None:
-    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), device="auto")
+    loader = _loader(prepared, "train", spec_from(HEAVY), device="auto")
     assert loader.device.type == "cpu"
     batch = next(iter(loader))
     assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.float32
@@ -168,7 +171,7 @@ def test_batches_follow_contract_and_auto_is_cpu(prepared: Path) -> None:
 
 
 def test_pairing_over_shuffled_epochs(tagged: Path) -> None:
-    spec = AugSpec.from_config(
+    spec = spec_from(
         [
             {"op": "hflip", "p": 0.5},
             {"op": "vflip", "p": 0.5},
@@ -204,7 +207,7 @@ def test_a_pass_started_ahead_follows_the_plan_or_is_discarded(tagged: Path) -> 
             seen += batch["index"].tolist()
         return seen
 
-    spec = AugSpec.from_config([{"op": "hflip", "p": 0.5}])
+    spec = spec_from([{"op": "hflip", "p": 0.5}])
     loader = _loader(tagged, "train", spec)
     planned = {e: [int(r) for b in loader.plan(epoch=e) for r in b] for e in (0, 1, 5, 6)}
     assert rows(loader) == planned[0]
@@ -218,7 +221,7 @@ def test_a_pass_started_ahead_follows_the_plan_or_is_discarded(tagged: Path) -> 
 
 
 def test_heavy_masks_stay_binary(prepared: Path) -> None:
-    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), batch_size=6)
+    loader = _loader(prepared, "train", spec_from(HEAVY), batch_size=6)
     for _ in range(3):
         for batch in loader:
             assert set(batch["mask"].unique().tolist()) <= {0.0, 1.0}
@@ -226,7 +229,7 @@ def test_heavy_masks_stay_binary(prepared: Path) -> None:
 
 
 def test_geometry_moves_image_and_mask_together(ramps: Path) -> None:
-    spec = AugSpec.from_config(
+    spec = spec_from(
         [
             {"op": "hflip", "p": 0.5},
             {"op": "vflip", "p": 0.5},
@@ -241,7 +244,7 @@ def test_geometry_moves_image_and_mask_together(ramps: Path) -> None:
 
 def test_random_resized_crop_is_a_window_shared_by_mask(ramps: Path) -> None:
     crop = {"op": "random_resized_crop", "p": 1.0, "scale": [0.25, 0.25], "ratio": [1.0, 1.0]}
-    spec = AugSpec.from_config([crop])
+    spec = spec_from([crop])
     loader = _loader(ramps, "train", spec, batch_size=8, image_size=(16, 16))
     for batch in loader:
         image = _unnormalise(batch["image"], spec)
@@ -252,9 +255,9 @@ def test_random_resized_crop_is_a_window_shared_by_mask(ramps: Path) -> None:
 
 
 def test_decode_is_exact_at_native_size(ramps: Path) -> None:
-    loader = _loader(ramps, "train", AugSpec(), train=False, batch_size=5)
+    loader = _loader(ramps, "train", spec(), train=False, batch_size=5)
     batch = next(iter(loader))
-    for image, row in zip(_unnormalise(batch["image"], AugSpec()), batch["index"], strict=True):
+    for image, row in zip(_unnormalise(batch["image"], spec()), batch["index"], strict=True):
         raw = np.load(ramps / "images" / "ab"[int(row) % 2] / f"{int(row)}.npy")
         assert np.abs(image - raw.transpose(2, 0, 1)).max() < 1e-3
 
@@ -265,7 +268,7 @@ def test_close_releases_pipeline_threads(prepared: Path) -> None:
 
     before = threads()
     for _ in range(5):
-        loader = _loader(prepared, "train", AugSpec(), num_workers=2)
+        loader = _loader(prepared, "train", spec(), num_workers=2)
         next(iter(loader))  # a suspended pass must not keep the pipeline alive
         loader.close()
     assert threads() <= before + 1
@@ -283,13 +286,13 @@ def test_bad_npy_is_named(tmp_path: Path) -> None:
 def test_missing_dali_names_the_backend(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
     with pytest.raises(ImportError, match="loader=dali"):
-        _loader(prepared, "train", AugSpec())
+        _loader(prepared, "train", spec())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_pipeline(prepared: Path) -> None:
-    loader = _loader(prepared, "train", AugSpec.from_config(HEAVY), device="gpu")
+    loader = _loader(prepared, "train", spec_from(HEAVY), device="gpu")
     rows = []
     for batch in loader:
         assert all(t.device.type == "cuda" for t in batch.values())

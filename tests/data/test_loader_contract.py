@@ -18,9 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from support.loaders import EVERYTHING, Outputs, make_loader, run
+from support.loaders import EVERYTHING, Outputs, make_loader, run, spec
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import Loader
 from nailseg.data.loaders.torch_workers import OpenCVTransform
 from nailseg.data.sampling import epoch_batches
@@ -65,7 +64,7 @@ class LoaderContract:
                 loader = make_loader(
                     self.kind,
                     prepared,
-                    AugSpec(),
+                    spec(),
                     split,
                     batch_size=4,
                     rank=rank,
@@ -80,7 +79,7 @@ class LoaderContract:
         rows = []
         for rank in range(world):
             loader = make_loader(
-                self.kind, prepared, AugSpec(), "valid", batch_size=2, rank=rank, world_size=world
+                self.kind, prepared, spec(), "valid", batch_size=2, rank=rank, world_size=world
             )
             for _ in range(2):  # a second pass covers the shard again
                 pass_rows = []
@@ -145,7 +144,7 @@ class LoaderContract:
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
         train = make_loader(self.kind, prepared, EVERYTHING, batch_size=4, seed=3)
-        valid = make_loader(self.kind, prepared, AugSpec(), "valid", batch_size=2)
+        valid = make_loader(self.kind, prepared, spec(), "valid", batch_size=2)
         probe = Probe()
         trainer = L.Trainer(
             max_epochs=3,
@@ -186,7 +185,7 @@ class TestTorchLoaderWithWorkers(LoaderContract):
         """Lightning holds loaders in reference cycles; collecting one must not wait out each
         worker's 5 s join timeout (what a DataLoader collected as cyclic garbage does)."""
         loader = make_loader(
-            "torch-workers", prepared, AugSpec(), batch_size=2, persistent_workers=persistent
+            "torch-workers", prepared, spec(), batch_size=2, persistent_workers=persistent
         )
         next(iter(loader))  # workers started, a pass abandoned with batches in flight
         loader.cycle = loader
@@ -211,7 +210,7 @@ def test_a_worker_never_collects_what_it_inherited(prepared, tmp_path, monkeypat
         worker_init(worker_id)
 
     monkeypatch.setattr(OpenCVTransform, "worker_init", staticmethod(report))
-    loader = make_loader("torch-workers", prepared, AugSpec(), batch_size=2)
+    loader = make_loader("torch-workers", prepared, spec(), batch_size=2)
     assert len(list(loader)) >= 2  # a whole pass: both workers started and took a batch
     frozen = [int((tmp_path / f"worker{i}").read_text()) for i in range(2)]
     loader.close()

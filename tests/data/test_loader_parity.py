@@ -18,10 +18,10 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from support.loaders import Outputs, make_loader, run
+from support.loaders import Outputs, make_loader, run, spec, spec_from
 from support.prepared import write_split
 
-from nailseg.data.augment import OP_PARAMS, AugOp, AugSpec
+from nailseg.data.augment import OP_PARAMS, AugOp
 
 BACKENDS = ("torch", "kornia", "dali")
 N_PATTERNS = 40
@@ -32,8 +32,8 @@ EPOCHS = 10  # 400 augmented samples per op and backend
 KORNIA_JPEG_ERROR = 5.0
 DALI_ON_GPU = torch.cuda.is_available()  # the loaders run on device="auto"
 KORNIA_JPEG_SLACK = 2.0
-STD = 255 * np.array(AugSpec().std)[:, None, None]
-MEAN = 255 * np.array(AugSpec().mean)[:, None, None]
+STD = 255 * np.array(spec().std)[:, None, None]
+MEAN = 255 * np.array(spec().mean)[:, None, None]
 
 
 def raw(image: np.ndarray) -> np.ndarray:
@@ -64,7 +64,7 @@ def reference(patterns: Path) -> Callable[[str], Outputs]:
 
     def get(backend: str) -> Outputs:
         if backend not in cache:
-            out = run(make_loader(backend, patterns, AugSpec(), split="valid"))
+            out = run(make_loader(backend, patterns, spec(), split="valid"))
             assert out.rows.tolist() == list(range(N_PATTERNS))
             cache[backend] = out
         return cache[backend]
@@ -320,7 +320,7 @@ class Case:
 
     @property
     def op(self) -> AugOp:
-        return AugSpec.from_config([self.config]).ops[0]
+        return spec_from([self.config]).ops[0]
 
 
 CASES = [
@@ -411,7 +411,7 @@ def test_op_rate_parameters_and_masks(
     # One seed per case: otherwise every case would toss its coins with the same 400 uniforms, and
     # one unlucky draw would fail them all. A 3-sigma band fails ~0.3% of seeds.
     seed = CASES.index(case)
-    out = run(make_loader(backend, patterns, AugSpec(ops=(op,)), seed=seed), epochs=EPOCHS)
+    out = run(make_loader(backend, patterns, spec(op), seed=seed), epochs=EPOCHS)
     n = len(out.rows)
     assert n == EPOCHS * N_PATTERNS
     assert set(np.unique(out.masks).tolist()) <= {0.0, 1.0}
@@ -450,7 +450,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_eval_output_agrees_across_backends(mixed: Path) -> None:
-    batches = {kind: next(iter(make_loader(kind, mixed, AugSpec(), "valid"))) for kind in BACKENDS}
+    batches = {kind: next(iter(make_loader(kind, mixed, spec(), "valid"))) for kind in BACKENDS}
     for batch in batches.values():
         assert batch["image"].shape == (6, 3, 32, 32) and batch["image"].dtype == torch.float32
         assert batch["mask"].shape == (6, 1, 32, 32) and batch["mask"].dtype == torch.float32

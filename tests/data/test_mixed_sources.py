@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.loaders import loader_settings, spec_from
 from support.prepared import write_prepared, write_split
 from support.train import compose_train, small_overrides
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
 from nailseg.data.loaders.dali import DaliLoader
@@ -370,7 +370,7 @@ def test_a_row_drawn_twice_in_an_epoch_is_augmented_afresh(loader, roots, tmp_pa
 # 12 rows, the last 3 a source weighted 3: 9 of an epoch's 12 samples, each of its rows drawn thrice
 TILED_SOURCES = np.array([0] * 9 + [1] * 3)
 TILED_WEIGHTS = [1.0, 3.0]
-NOISE = AugSpec.from_config([{"op": "gaussian_noise", "p": 1.0, "sigma": [0.2, 0.3]}])
+NOISE = spec_from([{"op": "gaussian_noise", "p": 1.0, "sigma": [0.2, 0.3]}])
 
 
 def _keys(world: int, rank: int, epoch: int) -> list[tuple[int, int]]:
@@ -403,11 +403,11 @@ def _samples(backend: type, root: Path, rank: int, world: int) -> list[tuple[int
         **{SOURCE: TILED_SOURCES, SOURCE_WEIGHT: np.array(TILED_WEIGHTS)[TILED_SOURCES]}
     )
     workers = {} if backend is DaliLoader else {"num_workers": 0}
-    loader = backend(
-        records, root, NOISE, train=True, batch_size=2, image_size=(32, 32),
+    loader = backend(records, root, NOISE, **loader_settings(
+        backend, train=True, batch_size=2, image_size=(32, 32),
         group_ids={"a": 0, "b": 1}, seed=1, rank=rank, world_size=world, drop_last=False,
         **workers,
-    )  # fmt: skip
+    ))  # fmt: skip
     loader.set_epoch(2)
     out = [
         (row, image)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.loaders import EVERYTHING, trainer_stand_in
+from support.loaders import EVERYTHING, loader_settings, trainer_stand_in
 from support.prepared import write_prepared
 
 from nailseg.data.datamodule import NailDataModule
@@ -54,9 +54,9 @@ def _datamodule(
 ) -> NailDataModule:
     workers = {} if backend is DaliLoader else {"num_workers": 0}
     loader = functools.partial(
-        backend, batch_size=batch_size, seed=0, drop_last=drop_last, **workers
+        backend, **loader_settings(backend, batch_size=batch_size, drop_last=drop_last, **workers)
     )
-    datamodule = NailDataModule(root, (32, 32), loader, EVERYTHING)
+    datamodule = NailDataModule(root, (32, 32), loader, EVERYTHING, "auto", mix=[], weight=1.0)
     datamodule.trainer = trainer_stand_in(rank, world, overfit_batches)
     return datamodule
 

@@ -47,7 +47,7 @@ def _probs_from(pred: torch.Tensor) -> torch.Tensor:
 
 def test_metric_sums_counts_over_uneven_batches() -> None:
     gen = torch.Generator().manual_seed(0)
-    metric = SegmentationScores(num_groups=2)
+    metric = SegmentationScores(num_groups=2, threshold=0.5)
     tp = fp = fn = 0
     per_group = torch.zeros(2, 3, dtype=torch.float64)  # tp, fp, fn
     for b in (3, 1, 4):  # uneven batches, as the last batch of an epoch is
@@ -81,7 +81,7 @@ def test_metric_is_not_a_mean_of_batch_means() -> None:
     big, tiny = torch.zeros(1, 1, 16, 16), torch.zeros(1, 1, 16, 16)
     big[..., 2:14, 2:14] = 1.0  # 144 pixels
     tiny[..., 0, 0] = 1.0  # 1 pixel
-    metric = SegmentationScores()
+    metric = SegmentationScores(num_groups=0, threshold=0.5)
     group = torch.zeros(1, dtype=torch.long)
     metric.update(_probs_from(big > 0), big, group)
     metric.update(_probs_from(torch.zeros_like(tiny, dtype=torch.bool)), tiny, group)
@@ -91,7 +91,7 @@ def test_metric_is_not_a_mean_of_batch_means() -> None:
 
 
 def test_metric_groups_and_empty_case() -> None:
-    metric = SegmentationScores(num_groups=3)
+    metric = SegmentationScores(num_groups=3, threshold=0.5)
     empty = torch.zeros(2, 1, 4, 4)
     # group 0: nothing to find, nothing predicted -> perfect; group 1: all wrong; group 2: unseen
     metric.update(_probs_from(empty > 0), empty, torch.tensor([0, 0]))
@@ -102,7 +102,7 @@ def test_metric_groups_and_empty_case() -> None:
     assert math.isnan(out["dice_group"][2].item()) and out["samples_group"].tolist() == [2, 2, 0]
     assert out["dice"].item() == 0.0  # overall: 32 false positives, nothing to find
 
-    only_empty = SegmentationScores()
+    only_empty = SegmentationScores(num_groups=0, threshold=0.5)
     only_empty.update(_probs_from(empty > 0), empty, torch.tensor([0, 0]))
     assert only_empty.compute()["dice"].item() == 1.0
 
@@ -110,7 +110,7 @@ def test_metric_groups_and_empty_case() -> None:
 @pytest.mark.parametrize("group", [2, -1])
 def test_metric_rejects_out_of_range_group(group: int) -> None:
     # not checked on the host (a device sync every step): index_add_ refuses it
-    metric = SegmentationScores(num_groups=2)
+    metric = SegmentationScores(num_groups=2, threshold=0.5)
     with pytest.raises(IndexError, match="out of range"):
         metric.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), torch.tensor([group]))
 

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import OmegaConf
 from PIL import Image
+from support.loaders import MEAN, STD
 from support.loggers import KeptRows
 from torch.utils.data import DataLoader, Dataset
 
@@ -29,6 +30,7 @@ from nailseg.model.module import SegModule
 from nailseg.training.callbacks import LearningRates, PredictionOverlays, TrainSpeedMonitor
 
 GROUPS = ("a", "b")
+MODULE = {"loss": "dice_bce", "threshold": 0.5, "channels_last": False}  # the module's settings
 SIZE = 32
 N_TRAIN, TRAIN_BS, TRAIN_BATCHES = 14, 4, 3  # limit_train_batches=3 of 4 -> 12 samples per epoch
 N_VAL, VAL_BS = 7, 3  # batches of 3, 3, 1; groups a: 4, b: 3
@@ -80,9 +82,8 @@ def _module(**kwargs: Any) -> SegModule:
     scheduler = instantiate(
         {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "_partial_": True, "T_max": None}
     )
-    return SegModule(
-        _net(), optimizer, scheduler, group_names=OmegaConf.create(list(GROUPS)), **kwargs
-    )
+    settings = {"group_names": OmegaConf.create(list(GROUPS)), **MODULE, **kwargs}
+    return SegModule(_net(), optimizer, scheduler, **settings)
 
 
 def _loader(n: int, batch_size: int, seed: int) -> DataLoader:
@@ -107,7 +108,7 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         callbacks=[
             checkpoint,
             TrainSpeedMonitor(),
-            PredictionOverlays(every_n_epochs=5, max_images=8),
+            PredictionOverlays(every_n_epochs=5, max_images=8, mean=MEAN, std=STD),
         ],
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -197,7 +198,10 @@ def _fit_logging_rates(
         accumulate_grad_batches=accumulate,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-    ).fit(module(_net(), functools.partial(torch.optim.SGD)), _loader(N_TRAIN, TRAIN_BS, 0))
+    ).fit(
+        module(_net(), functools.partial(torch.optim.SGD), None, group_names=(), **MODULE),
+        _loader(N_TRAIN, TRAIN_BS, 0),
+    )
     return [(step, row) for step, row in logger.rows if any("lr-" in k for k in row)]
 
 
@@ -262,6 +266,7 @@ def test_checkpoint_loads_weights_only(fitted: dict[str, Any]) -> None:
         fitted["best"],
         net=_net(),
         optimizer=functools.partial(torch.optim.AdamW),
+        scheduler=None,
         weights_only=True,
     )
     assert restored.group_names == list(GROUPS)
@@ -301,8 +306,9 @@ def test_channels_last() -> None:
 
 def _conv_module() -> SegModule:
     """A one-layer model: for the tests of the callbacks, not of the net."""
+    net = torch.nn.Conv2d(3, 1, 3, padding=1)
     return SegModule(
-        torch.nn.Conv2d(3, 1, 3, padding=1), functools.partial(torch.optim.SGD, lr=0.1)
+        net, functools.partial(torch.optim.SGD, lr=0.1), None, group_names=(), **MODULE
     )
 
 
@@ -362,7 +368,9 @@ def test_data_wait_counts_the_time_spent_loading(tmp_path: Path) -> None:
 
 def test_overlays_every_n_epochs(tmp_path: Path) -> None:
     model = _conv_module()
-    trainer = _bare_trainer(tmp_path, 3, [PredictionOverlays(every_n_epochs=2, max_images=2)])
+    trainer = _bare_trainer(
+        tmp_path, 3, [PredictionOverlays(every_n_epochs=2, max_images=2, mean=MEAN, std=STD)]
+    )
     trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
     # epoch 1 by the period, epoch 2 as the last; no temporary files left behind
     names = sorted(p.name for p in (tmp_path / "overlays").iterdir())
@@ -387,7 +395,9 @@ def test_overlays_do_not_recompile_a_compiled_net(tmp_path: Path) -> None:
         trainer = _bare_trainer(
             tmp_path / str(overlays),
             2,
-            [PredictionOverlays(every_n_epochs=1, max_images=2)] if overlays else [],
+            [PredictionOverlays(every_n_epochs=1, max_images=2, mean=MEAN, std=STD)]
+            if overlays
+            else [],
         )
         trainer.fit(model, _loader(4, 2, seed=0), _loader(4, 4, seed=1))
         frames.append(counter.frame_count)

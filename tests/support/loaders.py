@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
-from nailseg.data.augment import AugSpec
+from nailseg.config import CONF_DIR
+from nailseg.data.augment import AugOp, AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia_batch import KorniaLoader
@@ -16,6 +19,30 @@ from nailseg.data.loaders.torch_workers import TorchLoader
 
 SIZE = (32, 32)
 GROUPS = {"a": 0, "b": 1}
+SEED = 0  # the tests' loaders draw from one fixed seed
+_NORMALIZE = OmegaConf.load(Path(CONF_DIR) / "normalize" / "imagenet.yaml")
+MEAN, STD = tuple(_NORMALIZE.mean), tuple(_NORMALIZE.std)  # normalize=imagenet, the default
+
+
+def spec(*ops: AugOp) -> AugSpec:
+    """A spec of `ops` with the default normalisation."""
+    return AugSpec(ops, MEAN, STD)
+
+
+def spec_from(ops: list[dict[str, Any]]) -> AugSpec:
+    """A spec from the config form of `ops` with the default normalisation."""
+    return AugSpec.from_config(ops, MEAN, STD)
+
+
+def loader_settings(backend: type, **overrides: Any) -> dict[str, Any]:
+    """The settings conf/loader/ gives `backend` (its YAML is their one source; `seed`: `SEED`),
+    with `overrides` over them."""
+    for path in sorted((Path(CONF_DIR) / "loader").glob("*.yaml")):
+        values = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        if values["_target_"].endswith(f".{backend.__name__}"):
+            kept = {k: v for k, v in values.items() if not k.startswith("_") and k != "defaults"}
+            return {**kept, "seed": SEED, **overrides}
+    raise LookupError(f"no conf/loader/*.yaml builds {backend.__name__}")
 
 
 def trainer_stand_in(
@@ -43,7 +70,7 @@ def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kw
     if kind != "dali":
         settings["num_workers"] = 2 if kind == "torch-workers" else 0
     backend = {"dali": DaliLoader, "kornia": KorniaLoader}.get(kind, TorchLoader)
-    return backend(records, root, spec, **{**settings, **kwargs})
+    return backend(records, root, spec, **loader_settings(backend, **{**settings, **kwargs}))
 
 
 @dataclass
@@ -63,7 +90,7 @@ def run(loader, epochs: int = 1) -> Outputs:
     return Outputs(np.concatenate(rows), np.concatenate(images), np.concatenate(masks))
 
 
-EVERYTHING = AugSpec.from_config(
+EVERYTHING = spec_from(
     [
         {"op": "random_resized_crop", "p": 0.5, "scale": [0.5, 1.0], "ratio": [0.75, 1.33]},
         {"op": "zoom_out", "p": 0.5, "scale": [0.5, 1.0]},

@@ -1,20 +1,12 @@
 """What every loader backend shares: the batch contract, the split's records read and checked once,
-this rank's epoch plan (data/sampling.py) and the bookkeeping of passes.
+this rank's epoch plan (sampling.py) and the bookkeeping of passes.
 
-A backend is a `PlannedLoader`: DALI (dali.py) feeds the plan to a pipeline; the DataLoader
-backends (workers.py: torch, kornia) feed it to a batch sampler. So every backend follows the same
-plan: `len()` is exact, and evaluation sees every row once across ranks.
-
-Every `iter()` is one full, fresh pass, started at its first `next()` (Lightning probes with an
-unused `iter()`); starting a pass ends any unfinished one, whose iterator then stops. A pass
-shuffles as the epoch given to `set_epoch`, else as one more than the previous pass. A train
-loader built with `shuffle=False` (`trainer.overfit_batches`) yields the same fixed batches every
-pass, in equal numbers on every rank.
-
-Records that mix sources (datamodule.py, `dataset.mix`) carry two more columns, `source` (an id
-per row, 0 the primary) and `source_weight` (that source's weight): a train plan then draws each
-source's share of every epoch (sampling.py). Without them (or unshuffled) the plan is the plain
-one.
+Every backend is a `PlannedLoader` and follows the same plan: `len()` is exact, and evaluation
+sees every row once across ranks. Every `iter()` is one full, fresh pass, started at its first
+`next()` (Lightning probes with an unused `iter()`); starting a pass ends any unfinished one. A
+pass shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
+Records that mix sources carry the columns `SOURCE` and `SOURCE_WEIGHT` (datamodule.py), by
+which a shuffled train plan draws each source's share of every epoch.
 """
 
 from __future__ import annotations
@@ -127,10 +119,10 @@ class PlannedLoader(ABC):
         batch_size: int,
         device: str,
         seed: int,
-        rank: int,
-        world_size: int,
-        drop_last: bool,
-        shuffle: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+        shuffle: bool = True,
     ) -> None:
         self.train, self.batch_size, self.seed = train, batch_size, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last

@@ -1,24 +1,15 @@
-"""NVIDIA DALI backend: decode, augment and normalise the prepared .npy files in a DALI pipeline.
+"""NVIDIA DALI backend: read, decode, augment and normalise the prepared .npy files in a pipeline.
 
-Why it is built this way:
+* One batch-mode `fn.external_source` (`_Feeder`) hands over each planned batch's paths, groups
+  and CSV rows together, so rows travel beside their pixels and a batch cannot mix samples.
+* Each random op runs under a per-sample coin and a DALI `if`: only the samples that get it pay.
+* An abandoned pass (limit_*_batches, sanity check, early stop) ends when the next one starts: the
+  feeder stops, the batches in flight are drained and the pipeline is reset (DALI's own iterators
+  ignore a mid-epoch reset).
+* The next pass starts as soon as one ends, so its first `prefetch` batches are ready while the
+  other split runs; a `set_epoch` to another epoch discards them.
 
-* Pairing is structural. Our own Python feeder (`_Feeder`) hands DALI, per batch, the image paths,
-  mask paths, group ids and CSV rows together through one batch-mode `fn.external_source`; the rows
-  travel through the pipeline next to the pixels, so a batch cannot mix samples.
-* Files are read by DALI (`fn.io.file.read`, multithreaded) and decoded natively by
-  `fn.decoders.numpy`; every header is checked once up front so a bad file fails with its name.
-* Each random op is gated by `fn.random.coin_flip` and a DALI `if`: only the samples that get the op
-  pay for it (computing for all then discarding made the seed project's pipeline 3x slower).
-* Every `iter()` is one full, fresh pass. Because we feed the pipeline, an abandoned pass (Lightning's
-  limit_*_batches, sanity check, early stop) is ended cheaply when the next one starts: the feeder
-  stops, the at most `prefetch` batches in flight are drained, and the pipeline is reset. DALI's
-  own iterators ignore a mid-epoch reset and then yield only the leftovers of the old epoch.
-* The next pass starts as soon as one ends: its first `prefetch` batches are read and augmented
-  while validation (or the other split's pass) runs, so an epoch does not open with a wait for a
-  cold pipeline. Its plan is the epoch that pass would shuffle as; a `set_epoch` to another one
-  discards it (drained like an abandoned pass).
-
-DALI is imported inside functions, so importing this module costs nothing until a loader is built.
+DALI is imported inside functions: importing this module costs nothing until a loader is built.
 """
 
 from __future__ import annotations
@@ -33,6 +24,7 @@ import torch
 
 from nailseg.data.augment import AugOp, AugSpec
 from nailseg.data.loaders.base import Batch, PlannedLoader
+from nailseg.data.loaders.spec_math import colour_params
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -53,21 +45,17 @@ def _dali() -> Any:
 
 class _Feeder:
     """The external source: one planned batch per call (paths, groups, rows together), then stop.
-
-    On the CPU it also draws the Gaussian noise of `noise_ops` (a coin per sample, then sigma and
-    the noise for the samples that get it): numpy's generator is 4x cheaper per core than DALI's
-    CPU one, which made noise the most expensive op of a CPU pipeline. The draws run in this
-    (main) thread while DALI's threads work on earlier batches.
-    """
+    On the CPU it also draws the Gaussian noise of `noise_ops` (a coin, sigma and the noise per
+    sample), with numpy's generator, cheaper than DALI's CPU one, in this thread."""
 
     def __init__(
         self,
         images: list[np.ndarray],
         masks: list[np.ndarray],
         groups: np.ndarray,
-        noise_ops: tuple[AugOp, ...] = (),
-        image_size: tuple[int, int] = (0, 0),
-    ):
+        noise_ops: tuple[AugOp, ...],
+        image_size: tuple[int, int],
+    ) -> None:
         self._images, self._masks, self._groups = images, masks, groups
         self.noise_ops, self._image_size = noise_ops, image_size
         self._batches: list[np.ndarray] = []
@@ -193,22 +181,13 @@ def _zoom_out(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, Dat
     return _window(image, mask, hw, w / scale, h / scale, out_of_bounds_policy="pad", fill_values=0)
 
 
-def _hue(op: AugOp, image: DataNode) -> DataNode:
+def _hsv(op: AugOp, image: DataNode) -> DataNode:
+    """hue, saturation and grayscale: DALI's colour matrix op."""
     from nvidia.dali import fn
 
-    return fn.hsv(image, hue=_uniform(op, "degrees"))
-
-
-def _saturation(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn
-
-    return fn.hsv(image, saturation=_uniform(op, "factor"))
-
-
-def _grayscale(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn
-
-    return fn.hsv(image, saturation=0.0)
+    key = next(iter(op.ranges), None)  # grayscale has none
+    hue, saturation = colour_params(op.name, 0.0 if key is None else _uniform(op, key))
+    return fn.hsv(image, hue=hue, saturation=saturation)
 
 
 def _gamma(op: AugOp, image: DataNode) -> DataNode:
@@ -262,9 +241,9 @@ _GEOMETRIC = {
     "zoom_out": _zoom_out,
 }
 _COLOUR = {
-    "hue": _hue,
-    "saturation": _saturation,
-    "grayscale": _grayscale,
+    "hue": _hsv,
+    "saturation": _hsv,
+    "grayscale": _hsv,
     "gamma": _gamma,
     "jpeg": _jpeg,
 }
@@ -294,12 +273,9 @@ def _build_pipeline(
     prefetch: int,
     seed: int,
 ) -> Pipeline:
-    """The pipeline: outputs (image 3xHxW float, mask 1xHxW float, group, row) per sample.
-
-    Train applies the spec (geometric ops on image and mask, resize, colour ops on the uint8
-    image, normalise, photometric ops on the image); eval only resizes and normalises. With a `device_id`, files are read and decoded
-    on the CPU and everything after runs on that GPU; with None, everything runs on the CPU.
-    """
+    """The pipeline: (image 3xHxW float, mask 1xHxW float, group, row) per sample; train applies
+    the spec, eval only resizes and normalises. Files are read and decoded on the CPU; with a
+    `device_id` everything after runs on that GPU."""
     dali = _dali()
     from nvidia.dali import fn, types
 
@@ -359,11 +335,9 @@ def _build_pipeline(
 
 
 def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
-    """A DALI batch as a torch tensor, zero-copy through DLPack, as DALI's own PyTorch iterator
-    does: the dynamic executor (the default since DALI 2) keeps an output buffer alive while a
-    tensor references it, so the next batch cannot overwrite it, and DLPack orders the GPU data
-    before the consumer's stream. A copy here was 60% of a CPU pipeline's time, and on the GPU the
-    copies and allocations took launch time from launch-bound models."""
+    """A DALI batch as a torch tensor, zero-copy through DLPack: DALI's dynamic executor keeps an
+    output buffer alive while a tensor references it, and DLPack orders the GPU data before the
+    consumer's stream."""
     with device:
         return torch.from_dlpack(outputs.as_tensor())
 
@@ -384,35 +358,17 @@ class DaliLoader(PlannedLoader):
         root: Path,
         spec: AugSpec,
         *,
-        train: bool,
-        batch_size: int,
         image_size: tuple[int, int],
         group_ids: Mapping[str, int],
-        device: str = "auto",
-        num_workers: int = 2,
-        prefetch: int = 2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = True,
-        shuffle: bool = True,
+        num_workers: int,
+        prefetch: int,
+        **plan: Any,
     ) -> None:
+        """`plan`: `PlannedLoader`'s keyword arguments."""
         self._pipe: Pipeline | None = None
         self._in_flight = False  # a pass is scheduled in the pipeline and not yet drained
         self._started_epoch: int | None = None  # the epoch of a pass started before its iter()
-        super().__init__(
-            records,
-            root,
-            group_ids,
-            train=train,
-            batch_size=batch_size,
-            device=device,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            shuffle=shuffle,
-        )
+        super().__init__(records, root, group_ids, **plan)
         paths = [
             [np.frombuffer(path.encode(), dtype=np.uint8) for path in column]
             for column in (self.records.images, self.records.masks)
@@ -420,19 +376,21 @@ class DaliLoader(PlannedLoader):
         device_id = self.device.index if self.device.type == "cuda" else None
         if device_id is not None:
             _release_unused_memory()  # checked now: a DALI without it fails here, not at close
-        noise_ops = tuple(op for op in spec.ops if op.name == "gaussian_noise") if train else ()
+        noise_ops = (
+            tuple(op for op in spec.ops if op.name == "gaussian_noise") if self.train else ()
+        )
         self._feeder = _Feeder(
             *paths, self.records.groups, noise_ops if device_id is None else (), image_size
         )
-        # Differently seeded per rank, so ranks do not draw identical augmentations.
-        pipe_seed = int(np.random.SeedSequence((seed, rank)).generate_state(1)[0] >> 1)
+        # seeded per rank, so ranks do not draw identical augmentations
+        pipe_seed = int(np.random.SeedSequence((self.seed, self.rank)).generate_state(1)[0] >> 1)
         self._pipe = _build_pipeline(
             self._feeder,
             spec,
-            train=train,
+            train=self.train,
             image_size=image_size,
             device_id=device_id,
-            batch_size=batch_size,
+            batch_size=self.batch_size,
             num_threads=num_workers,
             prefetch=prefetch,
             seed=pipe_seed,
@@ -468,12 +426,9 @@ class DaliLoader(PlannedLoader):
             }
 
     def _consumer_stream(self) -> int | None:
-        """The CUDA stream the batch is used on (torch's current one), for DALI's `outputs`: the
-        outputs are then ordered before that stream's later work, on the device. Without a stream
-        DALI synchronises its outputs with the host (its documented default), so the CPU waits
-        there for the batch's GPU work instead of queueing the next steps (778 -> 809 img/s on the
-        H200, docs/BENCHMARKS.md). torch's default stream is the legacy one (handle 0 to torch),
-        which CUDA names `cudaStreamLegacy` (1)."""
+        """torch's current CUDA stream, for DALI's `outputs` to order the batch before it on the
+        device (without one, DALI makes the host wait); torch's default stream (handle 0) is
+        `cudaStreamLegacy`."""
         if self.device.type != "cuda":
             return None
         return torch.cuda.current_stream(self.device).cuda_stream or _CUDA_STREAM_LEGACY
@@ -509,9 +464,8 @@ class DaliLoader(PlannedLoader):
         return self._pipe
 
     def _free(self) -> None:
-        """Release the pipeline (its threads and buffers). On the GPU, DALI's buffers go back to
-        DALI's memory pool, which would keep them from torch (and from the next job of a sweep
-        run in this process): the pool's free blocks are returned to the device too."""
+        """Release the pipeline; on the GPU, DALI's pool's free blocks go back to the device too,
+        for torch and the next job of a sweep."""
         self._in_flight, self._started_epoch = False, None
         pipe, self._pipe = self._pipe, None
         if pipe is not None and self.device.type == "cuda":
@@ -523,8 +477,7 @@ class DaliLoader(PlannedLoader):
 
 
 def _release_unused_memory() -> Any:
-    """DALI's call that returns its pool's free GPU memory, looked up where it is used: it is
-    not part of DALI's documented Python API."""
+    """DALI's call that returns its pool's free GPU memory (not documented API: looked up here)."""
     release = getattr(_dali().backend, "ReleaseUnusedMemory", None)
     if release is None:
         raise RuntimeError(

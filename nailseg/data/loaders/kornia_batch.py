@@ -1,32 +1,16 @@
-"""`loader=kornia`: workers only read and resize; the spec runs per batch on the device.
+"""`loader=kornia`: workers only read and resize (uint8 out); the spec runs per batch on the device.
 
-The workers use the torch backend's dataset with an empty spec (read, resize, uint8 out: a quarter
-of the bytes to copy). On the device, in spec order:
+* flips: Kornia's, on image and mask (a flip commutes with the resize);
+* rotate, random_resized_crop and zoom_out: per-sample affine warps (image bilinear, mask
+  nearest) following the spec, which acts on the canvas *before* the resize: rotations are
+  conjugated with that resize, crops are in canvas pixels, and each sample's canvas size is
+  tracked through the ops. zoom_out shrinks without antialiasing, unlike DALI;
+* colour ops on 0..255 values, rounded and clamped after each; jpeg through Kornia's
+  differentiable codec, a level or so off libjpeg;
+* normalise, then photometric ops: Kornia's blur; noise, brightness and contrast as tensor ops
+  (Kornia's mean something else).
 
-* flips: `kornia.augmentation` flips in an `AugmentationSequential` with `data_keys=["input",
-  "mask"]` (a flip commutes with the resize, so flipping after it is exact);
-* rotate and random_resized_crop: per-sample affine warps (`kornia.geometry.warp_affine`, image
-  bilinear, mask nearest) whose parameters follow the spec, not Kornia's `RandomRotation` /
-  `RandomResizedCrop`: the spec rotates and crops the canvas *before* the resize, so for a canvas
-  whose aspect ratio differs from the input size the rotation is conjugated with that resize, and
-  the crop's area and ratio are in canvas pixels (Kornia's crop also samples the ratio
-  log-uniformly, retries, and falls back to a centre crop). The canvas size of every sample is
-  tracked through the ops (a crop changes it);
-* zoom_out: the same affine warp as the crop, for a window larger than the canvas, 0 outside (it
-  shrinks the resized image without antialiasing, where DALI resizes the padded canvas: the
-  footprint and the pixel sources agree, fine detail may alias a little);
-* colour ops on the image's 0..255 values, rounded and clamped after each as the spec says: hue,
-  saturation and grayscale with DALI's colour matrices, gamma as a power, jpeg through Kornia's
-  differentiable JPEG codec (`kornia.enhance.jpeg_codec_differentiable`, 4:2:0, the standard
-  quantisation tables: an approximation of libjpeg's rounding, a level or so off);
-* normalise, then photometric ops on the image only: `kornia.augmentation.RandomGaussianBlur`
-  (sigma ~ U per sample, reflect border); noise, brightness and contrast are small tensor ops
-  because Kornia's mean something else (fixed noise std; additive brightness and contrast clamped
-  to [0, 1]).
-
-Rotation fills 0 in raw pixel values because the geometric ops run before normalising. Kornia's own
-ops draw from the global CPU generator, so each batch runs under a forked generator seeded from
-(seed, rank, epoch, step): reproducible, and the caller's random state is left alone.
+Each batch runs under a forked torch generator seeded from (seed, rank, epoch, step).
 """
 
 from __future__ import annotations
@@ -56,7 +40,8 @@ from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
 Tensor = torch.Tensor
 # The work of one op on the rows that got it: (images, masks, canvas sizes (k, 2): height, width
 # before the final resize) -> the same. Photometric ops take and give the images only.
-Geometric = Callable[[Tensor, Tensor, np.ndarray], tuple[Tensor, Tensor, np.ndarray]]
+Warped = tuple[Tensor, Tensor, np.ndarray]
+Geometric = Callable[[Tensor, Tensor, np.ndarray], Warped]
 Photometric = Callable[[Tensor], Tensor]
 
 
@@ -107,9 +92,7 @@ def _flip(op: AugOp) -> Geometric:
     flip = K.RandomHorizontalFlip(p=1.0) if op.name == "hflip" else K.RandomVerticalFlip(p=1.0)
     both = K.AugmentationSequential(flip, data_keys=["input", "mask"])
 
-    def transform(
-        image: Tensor, mask: Tensor, canvas: np.ndarray
-    ) -> tuple[Tensor, Tensor, np.ndarray]:
+    def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
         image, mask = both(image, mask)
         return image, mask, canvas
 
@@ -117,9 +100,7 @@ def _flip(op: AugOp) -> Geometric:
 
 
 def _rotate(op: AugOp) -> Geometric:
-    def transform(
-        image: Tensor, mask: Tensor, canvas: np.ndarray
-    ) -> tuple[Tensor, Tensor, np.ndarray]:
+    def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
         degrees = _uniform(op, "degrees", len(canvas))
         matrices = rotation_matrices(degrees, canvas, (image.shape[-2], image.shape[-1]))
         return (*_warp(image, mask, matrices, padding="zeros"), canvas)
@@ -133,9 +114,7 @@ def _windowed(
     """An op that shows a window of each canvas resized to the output: `windows_of(canvas sizes,
     placements (2, k) in [0, 1))` gives the windows; the canvas becomes the window."""
 
-    def transform(
-        image: Tensor, mask: Tensor, canvas: np.ndarray
-    ) -> tuple[Tensor, Tensor, np.ndarray]:
+    def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
         windows = windows_of(canvas, torch.rand(2, len(canvas), dtype=torch.float64).numpy())
         matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
         image, mask = _warp(image, mask, matrices, padding=padding)

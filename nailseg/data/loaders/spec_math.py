@@ -1,10 +1,6 @@
-"""The numbers behind the spec's geometric and colour ops, for the backends that compute them.
-
-The torch backend (one sample, OpenCV) and the Kornia backend (a batch, on the device) both call
-these, so they cannot drift apart; both reproduce DALI's behaviour (dali.py), which was checked
-pixel for pixel: `cv2.warpAffine` with `rotation_matrices` is DALI's `fn.rotate`, `crop_windows`
-and `zoom_windows` round like DALI's `fn.slice`, `blur_window` is `fn.gaussian_blur`'s default
-window, and `colour_matrices` are DALI's `fn.hsv` (measured on DALI 2.4 to within 2e-7).
+"""The numbers behind the spec's geometric and colour ops, shared by the torch backend (one
+sample, OpenCV) and the Kornia backend (a batch), so both match DALI's `fn.rotate`, `fn.slice`,
+`fn.gaussian_blur` and `fn.hsv` (tests/data/test_loader_parity.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`loader=torch`: a torch DataLoader whose worker processes apply the AugSpec with numpy and OpenCV.
 
-Each op reproduces DALI's (dali.py), checked pixel for pixel: the rotation is `cv2.warpAffine`
-about the canvas centre with a zero border (image bilinear, mask nearest), crops round like DALI's
-slice, the blur has DALI's window and reflect-101 border. The image is resized with torch's
-antialiased bilinear filter on uint8, which is what DALI's linear resize computes (OpenCV's
-INTER_LINEAR aliases when shrinking, INTER_AREA is a box filter); masks are resized with DALI's
-half-pixel nearest rule. Colour ops act on the resized uint8 image (hue, saturation and grayscale
-with DALI's colour matrix, gamma as a lookup table, jpeg through OpenCV's libjpeg); photometric
-ops on the normalised 3xHxW float32 image.
+Each op reproduces DALI's (dali.py) pixel for pixel, through spec_math.py's numbers; the image is
+resized with torch's antialiased bilinear filter on uint8, which is what DALI's linear resize
+computes (OpenCV's filters alias or box-filter), masks with DALI's half-pixel nearest rule.
 """
 
 from __future__ import annotations
@@ -177,9 +172,8 @@ class OpenCVTransform:
 
     @staticmethod
     def worker_init(_worker_id: int) -> None:
-        """OpenCV on the worker's own thread: the workers are the parallelism. 0, not 1: a worker
-        forked from a process whose OpenCV thread pool ran (train.py generating the built-in
-        data) hangs for ever in `cv2.setNumThreads(1)` (OpenCV 5.0, pthreads backend)."""
+        """OpenCV on the worker's own thread: the workers are the parallelism. 0, not 1, which can
+        hang a worker forked from a process whose OpenCV thread pool ran."""
         cv2.setNumThreads(0)
 
     def __call__(

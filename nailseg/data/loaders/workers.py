@@ -1,15 +1,12 @@
 """The DataLoader backends' shared half (torch: the spec in the workers; kornia: on the device).
 
-* The plan reaches the DataLoader through a batch sampler (`PlanSampler`). Each sampled index is a
-  (row, epoch, draw) triple, `draw` counting the row's earlier draws in the epoch (a mixed-in
-  source may repeat rows) over the whole epoch's plan, before it is split across ranks, and a
-  sample's randomness is seeded by (seed, epoch, row, draw), so a seed gives the same samples
-  whatever the number of workers or ranks, a repeated row gets fresh augmentation even when its
-  copies land on different ranks, and persistent workers need no epoch pushed to them.
+* The plan reaches the DataLoader through a batch sampler (`PlanSampler`) of (row, epoch, draw)
+  keys, `draw` counting the row's earlier draws in the whole epoch's plan; a sample's randomness
+  is seeded by (seed, epoch, row, draw), so it does not depend on the number of workers or ranks,
+  a repeated row gets fresh augmentation, and persistent workers need no epoch pushed to them.
 * The DataLoader and its iterator are owned by a `weakref.finalize`, never only by the loader:
-  Lightning keeps loaders in reference cycles, and a DataLoader collected as cyclic garbage has its
-  queues closed before its workers are told to stop, so each worker costs a 5 s join timeout.
-  Through the finalizer they are dropped by reference count, and workers stop at once.
+  Lightning keeps loaders in reference cycles, and a DataLoader collected as cyclic garbage waits
+  out its workers' join timeout; dropped by reference count, the workers stop at once.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import weakref
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -42,9 +39,8 @@ class SampleTransform(Protocol):
     def worker_init(self, worker_id: int) -> None: ...
 
 
-# The device-side step of a backend: (batch on the device, its CSV rows as a host array, a seed for
-# its random draws) -> the batch. The host rows spare a device-to-host copy, which would wait for
-# the training step still running on the device. The batch's tensors are the step's to modify.
+# The device-side step of a backend: (batch on the device, its CSV rows on the host, so no copy
+# waits for the device; a seed for its draws) -> the batch, whose tensors it may modify.
 BatchTransform = Callable[[Batch, np.ndarray, int], Batch]
 
 
@@ -119,41 +115,23 @@ class WorkerLoader(PlannedLoader):
         root: Path,
         spec: AugSpec,
         *,
-        train: bool,
-        batch_size: int,
         image_size: tuple[int, int],
         group_ids: Mapping[str, int],
-        device: str = "auto",
-        num_workers: int = 2,
-        pin_memory: bool = True,
-        persistent_workers: bool = True,
-        prefetch: int = 2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = True,
-        shuffle: bool = True,
+        num_workers: int,
+        pin_memory: bool,
+        persistent_workers: bool,
+        prefetch: int,
+        **plan: Any,
     ) -> None:
-        super().__init__(
-            records,
-            root,
-            group_ids,
-            train=train,
-            batch_size=batch_size,
-            device=device,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            shuffle=shuffle,
-        )
+        """`plan`: `PlannedLoader`'s keyword arguments."""
+        super().__init__(records, root, group_ids, **plan)
         size = (int(image_size[0]), int(image_size[1]))
         sample_transform, self._batch_transform = self._transforms(spec, size)
         self._sampler = PlanSampler(self.plan, len(self))
         workers = num_workers > 0
         self._workers = _Workers(
             DataLoader(
-                NpyDataset(self.records, sample_transform, seed),
+                NpyDataset(self.records, sample_transform, self.seed),
                 batch_sampler=self._sampler,
                 num_workers=num_workers,
                 pin_memory=pin_memory and self.device.type == "cuda",
@@ -201,6 +179,6 @@ class WorkerLoader(PlannedLoader):
         batch["mask"] = batch["mask"].float()
         if self._batch_transform is None:
             return batch
-        # Differently seeded per rank, so ranks do not draw identical augmentations.
+        # seeded per rank, so ranks do not draw identical augmentations
         seed = np.random.SeedSequence((self.seed, self.rank, epoch, step)).generate_state(1)[0]
         return self._batch_transform(batch, rows, int(seed))
