@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support.loaders import loader_settings, spec_from
 from support.loggers import KeptRows
 from support.train import TINY_UNET, compose_train, small_overrides, train
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 # every op that keeps a constant image's median value where it was (brightness would move it)
-PAIRING = AugSpec.from_config(
+PAIRING = spec_from(
     [
         {"op": "hflip", "p": 0.5},
         {"op": "vflip", "p": 0.5},
@@ -55,8 +55,8 @@ def _constant_samples(root: Path, n: int) -> pd.DataFrame:
 def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     records = _constant_samples(tmp_path, 30)
     mean, std = torch.tensor(PAIRING.mean).view(3, 1, 1), torch.tensor(PAIRING.std).view(3, 1, 1)
-    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=8, image_size=(32, 32),
-                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
     for _ in range(3):
         rows = []
         for batch in loader:
@@ -73,8 +73,9 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     for world in (1, 2, 3):
         seen = []
         for rank in range(world):
-            evaluation = DaliLoader(records, tmp_path, PAIRING, train=False, batch_size=7, image_size=(32, 32),
-                                    group_ids={"g": 0}, device="gpu", rank=rank, world_size=world)  # fmt: skip
+            evaluation = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=False,
+                                    batch_size=7, image_size=(32, 32), group_ids={"g": 0}, device="gpu",
+                                    rank=rank, world_size=world))  # fmt: skip
             seen += [i for batch in evaluation for i in batch["index"].tolist()]
             evaluation.close()
         assert sorted(seen) == list(range(30))
@@ -85,8 +86,8 @@ def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
     already queued there (the previous training step), or the CPU could not run ahead of the
     GPU."""
     records = _constant_samples(tmp_path, 16)
-    loader = DaliLoader(records, tmp_path, PAIRING, train=True, batch_size=4, image_size=(32, 32),
-                        group_ids={"g": 0}, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=4,
+                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
     batches = iter(loader)
     taken = [next(batches)]
     time.sleep(0.5)  # the next batch, prefetched, is made meanwhile
@@ -137,8 +138,8 @@ def test_closing_a_gpu_loader_returns_its_memory(prepared):
     groups = {g: i for i, g in enumerate(sorted(set(records["group"])))}
     torch.zeros(1, device="cuda")  # the CUDA context exists before the baseline
     free_before = torch.cuda.mem_get_info()[0]
-    loader = DaliLoader(records, prepared, PAIRING, train=True, batch_size=8, image_size=(1024, 1024),
-                        group_ids=groups, device="gpu")  # fmt: skip
+    loader = DaliLoader(records, prepared, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(1024, 1024), group_ids=groups, device="gpu"))  # fmt: skip
     batches = sum(1 for _ in loader)
     assert batches == len(loader) > 0
     assert torch.cuda.mem_get_info()[0] < free_before - 256 * 2**20  # the pipeline's buffers

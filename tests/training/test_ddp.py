@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 from support.ddp import ddp_overrides, finish, job_dirs, run_train, start_train
-from support.loaders import trainer_stand_in
+from support.loaders import spec, trainer_stand_in
 from support.prepared import write_prepared
 from support.processes import session_processes
 from support.train import compose_train
 from support.wandb_records import history
 
-from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import NailDataModule
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
@@ -173,7 +172,9 @@ class _Loader:
 
 
 def _datamodule(prepared: Path, rank: int, world_size: int) -> NailDataModule:
-    datamodule = NailDataModule(prepared, (32, 32), functools.partial(_Loader), AugSpec(ops=()))
+    datamodule = NailDataModule(
+        prepared, (32, 32), functools.partial(_Loader), spec(), "auto", mix=[], weight=1.0
+    )
     datamodule.trainer = trainer_stand_in(rank, world_size)
     return datamodule
 
