@@ -10,28 +10,32 @@ last step. Option lists are read from `conf/`, so a new option is covered the da
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import pkgutil
 import subprocess
 import sys
+import typing
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import optuna
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigNode, ConfigStore
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from support.ddp import ROOT
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 
-from nailseg import config
-from nailseg.inference.export import ExportConfig
-from nailseg.inference.predict import PredictConfig
+import nailseg
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import load_net
 from nailseg.model.schedules import schedule_length
@@ -51,17 +55,29 @@ CUDA = torch.cuda.is_available()
 ON_CPU = ["trainer.accelerator=cpu", "trainer.precision=32-true", "loader.device=cpu"]
 
 
+def _dataclasses_in(hint: Any) -> Iterator[type]:
+    """The dataclasses a type hint names, inside lists, dicts and unions too."""
+    for arg in typing.get_args(hint):
+        yield from _dataclasses_in(arg)
+    if dataclasses.is_dataclass(hint):
+        yield hint
+
+
 def _schemas() -> list[type]:
-    found, todo = (
-        [],
-        [*config.SCHEMAS.values(), PredictConfig, ExportConfig],
-    )
+    """Every schema some module of the package stores in Hydra's ConfigStore, and every schema
+    inside one."""
+    for module in pkgutil.walk_packages(nailseg.__path__, "nailseg."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    repo = ConfigStore.instance().repo
+    todo = [OmegaConf.get_type(node.node) for node in repo.values() if isinstance(node, ConfigNode)]
+    found: list[type] = []
     while todo:
         node = todo.pop()
-        if node in found:
+        if node in found or not dataclasses.is_dataclass(node):
             continue
         found.append(node)
-        todo += [f.type for f in dataclasses.fields(node) if dataclasses.is_dataclass(f.type)]
+        todo += [t for hint in typing.get_type_hints(node).values() for t in _dataclasses_in(hint)]
     return found
 
 
