@@ -11,7 +11,7 @@ from support.ddp import run_train
 from support.prepared import write_prepared
 from support.train import small_overrides
 
-from nailseg.training.build import WANDB_DIRS
+from nailseg.training.loggers import WANDB_DIRS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")

@@ -1,9 +1,6 @@
-"""Lightning callbacks: training speed / loader wait, the learning rates, time to a target score,
-prediction overlays of validation, the card every checkpoint carries, and a progress bar that is
-safe under DDP.
-
-The first two read only the batch contract (`batch["image"]`, `batch["mask"]`) and the module's
-`forward` (logits B×1×H×W), so they work with every loader backend.
+"""Lightning callbacks: training speed and loader wait, the learning rates, time to a target
+score, prediction overlays of validation, the card every checkpoint carries, and a progress bar
+safe under DDP. They read only the batch contract and the module's `forward`: any loader backend.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.model.step_log import logs_step
 from nailseg.training.private_api import computed_bar_values
+from nailseg.training.run_files import run_files
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
 
 log = logging.getLogger(__name__)
@@ -33,24 +31,19 @@ WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, f
 
 
 def settled(epochs: Any) -> Any:
-    """A fit's epochs (a list, or a frame's rows) after its first `WARMUP_EPOCHS`, all of them in
-    a shorter fit: what the throughput summaries (the monitor's, `GpuTimeline`'s) take medians of."""
+    """A fit's epochs (a list, or a frame's rows) after its first `WARMUP_EPOCHS` (all, in a
+    shorter fit): what the throughput summaries take medians of."""
     return epochs[WARMUP_EPOCHS:] if len(epochs) > WARMUP_EPOCHS else epochs
 
 
 class TrainSpeedMonitor(L.Callback):
     """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
 
-    `images_per_s` = the epoch's training images / its training wall time, validation run inside
-    the epoch excluded. The device is synchronised only where that time starts and stops (epoch
-    start and end, validation start and end), so the CPU keeps queueing steps ahead of the GPU as
-    in any run (a sync per batch would drain that queue every step) and the figure is exact.
-    `data_wait_frac` = time blocked between one batch's end and the next one's start (pulling the
-    batch from the loader) / that wall time: the definition `make bench` uses. It is the host's
-    time: on a GPU the host can wait there while the device still runs the steps queued before
-    (10-15% on the H200 while the GPU idled between steps ~1% of the epoch); the device's own
-    idle time is `GpuTimeline`'s (training/timeline.py). Under DDP `images_per_s` is summed over
-    ranks (whole-job throughput) and `data_wait_frac` averaged.
+    `images_per_s`: the epoch's training images / its training wall time (validation excluded),
+    summed over DDP ranks; the device is synchronised only where that time starts and stops, so
+    the host keeps queueing steps ahead. `data_wait_frac`: the host's time between one batch's
+    end and the next one's start / that wall time (as `make bench`), averaged over ranks; the
+    device's own idle time is `GpuTimeline`'s.
     """
 
     def __init__(self) -> None:
@@ -107,9 +100,8 @@ class TrainSpeedMonitor(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause(pl_module)
-        # every rank takes part in the reduce, whatever it measured (a rank that skipped it would
-        # leave the others waiting); an epoch some rank did not time (a fit resumed mid-epoch runs
-        # no epoch-start hook) is left out on every rank alike
+        # every rank joins the reduce; an epoch some rank did not time (a fit resumed mid-epoch)
+        # is left out on every rank alike
         timed = self._elapsed > 0.0
         elapsed = self._elapsed if timed else 1.0
         local = torch.tensor([self._images / elapsed, self._wait / elapsed, float(timed)])
@@ -125,9 +117,8 @@ class TrainSpeedMonitor(L.Callback):
         )
 
     def summary(self) -> dict[str, Any] | None:
-        """For metrics.json: the median images/s and data-wait over the epochs after the first
-        `WARMUP_EPOCHS` (all of them in a shorter fit), and every epoch's values. One epoch is
-        half a second on the H200, so its value alone moves by 10-40%; None before any epoch."""
+        """For metrics.json: the medians over the `settled` epochs (one epoch's value alone is
+        noisy), and every epoch's values; None before any epoch."""
         if not self.epochs:
             return None
         counted = settled(self.epochs)
@@ -155,13 +146,9 @@ class RankSafeProgressBar(RichProgressBar):
 
 class LearningRates(L.Callback):
     """Logs the learning rate at the steps Lightning logs, under the names Lightning's
-    `LearningRateMonitor(logging_interval="step")` gives them (`lr-AdamW`, or the scheduler's
-    `name`; `/pg1`, `/pg2`, ... or the groups' `name`s with several parameter groups), without
-    waiting for the device. Lightning's monitor also copies each rate into a tensor on the device
-    for `trainer.callback_metrics`, a host-to-device copy that waits for every queued step, at
-    every logged step (docs/BENCHMARKS.md, eleventh session). It covers what `SegModule`
-    configures, one optimizer with automatic optimization, and refuses anything else at the
-    fit's start rather than log rates under wrong steps or clashing names."""
+    `LearningRateMonitor(logging_interval="step")` gives them, from the host's values: Lightning's
+    monitor copies each rate to the device, a copy that waits for every queued step. It takes one
+    optimizer with automatic optimization (`SegModule`'s) and refuses anything else at the start."""
 
     def __init__(self) -> None:
         self._logged: int | None = None  # the last step logged (an accumulating batch repeats it)
@@ -201,8 +188,7 @@ class LearningRates(L.Callback):
 
 
 def process_start_time() -> float:
-    """When this process started (epoch seconds), from /proc (nailseg is Linux-only): start-up
-    counts from the interpreter's start, imports included, not from the first line of nailseg."""
+    """When this process started (epoch seconds), from /proc: start-up counts imports too."""
     fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5)
     uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -214,37 +200,28 @@ _job_started: float | None = None  # when the running job started (`start_job_cl
 
 
 def job_start_time() -> float:
-    """When this training job started: the process's start for the first job a process runs
-    (imports included), and now for any later one (a sweep's jobs in one process: their imports
-    were paid by the first, so counting from the process start would charge them the earlier
-    jobs)."""
+    """When this training job started: the process's start for its first job, now for a later
+    one (a sweep's next job in the same process)."""
     global _clocks_started
     _clocks_started += 1
     return process_start_time() if _clocks_started == 1 else time.time()
 
 
 def start_job_clock() -> None:
-    """Mark a training job's start, which `TimeToTarget` counts from. `run` calls it first thing,
-    so preparing the built-in data and building data, model and loggers count as start-up."""
+    """Mark a training job's start, which `TimeToTarget` counts from (`run` calls it first)."""
     global _job_started
     _job_started = job_start_time()
 
 
 class TimeToTarget(L.Callback):
-    """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch, the
-    optimizer step and the wall seconds since the job started (the last `start_job_clock`, which
-    `run` calls first; without one, the process's start), split into start-up (until the fit
-    starts: imports, config, data and model built, loaders started), training and validation
-    (sanity check included), and epoch 0's training alone (`first_epoch_train_s`: cuDNN's
-    autotuning and any compilation fall there). `reached` holds it (None until then, so also for a
-    target never met); `metrics.json` reports it as `time_to_target`. With `stop`, training ends
-    at that epoch (`make time-to-target` measures settings that way). Under DDP, rank 0's clock; a
-    stop is decided on every rank alike, from the synced metric.
+    """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch,
+    the step and the seconds since the job started (`start_job_clock`), split into start-up,
+    training, validation and epoch 0's training. `reached` holds it (None until then);
+    metrics.json reports it as `time_to_target`. With `stop`, training ends there, on every rank
+    alike (the metric is synced).
 
-    The checkpoint carries this state: a resumed fit reports a target reached before its
-    checkpoint as it was (with `stop`, it trains no further), and one reached later with the
-    earlier sessions' time up to the checkpoint added to each figure. A checkpoint's `reached` for
-    another metric or target is dropped (when this target was first met is unknown).
+    The checkpoint carries this state: a resumed fit keeps a target reached before it, and adds
+    the earlier sessions' time to one reached later; one for another metric or target is dropped.
     """
 
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
@@ -261,8 +238,8 @@ class TimeToTarget(L.Callback):
         self._first_epoch: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed fit continues from. Lightning runs the checkpoint callbacks' hooks after
-        this one's, so at a save the time since the last lap is training."""
+        """What a resumed fit continues from; at a save the time since the last lap is training
+        (Lightning runs the checkpoint callbacks after this one)."""
         now = time.time()
         return {
             "reached": self.reached,
@@ -347,13 +324,10 @@ class TimeToTarget(L.Callback):
 
 
 class PredictionOverlays(L.Callback):
-    """Every `every_n_epochs` epochs, and once more at the end of training, draws the first
-    `max_images` samples of the first validation batch as a 3-row grid: the image, the truth
-    (green) over it and the thresholded prediction (red) over it.
-
-    The grid goes to `<trainer.default_root_dir>/overlays/epoch_XXX.png` (XXX: 0-based epoch) and,
-    when a WandbLogger is attached, to W&B as `val/overlays`. `mean`/`std` must be the loader's
-    normalisation so the image row looks like the photo. Only global rank 0 draws.
+    """Every `every_n_epochs` epochs and at the end of training, rank 0 draws the first
+    `max_images` samples of the first validation batch as a grid (image; truth in green;
+    prediction in red) into `<run>/overlays/epoch_XXX.png` and W&B's `val/overlays`. `mean` and
+    `std`: the loader's normalisation, so the image row looks like the photo.
     """
 
     def __init__(
@@ -385,8 +359,7 @@ class PredictionOverlays(L.Callback):
     ) -> None:
         if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
             return
-        # copied on the device (a copy to the CPU here would wait for the GPU every epoch), kept
-        # so the end-of-training grid can reuse it
+        # kept on the device: a copy to the host here would wait for the GPU
         n = self.max_images
         self._batch = (batch["image"][:n].detach().clone(), batch["mask"][:n].detach().clone())
         self._batch_epoch = trainer.current_epoch
@@ -398,8 +371,7 @@ class PredictionOverlays(L.Callback):
             self._draw(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # the last epoch is rarely a multiple of every_n_epochs, and early stopping or max_steps
-        # may end training anywhere: draw the final model on the last validated batch
+        # training may end at any epoch: draw the final model on the last validated batch
         if self._batch is not None and self._drawn_epoch != self._batch_epoch:
             self._draw(trainer, pl_module)
 
@@ -409,11 +381,8 @@ class PredictionOverlays(L.Callback):
         threshold = float(pl_module.hparams.get("threshold", 0.5))
         was_training = pl_module.training
         pl_module.eval()
-        # inference_mode, not no_grad: the kept batch was made inside the validation loop's
-        # inference mode, and inference tensors may only be used there or without autograd;
-        # force_eager: a compiled net would recompile for these few inference tensors (about a
-        # minute for SegFormer-b2 on the H200); the precision plugin's cast and autocast, as
-        # Lightning applies them around a val step
+        # inference_mode: the kept batch is an inference tensor; force_eager: a compiled net
+        # would recompile for it; the precision plugin's cast and autocast, as in a val step
         precision = trainer.precision_plugin
         with (
             torch.inference_mode(),
@@ -435,7 +404,7 @@ class PredictionOverlays(L.Callback):
             ]
         )
         path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
-        save_png_atomic(path, canvas)
+        run_files(path).write(path, lambda p: save_png_atomic(p, canvas))
         self._drawn_epoch = self._batch_epoch
         self._log_to_wandb(trainer, canvas, pictures, truths, preds)
 
@@ -447,8 +416,8 @@ class PredictionOverlays(L.Callback):
         truths: np.ndarray,
         preds: np.ndarray,
     ) -> None:
-        """The grid as one image (`val/overlays`), and each photo with its truth and prediction
-        as W&B masks (`val/examples`), which the W&B UI toggles and compares."""
+        """The grid (`val/overlays`), and each photo with its truth and prediction as W&B masks
+        (`val/examples`)."""
         for logger in trainer.loggers:
             if not isinstance(logger, WandbLogger):
                 continue
@@ -474,10 +443,9 @@ class PredictionOverlays(L.Callback):
 
 
 class CheckpointCard(L.Callback):
-    """Writes the run's card (model, input size, normalisation, threshold, groups, resolved
-    config; see model/checkpoint.py) and the W&B run id into every checkpoint, so the checkpoint
-    alone is enough to predict, export or resume into the same W&B run. `wandb_run_id` is the
-    resumed checkpoint's: a session without W&B passes it on rather than dropping it."""
+    """Writes the run's card (model/checkpoint.py) and the W&B run id into every checkpoint: the
+    checkpoint alone predicts, exports or resumes into its W&B run. `wandb_run_id`: the resumed
+    checkpoint's, passed on by a session without W&B."""
 
     def __init__(self, card: Mapping[str, Any], wandb_run_id: str | None = None) -> None:
         self.card = dict(card)

@@ -1,28 +1,14 @@
-"""Checkpoints written the way every other output is: a temporary file in the checkpoint's own
-folder, fsync'd, then renamed (nailseg/atomic.py), by a background thread.
+"""Checkpoints written as every other output is (`io.atomic`: a temporary file in the
+checkpoint's folder, fsync'd, renamed), by a background thread, and only where the path is free
+or the run's own (`run_files`): a user's file in the way is neither replaced nor removed.
 
-Lightning's own save goes through fsspec's transaction, which writes the temporary file to
-`$TMPDIR` and moves it into place: atomic only when `$TMPDIR` shares the checkpoint's filesystem,
-and never fsync'd, so a `kill -9` or a power cut during the move left a truncated `last.ckpt`.
+Lightning's own save stages the file in `$TMPDIR` and never fsyncs it: a kill during the move
+could leave a truncated `last.ckpt`. The thread keeps saving off the training loop; the snapshot
+is taken before it returns (`host_snapshot`), so later steps cannot change what is written.
 
-Why a thread: a UNet-resnet34 checkpoint with its AdamW state is ~290 MB, and its synchronous save
-took 0.39-0.43 s on the H200 machine; `last.ckpt` and a new best are saved every epoch, so on the
-real photos (0.6 s of training an epoch) saving was a third of the fit's wall time.
-
-How the state leaves the GPU matters as much: `torch.save` copies each CUDA tensor to pageable
-host memory on the training's own stream, one blocking copy per tensor, and from a writer thread
-those copies stalled the next epoch's steps (backward 20 -> 28 ms a step on the H200). So the
-snapshot is taken here, before returning: each CUDA tensor is cloned on the device in stream order
-(later steps cannot change the clone), and the clones are copied into pinned host memory on a
-separate stream, which the GPU's copy engines run beside the training kernels; the thread waits
-for that copy, then writes host tensors only.
-
-A run folder may be moved or copied: its checkpoints' ModelCheckpoint states still name the folder
-they were written in, absolute. Lightning then restores no best score (another `dirpath`) but the
-stale best checkpoint path, which the final evaluation would read from the old place. So a
-checkpoint read here has those paths mapped into the folder it was read from (`relocate`). A best
-checkpoint that is gone is forgotten with its score: a `kill -9` between saving a new best (the
-old one removed) and `last.ckpt` left a `last.ckpt` naming the removed one.
+A moved or copied run folder resumes with its best: ModelCheckpoint's state names its files
+absolute, so a checkpoint read here has them mapped into the folder it was read from
+(`relocate`); a best checkpoint that is gone is forgotten with its score.
 """
 
 from __future__ import annotations
@@ -40,17 +26,22 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from nailseg.io.atomic import write_atomic
+from nailseg.training.run_files import run_files
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose saves are atomic and durable on a local filesystem."""
+    """TorchCheckpointIO whose saves are atomic and durable, and that replaces or removes only
+    the run's own files."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        write_atomic(path, lambda f: torch.save(checkpoint, f))
+        run_files(path).write(path, lambda p: write_atomic(p, lambda f: torch.save(checkpoint, f)))
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        run_files(path).remove(path)
 
     def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(path, *args, **kwargs)
@@ -64,10 +55,8 @@ _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 def relocate(checkpoint: dict[str, Any], path: Path) -> None:
     """Map each ModelCheckpoint state of `checkpoint` (read from `path`) whose `dirpath` is another
-    folder into `path`'s folder, when every file it names there is there: the run folder was
-    moved or copied, and the resumed fit keeps its best score and best checkpoint. Lightning's
-    own `dirpath` is the folder's real path, so the mapped one is too. A best checkpoint of this
-    folder that is not there is forgotten, with its score (see the module docstring)."""
+    folder into `path`'s folder (real path, as Lightning's), when every file it names is there;
+    a best checkpoint of this folder that is not there is forgotten, with its score."""
     here = os.path.realpath(path.parent)
     for state in (checkpoint.get("callbacks") or {}).values():
         before = state.get("dirpath") if isinstance(state, dict) else None
@@ -99,16 +88,9 @@ def _move(state: dict[str, Any], before: str, here: str) -> None:
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
-    """Atomic saves (`AtomicCheckpointIO`) in one background thread, in the order they were made,
-    of a host snapshot taken at the save (`host_snapshot`).
-
-    Removals go through the same thread: ModelCheckpoint removes the previous best right after
-    saving the new one, and a removal run at once could come before that file's own queued write,
-    which would then bring it back. The first error of any queued save or removal is raised at
-    the next call or when the strategy tears down; teardown (end of a fit, also after an error)
-    waits for every queued write, so what follows a fit (the final test, a resume) reads whole
-    files.
-    """
+    """`AtomicCheckpointIO`'s saves and removals in one background thread, in order (a removal
+    run at once could precede that file's queued write), each save of a host snapshot taken at
+    the call. A failed one raises at the next call or at teardown, which waits for them all."""
 
     def __init__(self) -> None:
         super().__init__(AtomicCheckpointIO())
@@ -152,9 +134,9 @@ def host_snapshot(
     checkpoint: Any, copy_stream: Callable[[torch.device], torch.cuda.Stream]
 ) -> tuple[Any, HostCopies | None]:
     """`checkpoint` with every tensor replaced by a host copy of its value now, and what marks
-    the end of the device-to-host copies (None: there were no CUDA tensors). CPU tensors are
-    cloned at once; CUDA tensors are cloned on their device in stream order, then copied into
-    pinned memory on `copy_stream(device)` (see the module docstring)."""
+    the end of the copies (None: no CUDA tensors). A CUDA tensor is cloned on its device in
+    stream order, then copied into pinned memory on `copy_stream(device)`, beside the training
+    kernels: a blocking copy per tensor on the training stream would stall the next steps."""
     clones: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def snapshot(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,6 @@
-"""Checks of a composed training config, run before any work: each error names the key and value.
-
-Without them a wrong value fails late or, worse, not at all: a train split smaller than one batch
-per rank trains nothing and exits 0 (Lightning drops the partial batch), an input size the model
-cannot take fails inside the first step, a typo in an optimizer argument only when the fit starts.
-"""
+"""Checks of a composed training config, run before any work: each error names the key and
+value that would otherwise fail late (inside the fit) or not at all (a split smaller than a batch
+trains nothing and exits 0)."""
 
 from __future__ import annotations
 
@@ -106,15 +103,14 @@ def check_values(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Every check that needs no data: train.py's PreCheck runs it before Hydra writes the run
-    folder, and `build` first, before the built-in data is made or anything written."""
+    """Every check that needs no data: before Hydra writes the run folder (`PreCheck`), and
+    first in `build`."""
     check_request(cfg)
     check_devices(cfg)
 
 
 def check_request(cfg: DictConfig) -> None:
-    """`check_config` but for this machine's devices: what a sweep whose jobs run on other
-    machines (hydra/launcher=slurm) is checked with before it is submitted."""
+    """`check_config` but for this machine's devices (for jobs run on other machines)."""
     check_values(cfg)
     optimizer = instantiate(cfg.optimizer)
     check_arguments(optimizer, "optimizer")
@@ -127,8 +123,7 @@ def check_request(cfg: DictConfig) -> None:
 
 
 def check_data(dataset: DictConfig) -> None:
-    """The dataset's root is prepared, or is the built-in set's own, which train.py makes: any
-    other would fail once the run folder and the W&B run exist, and is never filled here."""
+    """The dataset's root is prepared, or is the built-in set's own, which train.py makes."""
     problem = missing_data(dataset)
     if problem is not None:
         raise ConfigError(problem)
@@ -153,8 +148,7 @@ def check_loader(loader: DictConfig) -> None:
 
 
 def check_trainer(trainer: DictConfig, train: bool) -> None:
-    """The trainer's values that Lightning checks only as the Trainer is built, after the loggers
-    started their runs, or not at all (a negative count, a fraction above 1 that it rounds)."""
+    """The trainer's values that Lightning checks only once the loggers started, or never."""
     if trainer.accelerator not in (None, *ACCELERATORS):
         raise ConfigError(
             f"trainer.accelerator={trainer.accelerator}: use one of {', '.join(ACCELERATORS)}"
@@ -220,9 +214,7 @@ def _duration(value: Any) -> bool:
 
 
 def check_schedule_length(trainer: DictConfig, scheduler: functools.partial | None) -> None:
-    """A schedule as long as the whole fit needs a fit with an end: with trainer.max_epochs=-1
-    (or unset beside trainer.max_time) and no trainer.max_steps Lightning trains until stopped,
-    and the schedule's length is found only inside the fit, where it fails."""
+    """A schedule as long as the whole fit needs a fit with an end (a step or epoch limit)."""
     if scheduler is None or trainer.fast_dev_run or trainer.max_steps not in (None, -1):
         return
     if trainer.max_epochs == -1:
@@ -240,8 +232,8 @@ def check_schedule_length(trainer: DictConfig, scheduler: functools.partial | No
 
 
 def check_devices(cfg: DictConfig) -> None:
-    """The devices the trainer and the loader ask for exist here. Run where the job runs; torch
-    counts devices without making a CUDA context."""
+    """The devices the trainer and the loader ask for exist here (counted without a CUDA
+    context)."""
     device = cfg.loader.device
     wanted = int(device[5:]) + 1 if device.startswith("cuda:") else int(device in ("gpu", "cuda"))
     if torch.cuda.device_count() < wanted:
@@ -281,9 +273,8 @@ def _accelerator_here(name: str | None) -> type[Accelerator] | None:
 
 
 def check_optimization(optimizer: functools.partial, scheduler: functools.partial | None) -> None:
-    """Build the optimizer on a stand-in parameter and the schedule on it (a stand-in length
-    where the fit would give it): torch checks their values (a negative lr, onecycle's
-    pct_start) only when they are built, inside the fit, after the loggers' folders."""
+    """Build the optimizer on a stand-in parameter and the schedule on it: torch checks their
+    values only when they are built, inside the fit."""
     try:
         stand_in = optimizer([nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError) as err:
@@ -312,9 +303,8 @@ def strategy_class(strategy: Any) -> type | None:
 
 
 def check_strategy(strategy: Any) -> None:
-    """A strategy given as a node names a class that takes every option: DDPStrategy takes its
-    own and passes the rest to torch's DistributedDataParallel, which would refuse a typo only
-    when the fit starts."""
+    """A strategy given as a node names a class that takes every option (DDPStrategy passes the
+    rest to DistributedDataParallel)."""
     target = strategy_class(strategy)
     if target is None:
         return

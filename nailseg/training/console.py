@@ -1,10 +1,7 @@
-"""What a run shows and keeps: the resolved config as a tree at start (also `config_tree.txt` in
-the run folder), the model's parameters, the log in its folder, and no library chatter.
-
-Lightning gives its loggers a console handler of their own, and stops them from propagating, when
-it is imported before logging is configured (which Hydra does later): its messages then never
-reached Hydra's log file, and `train.log` stayed empty. `run_log` routes them to the root logger
-and, when a resumed fit writes to an earlier run's folder, also appends the log there.
+"""What a run shows and keeps: the resolved config as a tree (also `config_tree.txt`), the
+model's parameters, the log in its folder, and no library chatter. Lightning's loggers, imported
+before Hydra configures logging, keep a console handler of their own and never reach Hydra's log
+file: `route_library_logs` sends them to the root logger.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-from nailseg.io.atomic import write_text
 from nailseg.tables import print_table
 
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
@@ -58,9 +54,9 @@ def _drop_chatter(record: logging.LogRecord) -> bool:
 
 
 def quiet_libraries() -> None:
-    """Silence what libraries print on every run without saying anything about it: Lightning's
-    tips, the known warnings above, W&B's banner and history (the run's summary names its folder
-    and `wandb sync` command; WANDB_SILENT=false set by the user brings them back)."""
+    """Silence what libraries print on every run that says nothing about it: Lightning's tips,
+    the known warnings, W&B's banner (the run's summary names its folder; WANDB_SILENT=false
+    brings it back)."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_chatter)
     for category, message, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message, category, module)
@@ -143,25 +139,19 @@ def config_tree(cfg: DictConfig, choices: dict[str, str] | None = None) -> Tree:
 
 
 def print_config_tree(
-    cfg: DictConfig,
-    console: Console | None = None,
-    save_to: Path | None = None,
-    choices: dict[str, str] | None = None,
-) -> None:
-    """Print `config_tree`; with `save_to`, also write it there as plain text (`CONFIG_TREE`)."""
+    cfg: DictConfig, console: Console | None = None, choices: dict[str, str] | None = None
+) -> str:
+    """Print `config_tree`; returns it as plain text (the run folder's `CONFIG_TREE`)."""
     tree = config_tree(cfg, choices)
     (console or Console()).print(tree)
-    if save_to is not None:
-        plain = Console(file=io.StringIO(), width=1000, color_system=None)
-        plain.print(tree)
-        lines = plain.file.getvalue().splitlines()
-        write_text(save_to / CONFIG_TREE, "\n".join(line.rstrip() for line in lines) + "\n")
+    plain = Console(file=io.StringIO(), width=1000, color_system=None)
+    plain.print(tree)
+    return "\n".join(line.rstrip() for line in plain.file.getvalue().splitlines()) + "\n"
 
 
 class ParameterSummary(RichModelSummary):
-    """Lightning's table of the model's parameters without its FLOPs column and total, which it
-    counts only for a module with an `example_input_array` (elsewhere every run printed
-    `Total FLOPs: 0`)."""
+    """Lightning's table of the model's parameters without its FLOPs, which it counts only for a
+    module with an `example_input_array` (0 otherwise)."""
 
     @staticmethod
     def summarize(

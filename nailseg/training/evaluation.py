@@ -1,7 +1,5 @@
 """An evaluation-only run (`train=false ckpt_path=X`) takes the model and input size from the
-checkpoint's card, as predict does: `python train.py train=false ckpt_path=X` scores a checkpoint
-of any run without restating `model=... dataset.image_size=...`. A value the command line does
-restate must be the checkpoint's: another one is refused, naming its key.
+checkpoint's card, as predict does; a value the command line restates must be the card's.
 """
 
 from __future__ import annotations

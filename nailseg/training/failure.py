@@ -1,12 +1,13 @@
 """A sweep job's failure record, `failed.json` in its run folder: written by `run_job` when a job
-of a sweep fails (the sweep goes on), reported by `python -m nailseg compare` and by the sweep's
-exit status (`FailedJobsExit`), and removed when a later run in that folder completes (the job
-resumed). Only a record this module wrote is ever read as a failure or removed: a user's own
-`failed.json` there is left alone."""
+of a sweep fails, reported by compare and the sweep's exit status (`FailedJobsExit`), removed when
+a later run there completes. Its content is its proof: a user's file of that name is never read
+as a failure, replaced or removed."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -18,15 +19,21 @@ from omegaconf import DictConfig
 from nailseg.io.atomic import write_text
 from nailseg.io.ownership import make_folder, remove_file
 
+log = logging.getLogger(__name__)
 FAILED = "failed.json"
 _KEYS = frozenset({"error", "traceback"})  # exactly what `write_failure` writes
 
 
 def write_failure(run_dir: Path, err: BaseException) -> Path:
-    """Record `err` (raised just now: its traceback is the current one) for the sweep's table."""
+    """Record `err` (raised just now: its traceback is the current one) for the sweep's table;
+    a file of that name that is not a record of ours stays, and is named."""
     make_folder(run_dir)
+    path = run_dir / FAILED
+    if os.path.lexists(path) and read_failure(run_dir) is None:
+        log.warning("%s is not a failure record nailseg wrote: left as it is", path)
+        return path
     record = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-    return write_text(run_dir / FAILED, json.dumps(record, indent=2, sort_keys=True))
+    return write_text(path, json.dumps(record, indent=2, sort_keys=True))
 
 
 def read_failure(run_dir: Path) -> str | None:
@@ -60,8 +67,7 @@ def job_folders(sweep_dir: Path) -> list[Path]:
 
 class FailedJobsExit(Callback):
     """Hydra callback: a sweep in which a job failed exits with status 1 once every job has run,
-    naming the failed jobs. Each failing job writes its record and the sweep goes on, so without
-    this `train.py -m` exited 0 however many jobs failed, and a script or CI step could not tell."""
+    naming the failed jobs (each failing job records itself and the sweep goes on)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -26,6 +26,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import get_original_cwd, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,9 +35,6 @@ from nailseg.training.precheck import composed_jobs, leave, refusal
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
 from nailseg.training.signals import ends_on_signal
 
-# what the child command replaces, and the versions it was written against
-PATCHED = "_hydra_subprocess_cmd"
-WRITTEN_FOR = "lightning 2.6 and hydra-core 1.3"
 # the trainer keys SLURM's request follows (conf/hydra/launcher/slurm.yaml)
 SLURM_TRAINER_KEYS = ("trainer", "trainer.devices", "trainer.num_nodes")
 
@@ -49,8 +47,7 @@ _RENDEZVOUS_ENV = (
     "WORLD_SIZE",
     "OMP_NUM_THREADS",
 )
-# Hydra overrides of the parent that must not reach a child: the child is one run in this job's
-# dir, not a sweep (its mode, dirs, sweeper and launcher are set below or irrelevant)
+# Hydra overrides of the parent that must not reach a child, one run in this job's folder
 _PARENT_ONLY = (
     "hydra.mode",
     "hydra.run",
@@ -62,6 +59,11 @@ _PARENT_ONLY = (
     "hydra.launcher",
     "hydra/launcher",
 )
+
+
+def sweep_job() -> bool:
+    """Whether this run is one job of a `-m` sweep."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _override_key(override: str) -> str:

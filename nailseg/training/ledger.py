@@ -1,15 +1,7 @@
-"""An audit of which CSV rows each rank saw: proof that no sample is lost or duplicated.
-
-`*/samples` metrics count samples, and a count can be right while the rows are wrong (one row
-twice, another never), e.g. a loader that pads an uneven last shard with repeats, or ranks that
-shard by LOCAL_RANK and so read the same rows on every node. `SampleLedger` records the rows
-themselves (the batch contract's `index`), per stage, epoch and rank: the union over ranks is what
-the epoch covered, and a row in two ranks' lists is a duplicate.
-
-Opt-in (`callbacks=audit`). Each rank keeps its rows on the device until the stage's epoch ends
-(no per-step host sync) and then writes its own file; nothing is exchanged between ranks, so ranks
-that run different numbers of evaluation batches never wait for each other here. The sanity check
-is not recorded (it is a partial pass by design).
+"""An audit of which CSV rows each rank saw (`callbacks=audit`): a `*/samples` count can be
+right while the rows are wrong (one row twice, another never). Each rank keeps its rows (the
+batch contract's `index`) on the device until the stage's epoch ends, then writes its own file;
+nothing is exchanged between ranks. The sanity check is not recorded.
 """
 
 from __future__ import annotations
@@ -23,15 +15,13 @@ import lightning as L
 import torch
 
 from nailseg.io.atomic import write_text
+from nailseg.training.run_files import run_files
 
 
 class SampleLedger(L.Callback):
     """Writes `<dirpath>/<stage>_epoch<EEE>_step<SSSSSSS>_rank<R>.json` for every train, val and
-    test epoch on every rank: {"stage", "epoch", "global_step", "rank", "world_size", "rows"}.
-
-    `rows` are the CSV rows of the stage's split in the order the rank saw them. The global step
-    tells apart several validations in one epoch (`trainer.val_check_interval` < 1).
-    """
+    test epoch on every rank: the stage, epoch, global step, rank, world size and `rows`, the
+    CSV rows the rank saw in order (the step tells apart several validations in one epoch)."""
 
     def __init__(self, dirpath: str | Path) -> None:
         self.dirpath = Path(dirpath)
@@ -58,7 +48,8 @@ class SampleLedger(L.Callback):
             f"{stage}_epoch{trainer.current_epoch:03d}_step{trainer.global_step:07d}"
             f"_rank{trainer.global_rank}.json"
         )
-        write_text(self.dirpath / name, json.dumps(entry))  # readers never see a half-written file
+        path = self.dirpath / name
+        run_files(path).write(path, lambda p: write_text(p, json.dumps(entry)))
 
     def on_train_batch_end(
         self,
@@ -104,9 +95,8 @@ class SampleLedger(L.Callback):
 
 def train_rows_once(dirpath: Path) -> str | None:
     """The ledger's verdict on training: "every row once in each of N epochs", or the first epoch
-    where a rank is missing or a row was seen twice (across ranks or within one); None where the
-    folder holds no training entries. Rows a `drop_last` pass leaves out are not an error here:
-    the `*/samples` counts say how many were seen."""
+    where a rank is missing or a row was seen twice; None without training entries. Rows a
+    `drop_last` pass leaves out are no error: the `*/samples` counts say how many were seen."""
     entries = [json.loads(p.read_text()) for p in sorted(Path(dirpath).glob("train_*.json"))]
     if not entries:
         return None

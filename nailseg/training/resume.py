@@ -1,28 +1,13 @@
 """Which checkpoint `ckpt_path` means, and which run folder a resumed fit continues in.
 
-* `ckpt_path=last` in a run folder that holds a `last.ckpt` (a rerun with a fixed
-  `hydra.run.dir`): that one. Otherwise, in a single run, the newest `last.ckpt` among the runs
-  beside this one that can be resumed: one that cannot be read (say truncated by a crash), whose
-  card is refused, or that another config trained is skipped, and said so; when none can, each is
-  named with why. In a sweep (`-m`): this job's own `last.ckpt` only, never a sibling job's
-  (rerun the sweep with the same `hydra.sweep.dir`); a job without one starts afresh.
-* A fit resumes in the run folder its checkpoint lives in (`<run>/checkpoints/x.ckpt`) when that
-  folder is the checkpoint's own run, by identity: the id of the folder's marker (`.nailseg.json`,
-  nailseg/io/run_folder.py) is the run id the checkpoint's card carries. The checkpoint callback
-  then finds its own folder and keeps the best score and best checkpoint from before the resume
-  (also after the folder was moved or copied: checkpoint_io.py), and the loggers continue their
-  files. Any other checkpoint is only read: the fit writes into the new run folder.
-* One training writes a run folder at a time: rank 0 holds its lock (`hold_run_folder`) for the
-  whole run, and a second train.py into it fails at once, naming it.
-* The checkpoint must describe the model and input size the config composes, and a fit must
-  resume on the data it trained on (`dataset.root` and its split files): resuming another
-  architecture would fail deep inside Lightning, or silently mix two experiments.
-* A resumed fit restores the checkpoint's LR schedule, whose length is the checkpoint's fit: a fit
-  of another length (a larger `trainer.max_epochs`, ...) would run it past its end (cosine climbs
-  back up, one-cycle fails), so it is refused before anything is written.
-* A resumed fit also restores the optimizer's settings (lr, betas, weight decay, ...) and the
-  schedule's, whatever the config says: a config whose `optimizer` or `scheduler` differs from
-  the checkpoint's is refused too, naming each key, rather than trained with the checkpoint's.
+* `ckpt_path=last`: the run folder's own `last.ckpt`, else the newest among the runs beside it
+  that can be resumed (each one skipped is named, with why); in a sweep, the job's own only.
+* A fit continues in its checkpoint's run folder (`<run>/checkpoints/x.ckpt`) when the folder's
+  marker id is the run id the checkpoint's card carries; any other checkpoint is only read.
+* Rank 0 holds the run folder's lock for the whole run (`hold_run_folder`).
+* The checkpoint must fit the config: its model and input size, and for a fit its data, its
+  optimizer and schedule settings and its schedule's length, all of which Lightning restores
+  whatever the config says. Anything else is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -49,6 +34,7 @@ from nailseg.model.checkpoint import (
 )
 from nailseg.model.schedules import schedule_length
 from nailseg.training.checks import ConfigError
+from nailseg.training.evaluation import take_card
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
@@ -69,8 +55,8 @@ class Resume:
 def resolve(
     ckpt_path: str | None, run_dir: Path, sweep_job: bool, cfg: DictConfig | None = None
 ) -> Resume | None:
-    """The checkpoint `ckpt_path` names (see the module docstring), or None to start afresh; with
-    `cfg`, one that can resume (or evaluate) the fit `cfg` composes (`check_resumable`)."""
+    """The checkpoint `ckpt_path` names, or None to start afresh; with `cfg`, one that can
+    resume (or evaluate) the fit `cfg` composes."""
     if ckpt_path is None:
         return None
     if ckpt_path != LAST:
@@ -95,6 +81,18 @@ def resolve(
         f"ckpt_path=last: no run under {run_dir.parent} can be resumed"
         + (f": {'; '.join(rejected)}" if rejected else f" (no */{CHECKPOINTS}/last.ckpt)")
     )
+
+
+def resolve_for(cfg: DictConfig, sweep_job: bool) -> Resume | None:
+    """What `cfg.ckpt_path` resumes, the fit then writing into the checkpoint's own run folder
+    (`cfg.run_dir` set to it), or evaluates (`cfg` takes the checkpoint's model and input size)."""
+    resumed = resolve(cfg.ckpt_path, Path(cfg.run_dir), sweep_job, cfg if cfg.train else None)
+    if resumed is not None and cfg.train:
+        cfg.run_dir = str(resumed.run_dir)
+    elif resumed is not None:
+        take_card(cfg, resumed.card, str(resumed.checkpoint))
+        check_matches(resumed, cfg)
+    return resumed
 
 
 def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
@@ -126,9 +124,7 @@ def check_resumable(resume: Resume, cfg: DictConfig) -> None:
 
 
 def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
-    """What `ckpt_path=last` chooses from: the run folder's own `last.ckpt` when it has one (a
-    rerun in a fixed folder continues itself, never a sibling); in a sweep only that one; else
-    every run's beside it."""
+    """What `ckpt_path=last` chooses from, the newest first (see the module docstring)."""
     own = run_dir / CHECKPOINTS / "last.ckpt"
     if own.is_file() or sweep_job:
         return [own] if own.is_file() else []
@@ -163,9 +159,8 @@ def read_run_id(run_dir: Path) -> str | None:
 
 
 def folder_run_id(run_dir: Path) -> str:
-    """The run id of a fit writing into `run_dir`, which its checkpoints' cards carry: the
-    folder's (Hydra's callback marks each job's folder as it starts; a resumed run's folder has
-    its own), else a new one, which `hold_run_folder` writes."""
+    """The run id its checkpoints' cards carry: the folder's marker's, else a new one, which
+    `hold_run_folder` writes."""
     return read_run_id(run_dir) or new_run_id()
 
 
@@ -173,9 +168,8 @@ def folder_run_id(run_dir: Path) -> str:
 def hold_run_folder(
     run_dir: Path, run_id: str, resumed: Resume | None, hold: bool = True
 ) -> Iterator[None]:
-    """Hold `run_dir` for this run: its lock, so a second train.py into it fails at once, and its
-    marker, made with `run_id` (`folder_run_id`) when it has none. `hold=False` (the job's other
-    DDP ranks, which write into rank 0's folder): nothing."""
+    """Hold `run_dir` for this run: its lock (a second train.py into it fails at once) and its
+    marker, made with `run_id` if missing. `hold=False` (the other DDP ranks): nothing."""
     if not hold:
         yield
         return
@@ -190,9 +184,8 @@ def hold_run_folder(
 
 
 def check_matches(resume: Resume, cfg: DictConfig) -> None:
-    """The checkpoint was trained with the model and input size `cfg` describes, and, to resume
-    its fit (`train=true`), on its data: the same resolved `dataset.root` and split files (an
-    evaluation may score it on any data)."""
+    """The checkpoint was trained with `cfg`'s model and input size and, to resume its fit, on
+    its data (`dataset.root` and its split files; an evaluation may score any data)."""
     card = resume.card
     if not card:
         return
@@ -221,17 +214,14 @@ def _shown_data(identity: Mapping[str, Any]) -> str:
     return f"{identity['root']} (split files: {splits or 'none'})"
 
 
-# what Lightning restores on a resume, whatever the config says: the optimizer's param groups
-# (lr, betas, weight decay, ...) and the LR schedule's state
+# what Lightning restores on a resume, whatever the config says
 _RESTORED = ("optimizer", "scheduler")
-# how the optimizer computes, not what: a checkpoint of either kind resumes under the other
-# (and keeps its own)
+# how the optimizer computes, not what: either resumes the other
 _IMPLEMENTATION_KEYS = frozenset({"fused"})
 
 
 def check_restored(resume: Resume, cfg: DictConfig) -> None:
-    """The config's optimizer and LR schedule are the checkpoint's. Lightning restores both from
-    it, so `optimizer.lr=0.05` on a resume trained on with the checkpoint's lr, silently."""
+    """The config's optimizer and LR schedule are the checkpoint's, which Lightning restores."""
     theirs = resume.card.get("config")
     if not theirs:  # a checkpoint older than cards' configs
         return
@@ -252,7 +242,7 @@ def check_restored(resume: Resume, cfg: DictConfig) -> None:
 
 def _differences(group: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
     """`group.key: checkpoint a, config b` for each value that differs; another optimizer or
-    schedule altogether (or none) as one line naming both, `none` for a group set to null."""
+    schedule altogether (or none) as one line naming both."""
     before, now = theirs.get(group), ours.get(group)
     if not (isinstance(before, Mapping) and isinstance(now, Mapping)) or (
         before.get("_target_") != now.get("_target_")
@@ -272,8 +262,8 @@ _FIT_LENGTH_KEYS = ("max_epochs", "max_steps")
 
 
 def check_schedule(resume: Resume, steps: float | None, cfg: DictConfig) -> None:
-    """The resumed fit's LR schedule spans as many steps as the checkpoint's (`steps`: this fit's
-    length; None without a sized schedule, so `scheduler=none` may extend a fit)."""
+    """The resumed fit's LR schedule spans as many steps as the checkpoint's (`steps`: this fit's;
+    None without a sized schedule: `scheduler=none` may extend a fit)."""
     theirs = resume.schedule_steps
     if theirs is None or steps is None or steps == theirs:
         return

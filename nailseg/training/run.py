@@ -1,28 +1,6 @@
-"""`train.py` body: build everything (`build.py`), fit, evaluate the best checkpoint, report.
-
-The run directory (Hydra's output dir, or the resumed run's own) holds `.hydra/`, `train.log`,
-`checkpoints/`, `overlays/`, the logger folders (W&B offline runs included) and `metrics.json`:
-
-    tags          the run's `tags` (also its W&B run's)
-    resumed_from  the checkpoint `ckpt_path` named (train=false: the one evaluated), or null
-    fit           the last epoch's metrics
-    throughput    training images/s (all ranks) and data-wait: the medians over the epochs after
-                  the first two, and each epoch's values (`TrainSpeedMonitor`); null without it
-    world_size    the fit's number of processes (GPUs)
-    time_to_target  when validation first reached `callbacks.time_to_target.target` (epoch, step,
-                  seconds since the job started (a process's first job: since the process
-                  did), and its start-up / train / val split; a resumed fit adds its earlier
-                  sessions' time), or null when it never did
-    best          optimized_metric's best value, its mode, checkpoint and epoch (the value is
-                  what train.py returns)
-    evaluated_on  the split of the final evaluation: test when the data has one, else valid
-    final         the final evaluation's metrics, named `test/...` only for a test split
-                  (`val_best/...` for the validation split the best checkpoint was chosen on)
-
-A resumed session that trains nothing (its fit had ended: a finished sweep rerun with
-`ckpt_path=last`) keeps the earlier report's `fit`, `throughput` and `time_to_target`, which only
-a session that trains measures. `train=false` skips the fit and evaluates `ckpt_path` on
-`eval_split` (`<split>_eval/...`).
+"""`train.py`'s job: build the run (`build.py`), fit, evaluate the best checkpoint, and write
+`metrics.json` into the run folder (its keys: docs/TRAINING.md). A resumed session that trains
+nothing keeps the earlier report's figures that only training measures (`MEASURED`).
 """
 
 from __future__ import annotations
@@ -39,22 +17,25 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
-from nailseg.io.atomic import write_text
+from nailseg.io.atomic import NotOursError, write_text
 from nailseg.io.ownership import make_folder
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.prep.splits import SplitFileError
-from nailseg.training.build import Built, build, describe_metrics, sweep_job
+from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.checks import ConfigError
 from nailseg.training.console import (
+    CONFIG_TREE,
     print_config_tree,
     quiet_libraries,
     route_library_logs,
     run_log,
 )
 from nailseg.training.failure import clear_failure, write_failure
-from nailseg.training.jobs import isolated_job
+from nailseg.training.jobs import isolated_job, sweep_job
+from nailseg.training.loggers import describe_metrics
 from nailseg.training.resume import hold_run_folder
+from nailseg.training.run_files import RunFiles, holding
 
 log = logging.getLogger(__name__)
 MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
@@ -77,15 +58,11 @@ def _job_log() -> Path | None:
     return Path(hydra.runtime.output_dir) / f"{hydra.job.name}.log"
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    write_text(path, json.dumps(payload, indent=2, sort_keys=True))
-
-
 def _plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return {k: float(v) for k, v in sorted(metrics.items()) if k.startswith(prefix)}
 
 
-def _best(built: Built) -> dict[str, Any]:
+def _best(built: Built, files: RunFiles) -> dict[str, Any]:
     """optimized_metric's best value and checkpoint, from the checkpoint callback watching it
     (restored from the checkpoint on resume); without one (fast_dev_run), the last value."""
     cfg, trainer = built.cfg, built.trainer
@@ -106,7 +83,7 @@ def _best(built: Built) -> dict[str, Any]:
         "checkpoint": path,
         # read on rank 0, whose fit returns once its checkpoint writes are done; another DDP
         # rank could read the file before it is whole (and reports nothing)
-        "epoch": _epoch(path) if path and trainer.is_global_zero else None,
+        "epoch": _epoch(path) if path and trainer.is_global_zero and files.is_ours(path) else None,
     }
 
 
@@ -116,11 +93,10 @@ def _epoch(checkpoint: str) -> int:
     return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"])
 
 
-def _measured_before(run_dir: Path, global_step: int) -> dict[str, Any]:
-    """The run's earlier `metrics.json` figures that only training measures, if that report ended
-    at `global_step` (the fit this session resumed and trained no further)."""
-    path = run_dir / "metrics.json"
-    earlier = json.loads(path.read_text()) if path.is_file() else {}
+def _measured_before(path: Path, global_step: int, files: RunFiles) -> dict[str, Any]:
+    """The figures only training measures from the run's earlier report at `path`, if it is
+    nailseg's and ended at `global_step` (the fit this session resumed and trained no further)."""
+    earlier = json.loads(path.read_text()) if files.is_ours(path) else {}
     if earlier.get("global_step") != global_step:
         return {}
     return {key: earlier[key] for key in MEASURED if earlier.get(key)}
@@ -157,7 +133,7 @@ def _logger_lines(loggers: list[Logger]) -> list[str]:
     return lines
 
 
-def _summary(report: dict[str, Any], run_dir: Path, loggers: list[Logger]) -> str:
+def _summary(report: dict[str, Any], run_dir: Path, built: Built, kept: list[Path]) -> str:
     """The run's last lines: where it went, what it reached, and where to look next."""
     lines = [f"run folder: {run_dir}"]
     best = report.get("best")
@@ -174,80 +150,132 @@ def _summary(report: dict[str, Any], run_dir: Path, loggers: list[Logger]) -> st
         if best is None and final["checkpoint"]:
             lines.append(f"evaluated checkpoint: {final['checkpoint']}")
     lines.append(f"metrics: {run_dir / 'metrics.json'}")
-    return "\n  ".join(["run summary", *lines, *_logger_lines(loggers)])
+    lines += [f"kept, not nailseg's (so not written): {path}" for path in kept]
+    return "\n  ".join(["run summary", *lines, *_logger_lines(built.loggers)])
+
+
+def _fit(built: Built, files: RunFiles) -> dict[str, Any]:
+    """Fit; the report's fit, throughput, best and step counts."""
+    trainer, run_dir = built.trainer, Path(built.cfg.run_dir)
+    checkpoint = built.resume.checkpoint if built.resume else None
+    with frozen_heap():  # no full collection walks the built run's objects mid-fit
+        trainer.fit(
+            built.module, datamodule=built.datamodule, ckpt_path=checkpoint, weights_only=True
+        )
+    timers = [c for c in trainer.callbacks if isinstance(c, TimeToTarget)]
+    speed = [c for c in trainer.callbacks if isinstance(c, TrainSpeedMonitor)]
+    report = {
+        "fit": _plain_metrics(trainer.callback_metrics),
+        "throughput": speed[0].summary() if speed else None,
+        "world_size": trainer.world_size,
+        "time_to_target": timers[0].reached if timers else None,
+        "best": _best(built, files),
+        "global_step": trainer.global_step,
+        "epochs": trainer.current_epoch,
+    }
+    if built.resume is not None and trainer.global_step == built.resume.global_step:
+        report |= _measured_before(run_dir / "metrics.json", trainer.global_step, files)
+    return report
+
+
+def _evaluate(built: Built, checkpoint: str | Path | None) -> dict[str, Any]:
+    """The final evaluation of `checkpoint` on the final split, for the report."""
+    trainer, module, datamodule = built.trainer, built.module, built.datamodule
+    trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+    return {
+        "evaluated_on": datamodule.final_split,
+        "final": {
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "metrics": _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/"),
+        },
+    }
+
+
+def _report(built: Built, files: RunFiles) -> dict[str, Any]:
+    """Fit and evaluate as `cfg.train` and `cfg.test` say; what metrics.json holds."""
+    cfg = built.cfg
+    checkpoint = built.resume.checkpoint if built.resume else None
+    report: dict[str, Any] = {
+        "choices": _choices(),
+        "tags": list(cfg.tags),
+        "resumed_from": str(checkpoint) if checkpoint else None,
+    }
+    if cfg.train:
+        report |= _fit(built, files)
+        checkpoint = report["best"]["checkpoint"]
+        # rank 0 wrote it, or found a user's file there: every rank follows its word
+        if checkpoint and not built.trainer.strategy.broadcast(files.is_ours(checkpoint)):
+            log.warning("no final evaluation: the best checkpoint was not written")
+            return report
+    if cfg.test or not cfg.train:
+        report |= _evaluate(built, checkpoint)
+    return report
+
+
+def _start_loggers(built: Built) -> None:
+    describe_metrics(built.loggers)
+    for logger in built.loggers:
+        logger.log_hyperparams(
+            {"config": OmegaConf.to_container(built.cfg, resolve=True), "choices": _choices()}
+        )
+
+
+def _finish(built: Built, report: dict[str, Any], files: RunFiles) -> None:
+    """Write metrics.json, close the loggers and print the summary (rank 0)."""
+    run_dir, rank_zero = Path(built.cfg.run_dir), built.trainer.is_global_zero
+    if rank_zero:
+        text = json.dumps(report, indent=2, sort_keys=True)
+        files.write(run_dir / "metrics.json", lambda path: write_text(path, text))
+        clear_failure(run_dir)  # an earlier attempt's, now resumed
+        if "final" in report:
+            _log_group_table(built, report["final"]["metrics"], built.module.test_prefix)
+        summary = _summary(report, run_dir, built, files.kept)
+    for logger in built.loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.finish()
+    if rank_zero:
+        log.info(summary)
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Fit, then evaluate the best checkpoint; returns the best value of `cfg.optimized_metric`
-    (what a sweeper ranks). With `train=false`, only the evaluation of `cfg.ckpt_path`."""
+    """Build the run, fit, evaluate the best checkpoint and report (train.py's job).
+
+    Args:
+        cfg: train.py's composed config; `train=false` evaluates `ckpt_path` only.
+
+    Returns:
+        The best value of `cfg.optimized_metric` (what a sweeper ranks); None without a fit.
+
+    Raises:
+        ConfigError, CheckpointError, SplitFileError, FileNotFoundError, NotOursError: a request
+            that cannot run, named in one line (`USER_ERRORS`).
+    """
     start_job_clock()
     quiet_libraries()
     route_library_logs()
     built = build(cfg)
-    cfg, trainer, module, datamodule = built.cfg, built.trainer, built.module, built.datamodule
-    run_dir = Path(cfg.run_dir)
-    make_folder(run_dir)
+    cfg, trainer = built.cfg, built.trainer
+    run_dir = make_folder(Path(cfg.run_dir))
     # rank 0 holds the folder for the whole run; the job's other DDP ranks write into it too
-    held = hold_run_folder(run_dir, built.run_id, built.resume, hold=trainer.is_global_zero)
-    with held, run_log(run_dir, _job_log()):
-        if trainer.is_global_zero:
-            print_config_tree(cfg, save_to=run_dir, choices=_choices())
+    rank_zero = trainer.is_global_zero
+    with (
+        hold_run_folder(run_dir, built.run_id, built.resume, hold=rank_zero),
+        holding(run_dir, persist=rank_zero) as files,
+        run_log(run_dir, _job_log()),
+    ):
+        if rank_zero:
+            tree = print_config_tree(cfg, choices=_choices())
+            files.write(run_dir / CONFIG_TREE, lambda path: write_text(path, tree))
         if built.resume is not None:
             log.info("checkpoint %s; writing to %s", built.resume.checkpoint, run_dir)
-        describe_metrics(built.loggers)
-        for logger in built.loggers:
-            logger.log_hyperparams(
-                {"config": OmegaConf.to_container(cfg, resolve=True), "choices": _choices()}
-            )
-        checkpoint = built.resume.checkpoint if built.resume else None
-        report: dict[str, Any] = {
-            "choices": _choices(),
-            "tags": list(cfg.tags),
-            "resumed_from": str(checkpoint) if checkpoint else None,
-        }
-        if cfg.train:
-            with frozen_heap():  # no full collection walks the built run's objects mid-fit
-                trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
-            best = _best(built)
-            checkpoint = best["checkpoint"]
-            timers = [c for c in trainer.callbacks if isinstance(c, TimeToTarget)]
-            speed = [c for c in trainer.callbacks if isinstance(c, TrainSpeedMonitor)]
-            report |= {
-                "fit": _plain_metrics(trainer.callback_metrics),
-                "throughput": speed[0].summary() if speed else None,
-                "world_size": trainer.world_size,
-                "time_to_target": timers[0].reached if timers else None,
-                "best": best,
-                "global_step": trainer.global_step,
-                "epochs": trainer.current_epoch,
-            }
-            if built.resume is not None and trainer.global_step == built.resume.global_step:
-                report |= _measured_before(run_dir, trainer.global_step)
-        if cfg.test or not cfg.train:
-            trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
-            report |= {
-                "evaluated_on": datamodule.final_split,
-                "final": {
-                    "checkpoint": str(checkpoint) if checkpoint else None,
-                    "metrics": _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/"),
-                },
-            }
-        if trainer.is_global_zero:
-            _write_json(run_dir / "metrics.json", report)
-            clear_failure(run_dir)  # an earlier attempt's, now resumed
-            if "final" in report:
-                _log_group_table(built, report["final"]["metrics"], module.test_prefix)
-            summary = _summary(report, run_dir, built.loggers)
-        for logger in built.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.experiment.finish()
-        if trainer.is_global_zero:
-            log.info(summary)
+        _start_loggers(built)
+        report = _report(built, files)
+        _finish(built, report, files)
     return report["best"]["value"] if cfg.train else None
 
 
 # what a single run refuses with its message alone: each names the key, file or value at fault
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, SplitFileError)
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, SplitFileError, NotOursError)
 
 
 def run_job(cfg: DictConfig) -> float | None:

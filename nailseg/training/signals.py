@@ -1,18 +1,11 @@
 """A training job ends within seconds of SIGTERM or Ctrl-C, its DDP ranks included, also while a
-rank waits in a collective that never completes.
+rank waits in a collective that never completes. `ends_on_signal`, around each job:
 
-Two things kept a DDP job alive: Lightning's SIGTERM handler only sets a flag that the fit loop
-reads at the epoch's end ("bypassing" the signal), and Python runs a signal handler only once the
-main thread is back in the interpreter, which a rank waiting in a collective for its peer never
-is. `ends_on_signal`, around each job (`jobs.isolated_job`):
-
-* raises `Terminated`, a KeyboardInterrupt, for SIGTERM: Lightning ends a fit or evaluation as it
-  does on Ctrl-C (on_exception hooks, loggers finalized as failed, its DDP ranks killed, exit 1);
-* starts a watcher thread that Python's signal wake-up fd wakes on SIGINT and SIGTERM (the
-  interpreter's C-level handler writes it even while the main thread is blocked): a job still
-  running `GRACE_S` later ends its process with status 128 + the signal;
-* has the kernel kill a DDP rank this job's process launched when that process exits, however it
-  exits (Lightning's launcher re-runs train.py for each rank; `lifetime.die_with_parent`).
+* raises `Terminated`, a KeyboardInterrupt, for SIGTERM (Lightning's own handler only sets a flag
+  read at the epoch's end), so Lightning ends the fit as on Ctrl-C;
+* starts a watcher thread woken by Python's signal wake-up fd, which the C-level handler writes
+  even while the main thread is blocked: a job still running `GRACE_S` later exits 128 + signal;
+* has the kernel kill a DDP rank this job's process launched when that process exits.
 """
 
 from __future__ import annotations

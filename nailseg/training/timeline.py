@@ -1,34 +1,16 @@
-"""How a plain fit's training epochs spend the device's time, from timestamps at the loop's hooks.
+"""How a fit's training epochs spend the device's time, from timestamps at the loop's hooks.
 
     python train.py ... '+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline'
 
-On a GPU the timestamps are CUDA events recorded on the training stream: an event completes when
-the GPU reaches it, so the time between one step's end event and the next step's start event is
-time the GPU had none of the loop's work queued (or waited there for the loader's batch). Nothing
-is profiled and nothing waits for the device: the events are read once, when the fit ends, so the
-run is timed as it runs. On the CPU, where every step runs as it is called, they are host clocks.
+On a GPU the timestamps are CUDA events on the training stream, read once when the fit ends: the
+time from one step's end event to the next step's start is time the GPU had none of the loop's
+work queued, and nothing waits for the device meanwhile. On the CPU they are host clocks.
 
-Writes `RUN/timeline.csv` (one row per training epoch) and `RUN/timeline.txt` (the same as a table,
-with the medians of the epochs after this fit's first two, where cuDNN autotuning and first
-allocations fall; a resumed fit's first two as well). Columns, in ms unless named otherwise:
-
-- `train_ms`: epoch start to epoch end, validation excluded (the span `train/images_per_s` times)
-- `steps_ms`, `step_median_ms`, `step_max_ms`: the steps (training batch start to end), summed,
-  median, longest; a step longer than the others on the device is one the host fell behind in
-- `between_ms` = `train_ms` - `steps_ms`: the loop's own time on the device, of which `ramp_ms`
-  is epoch start to the first step (epoch-start hooks, the first batch)
-- `host_wait_ms`: host time from a step's end to the next step's start (`train/data_wait_frac`'s
-  numerator): the host may wait there while the device still runs queued steps, so this is not
-  the device's idle time; `between_ms` is
-- `images_per_s`: images / `train_ms`
-
-and `RUN/timeline_steps.csv`, one row per training step, to tell which steps run long: `epoch`,
-`global_step`, `step_ms` (on the device), `gap_ms` (the device's time before it since the last
-step's end, a validation between them included, or since the epoch's start for its first step),
-`host_wait_ms` (empty for a step after the epoch's start or a validation) and `logged` (a step
-at which the step values are logged: `step_log.logs_step`, Lightning's rule).
-
-Rank 0's epochs only. docs/BENCHMARKS.md has what it found on the H200.
+Rank 0 writes `RUN/timeline.csv` (a row per training epoch: `COLUMNS`, in ms: the epoch's
+training time, its steps' sum, median and longest, the loop's own time between them, the host's
+wait between steps, images/s), `RUN/timeline.txt` (the same with the `settled` medians) and
+`RUN/timeline_steps.csv` (a row per step: its time, the device's gap before it, the host's wait,
+and whether its values were logged).
 """
 
 from __future__ import annotations
@@ -47,6 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from nailseg.io.atomic import write_text
 from nailseg.model.step_log import logs_step
 from nailseg.training.callbacks import settled
+from nailseg.training.run_files import run_files
 
 COLUMNS = [
     "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
@@ -57,9 +40,8 @@ STEP_COLUMNS = ["epoch", "global_step", "step_ms", "gap_ms", "host_wait_ms", "lo
 
 @dataclass
 class EpochMarks:
-    """One training epoch's timestamps in ms from its start: steps and validations as
-    (start, end), the epoch's end, the host's wait before each step (None after the epoch's start
-    or a validation), each step's global step and whether Lightning logged at it, images trained on."""
+    """One training epoch's timestamps in ms from its start, and the host's records of it (its
+    wait before each step: None after the epoch's start or a validation)."""
 
     steps: list[tuple[float, float]] = field(default_factory=list)
     validations: list[tuple[float, float]] = field(default_factory=list)
@@ -186,11 +168,15 @@ class GpuTimeline(L.Callback):
             [row for epoch, marks in epochs for row in step_rows(epoch, marks)],
             columns=STEP_COLUMNS,
         )
-        run_dir = Path(trainer.default_root_dir)
-        write_text(run_dir / "timeline.csv", rows.to_csv(index=False, float_format="%.3f"))
-        write_text(run_dir / "timeline_steps.csv", steps.to_csv(index=False, float_format="%.3f"))
         clock = "CUDA events" if self._device.type == "cuda" else "host clock"
-        write_text(run_dir / "timeline.txt", table(rows, clock))
+        texts = {
+            "timeline.csv": rows.to_csv(index=False, float_format="%.3f"),
+            "timeline_steps.csv": steps.to_csv(index=False, float_format="%.3f"),
+            "timeline.txt": table(rows, clock),
+        }
+        for name, text in texts.items():
+            path = Path(trainer.default_root_dir) / name
+            run_files(path).write(path, lambda p, text=text: write_text(p, text))
 
     def _read(self, marks: list[tuple[str, Any]], steps: EpochMarks) -> EpochMarks:
         """One epoch's timestamps as ms from its start (on a GPU, this waits for the events), with

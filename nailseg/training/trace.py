@@ -4,18 +4,11 @@ phases named, summarised as when the GPU sat idle and what the host was doing th
     python train.py ... '+callbacks.trace._target_=nailseg.training.trace.StepTrace'
         [+callbacks.trace.epochs=[4,5]] [+callbacks.trace.stacks=[cudaDeviceSynchronize]]
 
-Writes `RUN/trace.json` (Chrome trace format: Perfetto, chrome://tracing) and `RUN/trace.txt`:
-per host phase (a training step; after a step: its logging and the loader's next batch;
-validation; after validation), its wall time and the GPU's busy time; the GPU's idle gaps, summed
-by the phase and by the callback hooks and checkpoint saves that overlap them, the longest ones
-with the host events inside; the runtime calls that make the host wait for the device, by thread;
-with `stacks`, the Python stack of every call of those names, grouped (a call from a thread with
-no Python frames is a library's own thread: DALI's executor, say). docs/BENCHMARKS.md has what it
-found. Profiling slows the host (about 2x on the H200 machine), so the GPU idles more than in a
-plain run: the trace says where idle time falls, not how much a plain run loses. Without CUDA only
-the host's phases are reported. Nothing is traced outside the chosen epochs; a fit that ends
-inside them (early stopping, `callbacks.time_to_target.stop`, `trainer.max_epochs`) writes what it
-traced, and `trace.txt` and the log say the window was cut short.
+Writes `RUN/trace.json` (Chrome trace format) and `RUN/trace.txt`: each host phase's wall and GPU
+time; the GPU's idle stretches by phase and by the hooks and saves overlapping them; the runtime
+calls that wait for the device, by thread; with `stacks`, the Python stacks of those calls.
+Profiling slows the host, so it shows where idle time falls, not how much a plain run loses. A
+fit that ends inside the window writes what it traced, saying so.
 """
 
 from __future__ import annotations
@@ -33,6 +26,7 @@ from torch.autograd.profiler import record_function
 
 from nailseg.io.atomic import write_bytes, write_text
 from nailseg.io.ownership import scratch_folder
+from nailseg.training.run_files import run_files
 
 log = logging.getLogger(__name__)
 PHASE = "phase:"  # the host-phase annotations' prefix
@@ -93,8 +87,8 @@ class StepTrace(L.Callback):
             self._finish(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit that ended before the last traced epoch: what was traced, said to be cut short
-        (a profiler left running would also crash the process at exit)."""
+        """A fit that ended inside the window: what was traced, said to be cut short (a profiler
+        left running would crash the process at exit)."""
         if self._profiler is None:
             return
         ended = trainer.current_epoch - 1  # the epochs completed, counted from 0
@@ -162,10 +156,12 @@ class StepTrace(L.Callback):
         with scratch_folder() as scratch:
             exported = scratch / "trace.json"
             profiler.export_chrome_trace(str(exported))
-            data = exported.read_bytes()  # read once: a trace runs to hundreds of MB
+            data = exported.read_bytes()  # read once: a trace is large
         events = json.loads(data)["traceEvents"]
-        write_bytes(run_dir / "trace.json", data)
-        write_text(run_dir / "trace.txt", note + summarize(events, self.stacks))
+        files = run_files(run_dir / "trace.json")
+        files.write(run_dir / "trace.json", lambda p: write_bytes(p, data))
+        text = note + summarize(events, self.stacks)
+        files.write(run_dir / "trace.txt", lambda p: write_text(p, text))
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:

@@ -8,7 +8,7 @@ from support.ddp import run_train
 from support.train import small_overrides
 from wandb import env as wandb_env
 
-from nailseg.training.build import WANDB_DIRS
+from nailseg.training.loggers import WANDB_DIRS
 
 
 @pytest.mark.slow

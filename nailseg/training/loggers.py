@@ -1,0 +1,141 @@
+"""The `logger=` group's loggers: W&B kept inside the run folder and named for a sweep's job, and
+a CSV log that a resumed fit continues."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from omegaconf import DictConfig
+
+from nailseg.io.atomic import NotOursError, write_text
+from nailseg.training.jobs import sweep_job
+from nailseg.training.private_api import drop_unset_wandb_anonymous
+from nailseg.training.resume import Resume
+from nailseg.training.run_files import run_files
+
+# where W&B keeps its caches and stages tables, unless told (else under the home folder)
+WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
+_wandb_dirs_set: dict[str, str] = {}  # the values set here, which a sweep's next job moves
+
+
+def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
+    """The `logger=` group's loggers. W&B resumes the checkpoint's run; in a sweep its runs share
+    a group named after the sweep folder, each named by its overrides (unless `logger.wandb.group`
+    / `.name` say otherwise). A resumed fit's CSV log keeps the rows before its checkpoint."""
+    loggers = []
+    for name, conf in (cfg.logger or {}).items():
+        extra: dict[str, Any] = {}
+        if name == "wandb":
+            keep_wandb_inside(Path(conf.get("save_dir") or cfg.run_dir) / "wandb")
+            extra = _wandb_run(conf, resumed)
+        if name == "csv" and resumed is not None and cfg.train:
+            extra["keep_steps_before"] = resumed.global_step
+        logger = instantiate(conf, **extra)
+        if isinstance(logger, WandbLogger):
+            drop_unset_wandb_anonymous(logger)
+        loggers.append(logger)
+    return loggers
+
+
+def _wandb_run(conf: DictConfig, resumed: Resume | None) -> dict[str, Any]:
+    """The W&B run's id (a resumed checkpoint's), and in a sweep its group and name."""
+    extra: dict[str, Any] = {}
+    if resumed is not None and resumed.card.get("wandb_run_id") is not None:
+        extra |= {"id": resumed.card["wandb_run_id"], "resume": "allow"}
+    if sweep_job():
+        hydra = HydraConfig.get()
+        if conf.get("group") is None:
+            extra["group"] = Path(hydra.sweep.dir).name
+        if conf.get("name") is None:
+            extra["name"] = run_name(hydra.overrides.task)
+    return extra
+
+
+def keep_wandb_inside(folder: Path) -> None:
+    """Point W&B's cache and data folders into `folder` before its run starts. A value the user
+    set is kept; one set here for an earlier job of a sweep moves. Its settings folder
+    (WANDB_CONFIG_DIR, the user's settings) is only read: it stays."""
+    for var, sub in WANDB_DIRS.items():
+        if os.environ.get(var) in (None, _wandb_dirs_set.get(var)):
+            _wandb_dirs_set[var] = os.environ[var] = str(folder / sub)
+
+
+def run_name(overrides: list[str]) -> str:
+    """A sweep job's name from its overrides (paths left out: they rarely tell jobs apart)."""
+    shown = [o for o in overrides if "/" not in o.split("=", 1)[-1]]
+    return ",".join(shown) or "defaults"
+
+
+def describe_metrics(loggers: list[Logger]) -> None:
+    """W&B's run summary shows the best `val/dice` (not the last epoch's) and the lowest loss."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            for name, summary in (("val/dice", "max"), ("val/loss", "min")):
+                logger.experiment.define_metric(
+                    name, step_metric="trainer/global_step", summary=summary
+                )
+
+
+class ContinuedCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, writing over only its own earlier files: a `metrics.csv` or
+    `hparams.yaml` in its folder that nailseg did not write is refused, named. A resumed fit
+    (`keep_steps_before`: the checkpoint's global step) keeps the rows logged before its
+    checkpoint (a crash may have logged later steps, which the fit runs again)."""
+
+    def __init__(self, *args: Any, keep_steps_before: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_steps_before = keep_steps_before
+        self._started = False
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._started:
+            return super().experiment
+        self._started = True
+        metrics = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        files = run_files(metrics)
+        for path in (metrics, Path(self.log_dir) / ExperimentWriter.NAME_HPARAMS_FILE):
+            if os.path.lexists(path) and not files.is_ours(path):
+                raise NotOursError(
+                    f"{path} is not a CSV log nailseg wrote: it is left as it is; move it away, "
+                    "or choose another run folder"
+                )
+        kept = _rows_before(metrics, self.keep_steps_before)
+        writer = super().experiment  # Lightning removes the metrics.csv it finds
+        if kept is not None:
+            writer.metrics_keys, text = kept
+            files.write(metrics, lambda path: write_text(path, text))
+        return writer
+
+    def save(self) -> None:
+        super().save()
+        for name in (ExperimentWriter.NAME_METRICS_FILE, ExperimentWriter.NAME_HPARAMS_FILE):
+            path = Path(self.log_dir) / name
+            if path.is_file():
+                run_files(path).record(path)
+
+
+def _rows_before(path: Path, step: int | None) -> tuple[list[str], str] | None:
+    """The columns of the CSV log at `path` (Lightning's order) and its text with the rows of
+    steps before `step`; None without a step or a log."""
+    if step is None or not path.is_file():
+        return None
+    with path.open(newline="") as file:
+        reader = csv.DictReader(file)
+        rows = list(reader)
+        columns = sorted(reader.fieldnames or [])
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(row for row in rows if int(row["step"]) < step)
+    return columns, text.getvalue()
