@@ -1,6 +1,7 @@
-"""The entry points as a user starts them (a new process each): a config that cannot work is
-refused before Hydra writes anything, every job of a sweep before the first job runs, and the
-first run on the built-in data trains with worker processes."""
+"""The entry points as a user starts them: a config that cannot work is refused before Hydra writes
+anything, every job of a sweep before the first job runs (in this process, as the shell would
+start them), and the first run on the built-in data trains with worker processes (a new process:
+what it forks depends on what its own process ran before)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_command
 from support.train import TINY_UNET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,35 +32,35 @@ def _written(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
 
 
-def test_a_bad_value_is_refused_in_one_line_before_the_run_folder_is_made(tmp_path):
+def test_a_bad_value_is_refused_in_one_line_before_the_run_folder_is_made(tmp_path, capsys):
     """Hydra made outputs/train/<time>/ (.hydra/, train.log) before train.py checked the config,
     and the error came as a trace."""
-    proc = _start("train.py", "loader.batch_size=0", cwd=tmp_path)
+    proc = run_command(["train.py", "loader.batch_size=0"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("train.py: ConfigError: loader.batch_size=0: must be at least 1")
     assert _written(tmp_path) == []
 
 
-def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path):
+def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path, capsys):
     """The sweep ran (and trained) job 0 before job 1's bad value stopped it; a choice that does
     not exist in job 1 alone (model=unett) did the same."""
-    proc = _start("train.py", "-m", "loader.batch_size=4,0", cwd=tmp_path)
+    proc = run_command(["train.py", "-m", "loader.batch_size=4,0"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert "job 1 of 2 (loader.batch_size=0): ConfigError: loader.batch_size=0" in proc.stderr
-    proc = _start("train.py", "-m", "model=unet,unett", cwd=tmp_path)
+    proc = run_command(["train.py", "-m", "model=unet,unett"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert "job 1 of 2 (model=unett): MissingConfigException" in proc.stderr
     assert _written(tmp_path) == []
 
 
-def test_a_sweep_over_a_users_own_configs_is_checked_with_them(tmp_path):
+def test_a_sweep_over_a_users_own_configs_is_checked_with_them(tmp_path, capsys):
     """Each job was composed without the command line's hydra overrides, so a config added with
     `hydra.searchpath` (a user's own experiment) was "not found" and the sweep refused."""
     mine = tmp_path / "my_conf" / "experiment"
     mine.mkdir(parents=True)
     (mine / "mine.yaml").write_text("# @package _global_\nloader:\n  batch_size: 4\n")
     args = [f"hydra.searchpath=[file://{mine.parent}]", "experiment=mine"]
-    proc = _start("train.py", "-m", *args, "trainer.max_epochs=1,0", cwd=tmp_path)
+    proc = run_command(["train.py", "-m", *args, "trainer.max_epochs=1,0"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert (
         "job 1 of 2 (experiment=mine trainer.max_epochs=0): ConfigError: trainer.max_epochs=0"
@@ -67,8 +69,9 @@ def test_a_sweep_over_a_users_own_configs_is_checked_with_them(tmp_path):
     assert _written(tmp_path) == ["my_conf", "my_conf/experiment", "my_conf/experiment/mine.yaml"]
 
 
-def test_prepare_refuses_a_missing_input_before_the_run_folder_is_made(tmp_path):
-    proc = _start("prepare.py", f"input_dir={tmp_path / 'nope'}", "output_dir=out", cwd=tmp_path)
+def test_prepare_refuses_a_missing_input_before_the_run_folder_is_made(tmp_path, capsys):
+    missing = f"input_dir={tmp_path / 'nope'}"
+    proc = run_command(["prepare.py", missing, "output_dir=out"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert f"input_dir={tmp_path / 'nope'} does not exist" in proc.stderr
     assert _written(tmp_path) == []
@@ -98,7 +101,9 @@ def test_the_first_run_on_the_built_in_data_trains_with_worker_processes(tmp_pat
     assert (tmp_path / "data" / "synthetic" / "prepared" / "train.csv").is_file()
 
 
-def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(prepared, tmp_path):
+def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(
+    prepared, tmp_path, capsys
+):
     """Checks that read the prepared data, the net or a checkpoint run as the job starts; their
     refusals came as a trace (a misspelt model option as Hydra's 'Error in call to target')."""
     refusals = {
@@ -109,6 +114,6 @@ def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(prepare
     }
     for override, message in refusals.items():
         args = [f"paths.root_dir={tmp_path}", f"dataset.root={prepared}", override, "logger=none"]
-        proc = _start("train.py", *args, cwd=tmp_path)
+        proc = run_command(["train.py", *args], capsys, cwd=tmp_path)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].startswith(f"train.py: {message}"), override
