@@ -163,7 +163,7 @@ def holding(folder: Path, persist: bool) -> Iterator[RunFiles]:
     there meanwhile is recorded in the marker."""
     files = RunFiles(folder, persist)
     _held[files.folder] = files
-    started_ns = time.time_ns() - 1_000_000_000  # file times lag the clock by up to a tick
+    started_ns = time.time_ns() - 20_000_000  # file times come from a coarse clock, a tick behind
     try:
         yield files
     finally:
