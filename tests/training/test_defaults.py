@@ -5,14 +5,10 @@ before anything is written, naming the `prepare.py` command that makes it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train
@@ -21,7 +17,6 @@ from nailseg.device import auto_accelerator, auto_precision
 from nailseg.prep.format import SOURCE_FILE, read_table
 from nailseg.training.build import build
 
-ROOT = Path(__file__).resolve().parents[2]
 # small enough that a run which (wrongly) trains ends in seconds
 SMALL = [
     "dataset.image_size=[32,32]",
@@ -31,17 +26,6 @@ SMALL = [
     "~callbacks.progress_bar",
     *TINY_UNET,
 ]
-
-
-def _start(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
-    )
 
 
 @pytest.mark.parametrize(
@@ -80,16 +64,14 @@ def test_the_default_trainer_is_auto_and_the_loader_runs_where_it_trains(tmp_pat
         built.datamodule.teardown("fit")
 
 
-def test_a_root_that_is_not_there_is_refused_never_filled(tmp_path):
+def test_a_root_that_is_not_there_is_refused_never_filled(tmp_path, capsys):
     """`train.py dataset.root=/some/typo` generated the synthetic photos, prepared them into the
     typo's folder and trained on them, with one INFO line."""
     typo = tmp_path / "some" / "typo"
-    proc = _start(
-        "train.py",
-        f"dataset.root={typo}",
-        "dataset.synthetic.n=8",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        *SMALL,
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    proc = run_command(
+        ["train.py", f"dataset.root={typo}", "dataset.synthetic.n=8", run_dir, *SMALL],
+        capsys,
         cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -105,13 +87,13 @@ def test_a_root_that_is_not_there_is_refused_never_filled(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no data, no run folder, no W&B run
 
 
-def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set(tmp_path):
+def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set(tmp_path, capsys):
     """The hint was `python prepare.py output_dir=data/nails/prepared`, which prepared the
     synthetic photos there; `dataset=nails` then trained on them without a word."""
     photos, root = tmp_path / "photos", tmp_path / "prepared"
     nails = [f"dataset.raw_dir={photos}", f"dataset.root={root}"]
-    proc = _start("train.py", "dataset=nails", *nails, f"hydra.run.dir={tmp_path / 'run'}", *SMALL,
-                  cwd=tmp_path)  # fmt: skip
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    proc = run_command(["train.py", "dataset=nails", *nails, run_dir, *SMALL], capsys, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     command = f"python prepare.py dataset=nails input_dir={photos} output_dir={root}"
     assert proc.stderr.strip() == (
@@ -122,7 +104,8 @@ def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set
     for i in range(6):  # the user's photos, then the hint's command as it reads
         save_image(photos / "Images" / "170517_14" / f"170517_{i}_L_1.png", photo(seed=i))
         save_image(photos / "Masks" / "170517_14" / f"170517_{i}_L_1.png", box_mask())
-    proc = _start(*command.split()[1:], f"hydra.run.dir={tmp_path / 'prepare'}", cwd=tmp_path)
+    prepare_dir = f"hydra.run.dir={tmp_path / 'prepare'}"
+    proc = run_command([*command.split()[1:], prepare_dir], capsys, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [read_table(root / f"{split}.csv")["images"] for split in ("train", "valid")]
     assert sorted(name for split in rows for name in split) == [
