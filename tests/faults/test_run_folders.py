@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.cli import run_command
 from support.ddp import run_train
 from support.prepared import write_prepared
 from support.train import small_overrides, train
@@ -41,8 +42,7 @@ def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path
     assert read_run_id(run_dir) == "f" * 32  # the holder's marker stands
 
 
-@pytest.mark.slow
-def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path):
+def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path, capsys):
     train(prepared, tmp_path / "runs" / "a", *ONE_EPOCH)
     ckpt = tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(ckpt, weights_only=True)
@@ -52,8 +52,9 @@ def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path):
     args = small_overrides(prepared, *ONE_EPOCH, f"ckpt_path={ckpt}")
     for mode in ("train=true", "train=false"):
         session = tmp_path / mode.replace("=", "_")
-        stderr = run_train(*args, mode, f"hydra.run.dir={session}", returncode=1)
-        assert "Traceback" not in stderr
+        done = run_command(["train.py", *args, mode, f"hydra.run.dir={session}"], capsys)
+        stderr = done.stderr
+        assert done.returncode == 1 and "Traceback" not in stderr, stderr
         assert (
             stderr.strip()
             .splitlines()[-1]
