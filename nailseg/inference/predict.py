@@ -152,7 +152,7 @@ def _claim(
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
 def _main(cfg: DictConfig) -> None:
-    require_values(cfg, "nailseg.predict")
+    require_values(cfg, "nailseg predict")
     try:
         run(cfg)
     except (PredictError, CheckpointError, ThresholdError) as err:
@@ -161,7 +161,7 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The command: its model-key check runs before Hydra composes the config."""
-    require_model_group("nailseg.predict", sys.argv[1:])
+    require_model_group("nailseg predict", sys.argv[1:])
     _main()
 
 

@@ -370,8 +370,8 @@ def test_every_entry_points_config_is_typed(app, key, required):
 @pytest.mark.parametrize(
     ("command", "name", "given", "missing"),
     [
-        ("nailseg predict", "nailseg.predict", [], "ckpt=, input=, output="),
-        ("nailseg predict", "nailseg.predict", ["ckpt=x.ckpt"], "input=, output="),
+        ("nailseg predict", "nailseg predict", [], "ckpt=, input=, output="),
+        ("nailseg predict", "nailseg predict", ["ckpt=x.ckpt"], "input=, output="),
         ("nailseg export", "nailseg export", [], "ckpt="),
         ("nailseg compare", "nailseg compare", [], "sweep_dir="),
         ("nailseg bench-predict", "nailseg bench-predict", [], "ckpt="),
@@ -398,7 +398,7 @@ def test_a_required_value_left_out_is_named_in_one_line(command, name, given, mi
 
 
 @pytest.mark.parametrize(
-    ("command", "name"), [("predict", "nailseg.predict"), ("export", "nailseg export")]
+    ("command", "name"), [("predict", "nailseg predict"), ("export", "nailseg export")]
 )
 def test_a_model_key_without_the_model_is_named_in_one_line(command, name, tmp_path):
     """predict's and export's model is the checkpoint's (null) unless model= names one:
