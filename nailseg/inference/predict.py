@@ -1,4 +1,4 @@
-"""`python -m nailseg.predict ckpt=RUN/checkpoints/last.ckpt input=PHOTOS output=OUT
+"""`python -m nailseg predict ckpt=RUN/checkpoints/last.ckpt input=PHOTOS output=OUT
 [masks=TRUE_MASKS] [tta=true] [threshold=auto]`: a mask for every photo, at its own size.
 
 Writes, for each photo with key `k` (its path below the input folder, without extension):
