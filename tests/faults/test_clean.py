@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.ddp import run_train
+from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import small_overrides
 
@@ -30,23 +30,21 @@ USERS = [
 ]
 
 
-def _prepare(project: Path) -> None:
+def _prepare(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The synthetic set generated and prepared by prepare.py, as `make prepare` does, into
     `project`; its run folder too."""
-    subprocess.run(
+    done = run_command(
         [
-            sys.executable,
-            str(ROOT / "prepare.py"),
+            "prepare.py",
             "dataset=synthetic",
             "dataset.synthetic.n=8",
             f"dataset.raw_dir={project / RAW}",
             f"dataset.root={project / PREPARED}",
             f"hydra.run.dir={project / RUN}",
         ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
+        capsys,
     )
+    assert done.returncode == 0, done.stderr
 
 
 def _make_clean(project: Path) -> str:
@@ -71,10 +69,10 @@ def _files(project: Path) -> list[str]:
     return sorted(p.relative_to(project).as_posix() for p in project.rglob("*") if not p.is_dir())
 
 
-def test_make_clean_removes_what_nailseg_wrote_and_names_what_it_keeps(tmp_path):
+def test_make_clean_removes_what_nailseg_wrote_and_names_what_it_keeps(tmp_path, capsys):
     """Before, it removed outputs/ whole and every folder holding a file of the marker's name,
     the user's files in them included."""
-    _prepare(tmp_path)
+    _prepare(tmp_path, capsys)
     _write(tmp_path, [*USERS, ".pytest_cache/README.md", ".ruff_cache/x"])
     out = _make_clean(tmp_path)
     assert _files(tmp_path) == sorted(["Makefile", *USERS])
@@ -108,10 +106,10 @@ def test_make_clean_keeps_a_folder_whose_marker_nailseg_did_not_write(
     assert f"kept folder {folder} (its {marker} is not nailseg's)" in out
 
 
-def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path):
+def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path, capsys):
     """A file nailseg wrote and the user then edited or replaced is the user's. Before, it went
     with its folder."""
-    _prepare(tmp_path)
+    _prepare(tmp_path, capsys)
     edited = [
         f"{RAW}/Images/studio/s0000.png",
         f"{PREPARED}/train.csv",
@@ -130,10 +128,10 @@ def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path):
         assert f"kept {name}" in out
 
 
-def test_make_clean_never_follows_or_removes_a_link(tmp_path):
+def test_make_clean_never_follows_or_removes_a_link(tmp_path, capsys):
     """A link where nailseg's picture was, and a link to a user's folder under outputs/: both
     stay, and what they lead to is untouched. Before, the links went."""
-    _prepare(tmp_path)
+    _prepare(tmp_path, capsys)
     elsewhere = tmp_path / "elsewhere"
     _write(tmp_path, ["elsewhere/mine.png", "elsewhere/data/x.png"])
     picture = tmp_path / RAW / "Images" / "studio" / "s0000.png"
@@ -146,21 +144,24 @@ def test_make_clean_never_follows_or_removes_a_link(tmp_path):
     assert (elsewhere / "data" / "x.png").read_text() == "the user's elsewhere/data/x.png"
 
 
-def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path):
+def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path, capsys):
     """Once its files are gone, the folders they leave empty go too (rmdir: only empty ones)."""
-    _prepare(tmp_path)
+    _prepare(tmp_path, capsys)
     _make_clean(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Makefile"]
 
 
 @pytest.mark.slow
-def test_make_clean_removes_a_sweeps_runs_and_keeps_a_users_files_among_them(tmp_path):
+def test_make_clean_removes_a_sweeps_runs_and_keeps_a_users_files_among_them(tmp_path, capsys):
     """A `train.py -m` sweep's folder and its jobs' folders are marked and recorded (checkpoints,
     logs, metrics.json, Hydra's files); clean removes those and keeps the user's notes there."""
     prepared = write_prepared(tmp_path / "prepared")
     sweep = tmp_path / "multirun" / "sweep"
     overrides = small_overrides(prepared, "logger=csv", "trainer.max_epochs=1", "test=false")
-    run_train("-m", *overrides, "seed=1,2", f"hydra.sweep.dir={sweep}")
+    done = run_command(
+        ["train.py", "-m", *overrides, "seed=1,2", f"hydra.sweep.dir={sweep}"], capsys
+    )
+    assert done.returncode == 0, done.stderr
     assert (sweep / "0" / "checkpoints" / "last.ckpt").is_file()
     users = ["multirun/sweep/notes.txt", "multirun/sweep/1/mine.txt"]
     _write(tmp_path, users)
