@@ -5,8 +5,8 @@ One sweep of two DDP jobs is shared by the tests: each job runs its own config i
 (Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir), rank-0-only
 outputs, every training row seen once per epoch across ranks (the sample ledger), every
 validation row counted once, and the DDP validation Dice equal to a single-process validation of
-the same weights. `trainer=ddp` as the README runs it ends, and SIGTERM ends a DDP job stuck in
-a collective, every process of it.
+the same weights. `trainer=ddp` as the README runs it ends (one run, its DDP options given as a
+strategy object), and SIGTERM ends a DDP job stuck in a collective, every process of it.
 """
 
 from __future__ import annotations
@@ -213,41 +213,24 @@ def test_loaders_are_closed_when_replaced_and_at_teardown(prepared):
     assert train.closed and test.closed and reloaded.closed
 
 
-def test_ddp_options_through_a_strategy_object(tmp_path):
-    """DDP's own options (static graph, 1 MB gradient buckets) given as a DDPStrategy object: the
-    other rank starts as with `ddp` (re-running this run) and every training row is still seen
-    once per epoch across the ranks."""
-    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
-    run_dir, ledger = tmp_path / "run", tmp_path / "ledger"
+@dataclass(frozen=True)
+class DdpRun:
+    run_dir: Path
+    ledger: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> DdpRun:
+    """`train.py trainer=ddp` on 2 CPU processes with the default callbacks (the progress bar
+    included) and the sample ledger, DDP's own options (static graph, 1 MB gradient buckets)
+    given as a DDPStrategy object: one run for the two tests below."""
+    tmp = tmp_path_factory.mktemp("ddp_run")
+    root = write_prepared(tmp / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    run_dir, ledger = tmp / "run", tmp / "ledger"
     strategy = (
         "{_target_:lightning.pytorch.strategies.DDPStrategy,static_graph:true,bucket_cap_mb:1}"
     )
-    run_train(
-        *ddp_overrides(
-            root,
-            "trainer.devices=2",
-            f"trainer.strategy={strategy}",
-            f"trainer.max_epochs={EPOCHS}",
-            "callbacks=audit",
-            "logger=csv",
-            f"callbacks.ledger.dirpath={ledger}",
-            f"hydra.run.dir={run_dir}",
-        )
-    )
-    assert (run_dir / "metrics.json").is_file() and (run_dir / "train_ddp_process_1.log").is_file()
-    seen = read_ledger(ledger, "train")
-    share = N_TRAIN // 2
-    for epoch in range(EPOCHS):
-        rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
-        assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)
-
-
-def test_trainer_ddp_with_the_default_callbacks_ends(tmp_path):
-    """`train.py trainer=ddp` on 2 CPU processes with the defaults: rank 0's progress bar draws
-    (no TTY needed) and reads the logged values at each epoch's end. Lightning's bar computed
-    them there, a collective on rank 0 alone, so the fit hung at its first epoch's end."""
-    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
-    run_dir = tmp_path / "run"
     overrides = [o for o in ddp_overrides(root) if not o.startswith("trainer=")]
     stdout, _ = finish(
         start_train(
@@ -255,10 +238,33 @@ def test_trainer_ddp_with_the_default_callbacks_ends(tmp_path):
             "trainer=ddp",
             "trainer.accelerator=cpu",
             "trainer.devices=2",
+            f"trainer.strategy={strategy}",
             f"trainer.max_epochs={EPOCHS}",
+            "callbacks=audit",
+            f"callbacks.ledger.dirpath={ledger}",
             f"hydra.run.dir={run_dir}",
         )
     )
+    return DdpRun(run_dir, ledger, stdout)
+
+
+def test_ddp_options_through_a_strategy_object(ddp_run):
+    """The other rank starts as with `ddp` (re-running this run) and every training row is still
+    seen once per epoch across the ranks."""
+    run_dir = ddp_run.run_dir
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "train_ddp_process_1.log").is_file()
+    seen = read_ledger(ddp_run.ledger, "train")
+    share = N_TRAIN // 2
+    for epoch in range(EPOCHS):
+        rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
+        assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)
+
+
+def test_trainer_ddp_with_the_default_callbacks_ends(ddp_run):
+    """Rank 0's progress bar draws (no TTY needed) and reads the logged values at each epoch's
+    end. Lightning's bar computed them there, a collective on rank 0 alone, so the fit hung at
+    its first epoch's end."""
+    run_dir, stdout = ddp_run.run_dir, ddp_run.stdout
     assert f"Epoch {EPOCHS - 1}/{EPOCHS - 1}" in stdout and "val/dice:" in stdout  # the bar
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["epochs"] == EPOCHS
