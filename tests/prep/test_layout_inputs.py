@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
-from support.ddp import run_train
+from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.inference import make_run
 from support.prepared import write_prepared
@@ -251,7 +251,6 @@ def test_predict_names_an_unwritable_output_folder_in_one_line(ckpt, tmp_path):
     assert len(lines) == 1 and f"{locked} is not writable" in lines[0], done.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -259,7 +258,7 @@ def test_predict_names_an_unwritable_output_folder_in_one_line(ckpt, tmp_path):
         ("no column", "train.csv: no column 'masks'"),
     ],
 )
-def test_a_damaged_split_csv_is_named_with_file_row_and_column(tmp_path, damage, message):
+def test_a_damaged_split_csv_is_named_with_file_row_and_column(tmp_path, capsys, damage, message):
     root = write_prepared(tmp_path / "prepared")
     rows = pd.read_csv(root / "train.csv", dtype=str, keep_default_na=False)
     if damage == "nan":
@@ -267,6 +266,7 @@ def test_a_damaged_split_csv_is_named_with_file_row_and_column(tmp_path, damage,
     else:
         rows = rows.drop(columns="masks")
     rows.to_csv(root / "train.csv", index=False)
-    stderr = run_train(*small_overrides(root, "logger=none"), returncode=1)
+    done = run_command(["train.py", *small_overrides(root, "logger=none")], capsys)
+    stderr = done.stderr
     last = stderr.strip().splitlines()[-1]
-    assert "Traceback" not in stderr and message in last, stderr[-3000:]
+    assert done.returncode == 1 and "Traceback" not in stderr and message in last, stderr[-3000:]
