@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from support.cli import run_command
 from support.ddp import ddp_overrides, job_dirs, run_train
 from support.train import small_overrides, train
 from support.wandb_records import complete_records, history, run_id, run_record
@@ -31,13 +30,25 @@ def multirun(*args: str) -> None:
     run_train("-m", *args)
 
 
-def test_submitit_local_launcher_runs_every_job(prepared, tmp_path):
+def in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`python *argv` in this process (support.cli), which must succeed; its stdout."""
+    done = run_command(argv, capsys)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def test_submitit_local_launcher_runs_every_job(prepared, tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    multirun(
-        *small_overrides(prepared, "debug=fast", "logger=csv"),
-        "hydra/launcher=submitit_local",
-        "aug=none,light",
-        f"hydra.sweep.dir={sweep}",
+    in_process(
+        [
+            "train.py",
+            "-m",
+            *small_overrides(prepared, "debug=fast", "logger=csv"),
+            "hydra/launcher=submitit_local",
+            "aug=none,light",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capsys,
     )
     jobs = job_dirs(sweep)
     assert [p.name for p in jobs] == ["0", "1"]
@@ -45,16 +56,20 @@ def test_submitit_local_launcher_runs_every_job(prepared, tmp_path):
     assert choices == ["none", "light"]
 
 
-def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared, tmp_path):
+def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared, tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
 
     def study(sweep: Path, trials: int) -> None:  # no -m: the preset is a sweep by itself
-        run_train(
-            *small_overrides(prepared, "debug=fast", "logger=none"),
-            "hparams_search=optuna",
-            f"hydra.sweeper.n_trials={trials}",
-            f"hydra.sweeper.storage={storage}",
-            f"hydra.sweep.dir={sweep}",
+        in_process(
+            [
+                "train.py",
+                *small_overrides(prepared, "debug=fast", "logger=none"),
+                "hparams_search=optuna",
+                f"hydra.sweeper.n_trials={trials}",
+                f"hydra.sweeper.storage={storage}",
+                f"hydra.sweep.dir={sweep}",
+            ],
+            capsys,
         )
 
     study(tmp_path / "study", 2)
@@ -79,12 +94,7 @@ def test_optuna_study_persists_resumes_and_compares_by_the_swept_values(prepared
     # new parameters, not the first trial's again (the sampler's seed counts the stored trials)
     assert trials[2].params not in (trials[0].params, trials[1].params)
     # compare shows the whole study: the rerun's folder and the first one's, trial by trial
-    shown = subprocess.run(
-        [sys.executable, "-m", "nailseg", "compare", str(tmp_path / "more")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    shown = in_process(["-m", "nailseg", "compare", str(tmp_path / "more")], capsys)
     cells = [line.split(" | ")[:3] for line in shown.splitlines()[2:5]]
     assert cells == [["| study", "0", "0"], ["| study", "1", "1"], ["| more", "0", "2"]], shown
 
