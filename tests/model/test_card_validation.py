@@ -1,17 +1,13 @@
 """A checkpoint is data: every key of its card is checked before it is used (`validate_card`), and
 a bad one fails as one line naming the checkpoint and the key, before smp or timm sees it. The
-commands run as users run them, on checkpoints built by hand (`torch.save` of a bad card), with a
-watch on every file the process opens: nothing but the checkpoint may be read.
+commands run as users run them (in this process), on checkpoints built by hand (`torch.save` of a
+bad card), with a watch on every file the process opens: nothing but the checkpoint may be read.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support.cli import files_opened_below, run_command
 from support.inference import compose_cli
 from support.train import compose_train, small_overrides
 
@@ -30,9 +27,6 @@ from nailseg.model.checkpoint import (
     make_card,
     validate_card,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 240
 
 CARD: dict[str, Any] = {
     "format": 1,
@@ -54,21 +48,6 @@ CARD: dict[str, Any] = {
     "wandb_run_id": "3x4mpl3",
 }
 
-# `python -m <module> ...` with every file it opens below $WATCH recorded, printed as it exits
-WATCHED = """
-import atexit, json, os, runpy, sys
-watch, opened = os.environ["WATCH"], set()
-def hook(event, args):
-    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        path = os.path.abspath(os.fsdecode(args[0]))
-        if path.startswith(watch):
-            opened.add(path)
-sys.addaudithook(hook)
-atexit.register(lambda: print("OPENED " + json.dumps(sorted(opened))))
-module, sys.argv = sys.argv[1], sys.argv[1:]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
-"""
-
 
 def _with(**changes: Any) -> dict[str, Any]:
     """CARD with `changes`; `model_<key>` changes a key of its model."""
@@ -85,22 +64,6 @@ def _checkpoint(path: Path, card: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, CARD_KEY: card}, path)
     return path
-
-
-def _command(module: str, *args: str, watch: Path) -> tuple[int, str, list[str]]:
-    """(exit status, stderr, the files below `watch` it opened) of `python -m module args`."""
-    env = {**os.environ, "WATCH": str(watch), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", WATCHED, module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    opened = re.search(r"^OPENED (.*)$", proc.stdout, re.MULTILINE)
-    assert opened, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.returncode, proc.stderr, json.loads(opened.group(1))
 
 
 @pytest.mark.parametrize(
@@ -206,8 +169,7 @@ def photo(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo, tmp_path):
+def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo, tmp_path, capsys):
     """A `tu-` encoder's keyword `checkpoint_path` makes timm load that file, and a hub name makes
     it download: both refused with one line, and the process opens nothing but the checkpoint."""
     watch = tmp_path / "watched"
@@ -223,9 +185,11 @@ def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo,
         ckpt = _checkpoint(watch / "run.ckpt", card)
         out = tmp_path / "out"
         extra = [f"input={photo}", f"output={out}"] if command == "predict" else []
-        code, stderr, opened = _command("nailseg", command, f"ckpt={ckpt}", *extra, watch=watch)
-        assert code != 0 and "Traceback" not in stderr, stderr[-3000:]
+        with files_opened_below(watch) as opened:
+            done = run_command(["-m", "nailseg", command, f"ckpt={ckpt}", *extra], capsys)
+        stderr = done.stderr
+        assert done.returncode != 0 and "Traceback" not in stderr, stderr[-3000:]
         (line,) = stderr.strip().splitlines()
         assert f"{ckpt}: card key {key}=" in line and "refused" in line
-        assert opened == [str(ckpt)] and not out.exists()
+        assert opened == {str(ckpt)} and not out.exists()
         assert sorted(p.name for p in watch.iterdir()) == ["bait.pth", "run.ckpt"]  # nothing new
