@@ -5,11 +5,9 @@ from its checkpoint, schemas that are not offered as options, CI and pre-commit 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
+from support.cli import run_command
 from support.ddp import ROOT, job_dirs
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
@@ -28,15 +27,8 @@ from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.run import run
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
 # the tiny net's and data's size, as small_overrides sets them: what an evaluation may leave out
 RESTATED = ("dataset.image_size=", "model=", "+model.")
-
-
-def _start(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
 
 
 # --- paths: every default under the project, whichever folder a command starts in -------------
@@ -67,8 +59,8 @@ def test_a_commands_default_folders_are_in_the_project_from_another_folder(
     _in_project(cfg, FOLDER_KEYS[app])
 
 
-def test_prepare_started_in_another_folder_resolves_its_defaults_in_the_project(tmp_path):
-    proc = _start(str(ROOT / "prepare.py"), "--cfg", "job", "--resolve", cwd=tmp_path)
+def test_prepare_started_in_another_folder_resolves_its_defaults_in_the_project(tmp_path, capsys):
+    proc = run_command(["prepare.py", "--cfg", "job", "--resolve"], capsys, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _in_project(OmegaConf.create(proc.stdout), FOLDER_KEYS["prepare"])
     assert list(tmp_path.iterdir()) == []
@@ -83,8 +75,7 @@ def _runs_tagged(folder: Path, tag: str) -> list[Path]:
     ]
 
 
-@pytest.mark.slow
-def test_a_debug_run_from_another_folder_writes_its_own_folder_in_the_project(tmp_path):
+def test_a_debug_run_from_another_folder_writes_its_own_folder_in_the_project(tmp_path, capsys):
     """`cd elsewhere && python /project/train.py` wrote outputs/ into `elsewhere`; a path the user
     names (dataset.root=prepared) stays relative to the folder they are in."""
     write_prepared(tmp_path / "prepared")
@@ -93,7 +84,7 @@ def test_a_debug_run_from_another_folder_writes_its_own_folder_in_the_project(tm
     made = [p for p in (ROOT / "outputs", debug_dir) if not p.exists()]
     overrides = small_overrides(Path("prepared"), "debug=default", f"tags=[{tag},conventions]")
     try:
-        proc = _start(str(ROOT / "train.py"), *overrides, cwd=tmp_path)
+        proc = run_command(["train.py", *overrides], capsys, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (run_dir,) = _runs_tagged(debug_dir, tag)
         metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -162,12 +153,11 @@ def _unrestated(data: Path, *extra: str) -> list[str]:
     return [o for o in small_overrides(data) if not o.startswith(RESTATED)] + list(extra)
 
 
-@pytest.mark.slow
-def test_an_evaluation_reads_the_model_and_size_from_the_checkpoint(trained, tmp_path):
+def test_an_evaluation_reads_the_model_and_size_from_the_checkpoint(trained, tmp_path, capsys):
     data, ckpt = trained
     args = _unrestated(data, "train=false", f"ckpt_path={ckpt}", "logger=none")
     out = tmp_path / "eval"
-    proc = _start("train.py", *args, f"hydra.run.dir={out}", cwd=ROOT)
+    proc = run_command(["train.py", *args, f"hydra.run.dir={out}"], capsys)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["resumed_from"] == str(ckpt) and metrics["final"]["metrics"]["val_eval/samples"]
@@ -202,15 +192,9 @@ def test_an_evaluation_takes_a_restated_value_that_is_the_checkpoints(trained, t
 # --- schemas: types for every group, never one of its options --------------------------------
 
 
-def test_completion_offers_a_groups_options_not_its_schema(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-sc", "query=bash"],
-        cwd=tmp_path,
-        env={**ENV, "COMP_LINE": "python train.py model="},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_completion_offers_a_groups_options_not_its_schema(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COMP_LINE", "python train.py model=")
+    proc = run_command(["train.py", "-sc", "query=bash"], capsys, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["model=segformer", "model=unet"]
 
