@@ -208,13 +208,15 @@ def test_bench_on_gpu(prepared, tmp_path):
     ):
         cfg = compose("bench", overrides=[
             f"dataset.root={prepared}", "image_size=[64,64]", "warmup_batches=1", "measure_batches=3",
-            "repeats=1", f"output_dir={tmp_path}", "loaders.torch.batch_size=4",
+            "repeats=1", f"output_dir={tmp_path / 'bench'}", "loaders.torch.batch_size=4",
             "loaders.kornia.batch_size=4", "loaders.dali.batch_size=4",
         ])  # fmt: skip
     rows = run(cfg)
     assert set(rows["loader"]) == {"torch", "kornia", "dali"} and (rows["device"] == "cuda").all()
     assert rows[["loader_img_s", "train_img_s", "ceiling_img_s"]].gt(0).all().all()
-    assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()
+    assert (tmp_path / "bench" / "bench.csv").is_file() and (
+        tmp_path / "bench" / "bench.png"
+    ).is_file()
 
 
 def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
