@@ -62,9 +62,11 @@ def test_lightnings_ddp_child_command_is_swapped_by_name_and_signature():
 
 def test_a_gone_ddp_child_command_is_named(monkeypatch):
     monkeypatch.delattr(subprocess_script, private_api.DDP_CHILD_COMMAND)
-    with pytest.raises(private_api.PrivateApiError, match="_hydra_subprocess_cmd is gone"):
-        with private_api.ddp_child_command(hydra_child_command):
-            pass
+    with (
+        pytest.raises(private_api.PrivateApiError, match="_hydra_subprocess_cmd is gone"),
+        private_api.ddp_child_command(hydra_child_command),
+    ):
+        pass
 
 
 def test_wandbs_unset_anonymous_is_left_out_of_its_init_arguments(tmp_path):
