@@ -5,10 +5,7 @@ before their output exists."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +14,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from support.cli import run_command
 from support.inference import compose_cli
 from support.train import compose_train, train
 
@@ -25,7 +23,6 @@ from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.checks import ConfigError, check_config
 
-ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.device_count()  # counted without a CUDA context
 # a loader device and a trainer request this machine does not have, whatever it has
 ABSENT_DEVICE = f"cuda:{CUDA}" if CUDA else "gpu"
@@ -36,18 +33,11 @@ ABSENT_GPUS = (
 )
 
 
-def _refused(cwd: Path, *argv: str) -> str:
+def _refused(capsys: pytest.CaptureFixture[str], cwd: Path, *argv: str) -> str:
     """`python *argv` started in `cwd`, a new folder, must fail with its last line of stderr
     (returned) and no trace, leaving the folder empty."""
     cwd.mkdir()
-    proc = subprocess.run(
-        [sys.executable, *argv],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"},
-    )
+    proc = run_command(argv, capsys, cwd=cwd)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert list(cwd.iterdir()) == []
@@ -66,15 +56,16 @@ def _refused(cwd: Path, *argv: str) -> str:
     ],
     ids=["endless-fit", "loader-device", "sweep-job-device"],
 )
-def test_train_refuses_in_one_line_before_the_run_folder_and_wandb(args, message, tmp_path):
+def test_train_refuses_in_one_line_before_the_run_folder_and_wandb(args, message, tmp_path, capsys):
     """max_epochs=-1 failed inside the fit (the cosine schedule has no length then), an absent
     loader device as the loader was built: each with a trace of hundreds of lines, after the run
     folder and the W&B run were made; a sweep ran job 0 before job 1 failed so. (An absent
     trainer device, refused by the same check, is among the in-process cases below.)"""
     run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
     last = _refused(
+        capsys,
         tmp_path / "cwd",
-        str(ROOT / "train.py"),
+        "train.py",
         *args,
         f"hydra.run.dir={run_dir}",
         f"hydra.sweep.dir={sweep_dir}",
@@ -183,7 +174,7 @@ def _onnx_model(path: Path) -> Path:
     return path
 
 
-def test_predict_and_export_point_an_onnx_model_given_as_ckpt_to_its_checkpoint(tmp_path):
+def test_predict_and_export_point_an_onnx_model_given_as_ckpt_to_its_checkpoint(tmp_path, capsys):
     """`predict ckpt=model.onnx` failed reading it as a checkpoint, with torch's words about
     mmap and zip files, not saying what to pass."""
     model = _onnx_model(tmp_path / "model.onnx")
@@ -192,11 +183,11 @@ def test_predict_and_export_point_an_onnx_model_given_as_ckpt_to_its_checkpoint(
     (photos / "a.png").write_bytes(b"")
     out = tmp_path / "out"
     args = [f"ckpt={model}", f"input={photos}", f"output={out}"]
-    last = _refused(tmp_path / "p", "-m", "nailseg", "predict", *args)
+    last = _refused(capsys, tmp_path / "p", "-m", "nailseg", "predict", *args)
     assert last.startswith(f"predict failed: ckpt={model} is an ONNX model"), last
     assert "engine=onnx" in last
     before = model.read_bytes()  # export's output would be beside it: model.onnx itself
-    last = _refused(tmp_path / "e", "-m", "nailseg", "export", f"ckpt={model}")
+    last = _refused(capsys, tmp_path / "e", "-m", "nailseg", "export", f"ckpt={model}")
     assert last.startswith(f"export failed: ckpt={model} is an ONNX model"), last
     assert model.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "model.onnx", "p", "photos"]
