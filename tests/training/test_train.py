@@ -7,8 +7,6 @@ import gc
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf.errors import ValidationError
+from support.cli import run_command
 from support.prep_settings import prepare
 from support.prepared import write_split
 from support.train import FreezeProbe, compose_train, small_overrides, train
@@ -34,8 +33,6 @@ from nailseg.training.build import build
 from nailseg.training.checks import ConfigError, check_strategy
 from nailseg.training.jobs import isolated_job
 from nailseg.training.run import run
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_any_smp_architecture_through_the_model_group(tmp_path):
@@ -141,13 +138,8 @@ def test_compiling_keeps_the_state_dict_keys_of_the_eager_net():
     assert compile_net(net, "reduce-overhead") is net and list(net.state_dict()) == keys
 
 
-def test_typo_fails_from_the_command_line_before_any_work():
-    proc = subprocess.run(
-        [sys.executable, "train.py", "trainer.max_epoch=3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+def test_typo_fails_from_the_command_line_before_any_work(capsys):
+    proc = run_command(["train.py", "trainer.max_epoch=3"], capsys)
     assert proc.returncode != 0 and "max_epoch" in proc.stderr
 
 
