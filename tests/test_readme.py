@@ -5,17 +5,15 @@ goes stale fails here. Runs write under a temporary `paths.root_dir`, never into
 from __future__ import annotations
 
 import re
-import runpy
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.core.singleton import Singleton
+from support.cli import run_command
 from support.slurm import slurm_sweep
 
 # each registers its schemas in Hydra's store as it is imported: before any state is saved
@@ -115,27 +113,9 @@ def small(argv: list[str], root: Path) -> list[str]:
 
 
 def run_python(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`python <argv>` in this process, as the shell starts it (sys.argv, `__main__`): its exit
-    status and what it printed."""
-    saved_argv, state = sys.argv, Singleton.get_state()
-    capsys.readouterr()
-    try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [str(ROOT / argv[0]), *argv[1:]]
-            runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
-        code = 0
-    except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        if not isinstance(done.code, int | None):
-            print(done.code, file=sys.stderr)
-    finally:
-        sys.argv = saved_argv
-        Singleton.set_state(state)
-    printed = capsys.readouterr()
-    return code, printed.out + printed.err
+    """`python <argv>` in this process, as the shell starts it: its exit status and output."""
+    done = run_command(argv, capsys)
+    return done.returncode, done.stdout + done.stderr
 
 
 def make_lines(words: list[str]) -> Iterator[list[str]]:
