@@ -25,6 +25,7 @@ from nailseg.io.ownership import (
     ForeignFolderError,
     below,
     delete_listed,
+    first_of,
     new_marker,
     read_marker,
     remove_temp_files,
@@ -96,9 +97,8 @@ def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
     earlier = listed_outputs(output)
     in_the_way = [rel for rel in outputs if os.path.lexists(output / rel) and rel not in earlier]
     if in_the_way:
-        more = f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else ""
         raise OutputError(
-            f"output={output}: {output / in_the_way[0]}{more} lies where this run would write, "
+            f"output={output}: {first_of(output, in_the_way)} lies where this run would write, "
             f"and predict did not write it (not listed in {OUTPUTS} with its stamp), so it is "
             "not replaced: nothing was written; move it, or choose a new output folder"
         )

@@ -134,13 +134,18 @@ def require_owned(
         raise ForeignFolderError(f"{folder} is a file, not a folder") from err
     foreign = [n for n in names if not ours.fullmatch(n)]
     if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise ForeignFolderError(
             f"{folder} is not empty and has no {name} written by nailseg, so nailseg did not "
-            f"make it: it holds {folder / foreign[0]}{more}. Nothing was written; choose a new "
+            f"make it: it holds {first_of(folder, foreign)}. Nothing was written; choose a new "
             "or empty folder"
         )
     return None
+
+
+def first_of(folder: Path, names: list[str]) -> str:
+    """The first of `names` in `folder`, and how many more there are: what a refusal names."""
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return f"{folder / names[0]}{more}"
 
 
 def records_of(root: Path, rel_paths: Iterable[str]) -> dict[str, list[int]]:
