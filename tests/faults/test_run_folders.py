@@ -5,13 +5,14 @@ moved or copied run resumes with its best, a resume must be on the run's data, a
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
 import torch
 from support.cli import run_command
-from support.ddp import run_train
 from support.prepared import write_prepared
 from support.train import small_overrides, train
 
@@ -21,19 +22,36 @@ from nailseg.model.checkpoint import CARD_KEY, CheckpointError
 from nailseg.training.resume import RUN_LOCK, hold_run_folder, read_run_id
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")
+HOLD_S = 60  # the longest the first train.py holds its folder
 
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-@pytest.mark.slow
-def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path):
+def _hold(run_dir: Path, held: Event, release: Event) -> None:
+    """What the first train.py holds (rank 0) until `release` is set."""
+    with hold_run_folder(run_dir, "f" * 32, None):
+        held.set()
+        release.wait(HOLD_S)
+
+
+def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path, capsys):
     run_dir = tmp_path / "runs" / "a"
-    with hold_run_folder(run_dir, "f" * 32, None):  # what the first train.py holds, rank 0
+    # the first train.py: another process (the lock is a process's), forked from this one
+    fork = multiprocessing.get_context("fork")
+    held, release = fork.Event(), fork.Event()
+    first = fork.Process(target=_hold, args=(run_dir, held, release))
+    first.start()
+    try:
+        assert held.wait(HOLD_S), "the first train.py never held its folder"
         args = small_overrides(prepared, *ONE_EPOCH, f"hydra.run.dir={run_dir}")
-        stderr = run_train(*args, returncode=1)
-    assert "Traceback" not in stderr
+        done = run_command(["train.py", *args], capsys)  # the second, in this process
+    finally:
+        release.set()
+        first.join(HOLD_S)
+    stderr = done.stderr
+    assert done.returncode == 1 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"train.py: ConfigError: another train.py is writing {run_dir} (it holds "
         f"{run_dir / RUN_LOCK}): wait for it to finish, or choose another hydra.run.dir"
