@@ -3,6 +3,7 @@ sweep with a failing job that several test modules read."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -36,13 +37,25 @@ def prepared(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def failing_sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """`train.py -m` of three jobs with W&B; job 1 fails inside fit, after its W&B run started (a
     one-step schedule cannot take a second optimizer step), so the sweep exits with status 1.
-    Returns the sweep folder; its stderr is in `stderr.txt` beside it."""
+    Returns the sweep folder; its stderr is in `stderr.txt` beside it. Run once for the whole
+    test session: pytest-xdist's workers share it (the first to ask runs it, the others wait)."""
+    if worker_id == "master":
+        return _run_failing_sweep(tmp_path_factory.mktemp("failing_sweep"))
+    base = tmp_path_factory.getbasetemp().parent / "failing_sweep"  # this session's, every worker's
+    base.mkdir(exist_ok=True)
+    with (base / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / "stderr.txt").is_file():
+            _run_failing_sweep(base)
+    return base / "sweep"
+
+
+def _run_failing_sweep(base: Path) -> Path:
     from wandb import env as wandb_env  # here: the GPU machine's tests run without wandb
 
-    base = tmp_path_factory.mktemp("failing_sweep")
     overrides = small_overrides(
         write_prepared(base / "prepared"),
         "logger=wandb",
@@ -59,5 +72,5 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for var in (wandb_env.SERVICE, *WANDB_DIRS):
             env.delenv(var, raising=False)
         stderr = run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}", returncode=1)
-    (base / "stderr.txt").write_text(stderr)
+    (base / "stderr.txt").write_text(stderr)  # last: the mark of a finished sweep
     return base / "sweep"
