@@ -4,6 +4,7 @@ goes stale fails here. Runs write under a temporary `paths.root_dir`, never into
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -118,9 +119,15 @@ def run_python(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int
     return done.returncode, done.stdout + done.stderr
 
 
+def make(*args: str) -> subprocess.CompletedProcess[str]:
+    """`make *args` in the project as a user's shell starts it, not as a sub-make of `make test`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
 def make_lines(words: list[str]) -> Iterator[list[str]]:
     """The python commands `make <words>` runs (`make -n`), each without the interpreter."""
-    shown = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+    shown = make("-n", *words[1:])
     assert shown.returncode == 0, shown.stderr
     for line in shown.stdout.splitlines():
         program, *argv = shlex.split(line)
@@ -144,7 +151,7 @@ def test_each_readme_command_runs_as_written(command, story, capsys, monkeypatch
         shown = subprocess.run(["bash", "-c", python], cwd=ROOT, capture_output=True, text=True)
         assert shown.stdout.strip() == str(ROOT / ".venv"), shown.stderr
     elif words[:2] == ["make", "install"]:
-        assert subprocess.run(["make", "-q", "install"], cwd=ROOT).returncode == 0
+        assert make("-q", "install").returncode == 0
     elif words[0] == "make":
         for argv in make_lines(words):
             code, printed = run_python(small(argv, story.root), capsys)

@@ -189,7 +189,8 @@ def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo,
             done = run_command(["-m", "nailseg", command, f"ckpt={ckpt}", *extra], capsys)
         stderr = done.stderr
         assert done.returncode != 0 and "Traceback" not in stderr, stderr[-3000:]
-        (line,) = stderr.strip().splitlines()
-        assert f"{ckpt}: card key {key}=" in line and "refused" in line
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1, stderr
+        assert f"{ckpt}: card key {key}=" in lines[0] and "refused" in lines[0]
         assert opened == {str(ckpt)} and not out.exists()
         assert sorted(p.name for p in watch.iterdir()) == ["bait.pth", "run.ckpt"]  # nothing new
