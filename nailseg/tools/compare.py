@@ -45,7 +45,6 @@ from nailseg.config import CONF_DIR, require_values
 from nailseg.io.atomic import NotOursError, save_figure, write_text
 from nailseg.io.ownership import claim_files, record_files
 from nailseg.training.failure import job_folders, read_failure
-from nailseg.training.ledger import train_rows_once
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -181,6 +180,9 @@ def _unreadable(name: str, err: Exception) -> dict:
 
 def _metrics(job: Path, metrics: dict) -> dict:
     """A job's columns from its `metrics.json`."""
+    # here: the ledger's module loads Lightning, which --help and a refusal need not wait for
+    from nailseg.training.ledger import train_rows_once
+
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
     reached = metrics.get("time_to_target") or {}
     speed = metrics.get("throughput") or {  # runs before the per-epoch summary: the last epoch
