@@ -75,7 +75,13 @@ def run_command(
         with _warnings_as_in_a_new_process():
             if argv[0] == "-m":
                 sys.argv = [argv[1], *argv[2:]]
-                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                # as in a new process, the module is not imported before it runs as __main__
+                imported = sys.modules.pop(argv[1], None)
+                try:
+                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                finally:
+                    if imported is not None:
+                        sys.modules[argv[1]] = imported
             else:
                 sys.argv = [str(ROOT / argv[0]), *argv[1:]]
                 runpy.run_path(str(ROOT / argv[0]), run_name="__main__")

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 import pkgutil
-import subprocess
-import sys
 import typing
 import warnings
 from collections.abc import Iterator
@@ -31,7 +28,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
-from support.ddp import ROOT
+from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 
@@ -378,17 +375,13 @@ def test_every_entry_points_config_is_typed(app, key, required):
         ("nailseg.prep.synthetic", "nailseg.prep.synthetic", [], "out="),
     ],
 )
-def test_a_required_value_left_out_is_named_in_one_line(command, name, given, missing, tmp_path):
+def test_a_required_value_left_out_is_named_in_one_line(
+    command, name, given, missing, tmp_path, capsys
+):
     """Left out, a required (`???`) value raised a trace from deep inside the run. `name`: what
     the command calls itself."""
-    proc = subprocess.run(
-        [sys.executable, "-m", *command.split(), *given],
-        cwd=tmp_path,  # nothing is written: not here either
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # from tmp_path: nothing is written, not there either
+    proc = run_command(["-m", *command.split(), *given], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert (
         proc.stderr.strip()
@@ -400,17 +393,11 @@ def test_a_required_value_left_out_is_named_in_one_line(command, name, given, mi
 @pytest.mark.parametrize(
     ("command", "name"), [("predict", "nailseg predict"), ("export", "nailseg export")]
 )
-def test_a_model_key_without_the_model_is_named_in_one_line(command, name, tmp_path):
+def test_a_model_key_without_the_model_is_named_in_one_line(command, name, tmp_path, capsys):
     """predict's and export's model is the checkpoint's (null) unless model= names one:
     `model.encoder_name=resnet18` alone failed inside Hydra with an AssertionError."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "nailseg", command, "ckpt=x.ckpt", "model.encoder_name=resnet18"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = ["-m", "nailseg", command, "ckpt=x.ckpt", "model.encoder_name=resnet18"]
+    proc = run_command(argv, capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         f"{name}: model.encoder_name=resnet18 changes the model, and model= does not name "
