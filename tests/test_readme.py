@@ -119,9 +119,15 @@ def run_python(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int
     return done.returncode, done.stdout + done.stderr
 
 
+# make's own variables and the Makefile's (ARGS=, DATASET=, ...): set when this runs under `make test`
+MAKE_VARIABLES = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"} | set(
+    re.findall(r"^([A-Z_]+) \??:?=", (ROOT / "Makefile").read_text(), re.M)
+)
+
+
 def make(*args: str) -> subprocess.CompletedProcess[str]:
     """`make *args` in the project as a user's shell starts it, not as a sub-make of `make test`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
     return subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 

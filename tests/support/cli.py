@@ -5,6 +5,7 @@ command, signals it, runs DDP ranks or checks what a fresh process prints starts
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import subprocess
@@ -76,12 +77,15 @@ def run_command(
             if argv[0] == "-m":
                 sys.argv = [argv[1], *argv[2:]]
                 # as in a new process, the module is not imported before it runs as __main__
-                imported = sys.modules.pop(argv[1], None)
+                spec = importlib.util.find_spec(argv[1])
+                package = spec is not None and spec.submodule_search_locations is not None
+                name = f"{argv[1]}.__main__" if package else argv[1]
+                imported = sys.modules.pop(name, None)
                 try:
                     runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
                 finally:
                     if imported is not None:
-                        sys.modules[argv[1]] = imported
+                        sys.modules[name] = imported
             else:
                 sys.argv = [str(ROOT / argv[0]), *argv[1:]]
                 runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
