@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,20 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
+OWN_FOLDERS = ("outputs", "multirun", "data")  # where the project's own runs and data go
+
+
+@pytest.fixture(scope="session", autouse=True)
+def the_checkout_stays_as_it_was() -> Iterator[None]:
+    """No test writes into the project's own runs, sweeps or data: each run goes to its tmp_path."""
+    root = Path(__file__).resolve().parents[1]
+
+    def listing() -> set[Path]:
+        return {p for name in OWN_FOLDERS for p in (root / name).glob("*/*")}
+
+    before = listing()
+    yield
+    assert sorted(listing() - before) == [], "tests wrote into the checkout"
 
 
 @pytest.fixture

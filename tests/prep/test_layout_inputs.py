@@ -266,7 +266,8 @@ def test_a_damaged_split_csv_is_named_with_file_row_and_column(tmp_path, capsys,
     else:
         rows = rows.drop(columns="masks")
     rows.to_csv(root / "train.csv", index=False)
-    done = run_command(["train.py", *small_overrides(root, "logger=none")], capsys)
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    done = run_command(["train.py", *small_overrides(root, "logger=none", run_dir)], capsys)
     stderr = done.stderr
     last = stderr.strip().splitlines()[-1]
     assert done.returncode == 1 and "Traceback" not in stderr and message in last, stderr[-3000:]
