@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import IO
 
@@ -95,3 +96,26 @@ class Deadlock(L.Callback):
 def job_dirs(sweep: Path) -> list[Path]:
     """A sweep's job dirs (named by job number), in job order."""
     return sorted((p for p in sweep.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def processes_naming(marker: str) -> list[int]:
+    """The live processes whose command line holds `marker` (a test's own folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:  # ended meanwhile
+            continue
+    return pids
+
+
+def processes_left(marker: str, grace_s: float = 30.0) -> list[int]:
+    """The processes naming `marker` that are still running `grace_s` after the command that
+    started them ended (a DDP rank re-running the sweep outlives it); killed, and returned."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_naming(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left

@@ -1,12 +1,13 @@
 """DDP on CPU (2 gloo processes through Lightning's launcher, re-running the real `train.py`),
 with the default callbacks, progress bar included.
 
-One sweep of two DDP jobs is shared by the tests: each job runs its own config in its own dir
-(Lightning alone would make rank 1 re-run the whole sweep, in a second sweep dir), rank-0-only
-outputs, every training row seen once per epoch across ranks (the sample ledger), every
-validation row counted once, and the DDP validation Dice equal to a single-process validation of
-the same weights. `trainer=ddp` as the README runs it ends (one run, its DDP options given as a
-strategy object), and SIGTERM ends a DDP job stuck in a collective, every process of it.
+One sweep of two DDP jobs is shared by the tests: `trainer=ddp` as the README runs it (its DDP
+options given as a strategy object) ends, and `trainer=cpu trainer.devices=2` reaches DDP
+through Lightning's default strategy; each job runs its own config in its own dir (Lightning
+alone would make rank 1 re-run the whole sweep, in a second sweep dir), rank-0-only outputs,
+every training row seen once per epoch across ranks (the sample ledger), every validation row
+counted once, and the DDP validation Dice equal to a single-process validation of the same
+weights. SIGTERM ends a DDP job stuck in a collective, every process of it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.ddp import ddp_overrides, finish, job_dirs, run_train, start_train
+import yaml
+from support.ddp import ddp_overrides, finish, job_dirs, processes_left, start_train
 from support.loaders import spec, trainer_stand_in
 from support.prepared import write_prepared
 from support.processes import session_processes
@@ -51,56 +53,104 @@ def logged(run_dir: Path, key: str) -> list[float]:
     return [row[key] for row in history(run_file) if key in row]
 
 
+# each job's own config, a user's experiment (hydra.searchpath) named by what it runs: `trainer=ddp`
+# as the README runs it, DDP's own options (static graph, 1 MB gradient buckets) given as a
+# strategy object; and `trainer=cpu` on 2 devices, which reaches DDP through Lightning's default
+# strategy (none given). Each also puts its sample ledger in a folder of its own.
+EXPERIMENTS = {
+    "strategy_object": (
+        "ddp",
+        {
+            "accelerator": "cpu",
+            "devices": 2,
+            "strategy": {
+                "_target_": "lightning.pytorch.strategies.DDPStrategy",
+                "static_graph": True,
+                "bucket_cap_mb": 1,
+            },
+        },
+    ),
+    "default_strategy": ("cpu", {"devices": 2}),
+}
+
+
+@dataclass(frozen=True)
+class DdpJob:
+    run_dir: Path
+    ledger: Path  # the job's sample ledger, where its own config puts it
+    stdout: str  # what the sweep printed while this job ran (rank 0's progress bar)
+
+
 @dataclass(frozen=True)
 class DdpSweep:
     root: Path  # the prepared data
-    jobs: list[Path]  # the two jobs' run dirs
-    ledgers: list[Path]  # each job's sample ledger, where its own config puts it
+    sweep_dirs: list[Path]  # the dated sweep dirs made (rank 1 re-running the sweep makes a 2nd)
+    jobs: list[Path]  # the run dirs in the first sweep dir, in EXPERIMENTS' order
+    ledgers: list[Path]  # each job's ledger, in EXPERIMENTS' order
+    stdout: str  # what the sweep printed, Hydra's `#<job> : <overrides>` lines included
+    left: list[int]  # processes naming the sweep's folder that outlived it
 
-    @property
-    def run_dir(self) -> Path:
-        return self.jobs[0]
-
-    @property
-    def ledger(self) -> Path:
-        return self.ledgers[0]
+    def job(self, experiment: str) -> DdpJob:
+        """The job of one experiment; its stdout from Hydra's line that launched it."""
+        index = list(EXPERIMENTS).index(experiment)
+        printed = self.stdout.split(f"#{index} : ")[1].split(f"#{index + 1} : ")[0]
+        return DdpJob(self.jobs[index], self.ledgers[index], printed)
 
 
 @pytest.fixture(scope="module")
 def ddp_sweep(tmp_path_factory) -> DdpSweep:
-    """`train.py -m` of two 2-process DDP fits (they differ in where their ledger goes) under the
-    default-style dated sweep dir."""
+    """`train.py -m` of the EXPERIMENTS, each job 2 CPU processes with the default callbacks, the
+    sample ledger and W&B, under the default-style dated sweep dir."""
     tmp = tmp_path_factory.mktemp("ddp")
     root = write_prepared(tmp / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
-    sweeps, ledgers = tmp / "multirun", [tmp / "ledger_a", tmp / "ledger_b"]
-    run_train(
-        "-m",
-        *ddp_overrides(
-            root,
-            "trainer.devices=2",
-            "trainer.strategy=ddp",
-            f"trainer.max_epochs={EPOCHS}",
-            "callbacks=audit",
-            "logger=wandb",
-            f"callbacks.ledger.dirpath={ledgers[0]},{ledgers[1]}",
-            f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
-        ),
-    )
-    (sweep,) = sweeps.iterdir()  # rank 1 re-ran the command: still one sweep dir
-    return DdpSweep(root, job_dirs(sweep), ledgers)
+    conf, sweeps = tmp / "conf", tmp / "multirun"
+    ledgers = [tmp / f"ledger_{name}" for name in EXPERIMENTS]
+    (conf / "experiment").mkdir(parents=True)
+    for (name, (trainer, keys)), ledger in zip(EXPERIMENTS.items(), ledgers, strict=True):
+        experiment = {
+            "defaults": [{"override /trainer": trainer}],
+            "trainer": keys,
+            "callbacks": {"ledger": {"dirpath": str(ledger)}},
+        }
+        text = "# @package _global_\n" + yaml.safe_dump(experiment, sort_keys=False)
+        (conf / "experiment" / f"{name}.yaml").write_text(text)
+    overrides = [o for o in ddp_overrides(root) if not o.startswith("trainer=")]
+    try:
+        stdout, _ = finish(
+            start_train(
+                "-m",
+                *overrides,
+                f"hydra.searchpath=[file://{conf}]",
+                f"experiment={','.join(EXPERIMENTS)}",
+                f"trainer.max_epochs={EPOCHS}",
+                "callbacks=audit",
+                "logger=wandb",
+                f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
+            )
+        )
+    finally:
+        left = processes_left(str(tmp))
+    sweep_dirs = sorted(sweeps.iterdir())
+    return DdpSweep(root, sweep_dirs, job_dirs(sweep_dirs[0]), ledgers, stdout, left)
 
 
 def test_each_job_runs_its_own_config_in_its_own_dir(ddp_sweep):
+    assert len(ddp_sweep.sweep_dirs) == 1  # rank 1 re-ran its job only, not the whole sweep
     assert [p.name for p in ddp_sweep.jobs] == ["0", "1"]
-    for job, ledger in zip(ddp_sweep.jobs, ddp_sweep.ledgers, strict=True):
-        assert (job / "metrics.json").is_file() and (job / "train_ddp_process_1.log").is_file()
+    for name, (trainer, _) in EXPERIMENTS.items():
+        job = ddp_sweep.job(name)
+        assert (job.run_dir / "metrics.json").is_file()
+        assert (job.run_dir / "train_ddp_process_1.log").is_file()
+        metrics = json.loads((job.run_dir / "metrics.json").read_text())
+        assert metrics["choices"]["trainer"] == trainer
         # rank 1 got this job's overrides: its ledger is where this job's config puts it
-        ranks = {json.loads(p.read_text())["rank"] for p in ledger.glob("train_*.json")}
+        ranks = {json.loads(p.read_text())["rank"] for p in job.ledger.glob("train_*.json")}
         assert ranks == {0, 1}
 
 
-def test_one_run_dir_written_by_rank_zero(ddp_sweep):
-    run_dir = ddp_sweep.run_dir
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_one_run_dir_written_by_rank_zero(ddp_sweep, experiment):
+    run_dir = ddp_sweep.job(experiment).run_dir
     for path in ("metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"):
         assert (run_dir / path).is_file(), path
     assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1  # rank 0's run only
@@ -110,9 +160,10 @@ def test_one_run_dir_written_by_rank_zero(ddp_sweep):
     assert metrics["global_step"] == EPOCHS * (N_TRAIN // 2 // BATCH)  # steps per rank
 
 
-def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep):
-    run_dir = ddp_sweep.run_dir
-    ledger = read_ledger(ddp_sweep.ledger, "train")
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep, experiment):
+    job = ddp_sweep.job(experiment)
+    ledger = read_ledger(job.ledger, "train")
     assert sorted(ledger) == [(e, r) for e in range(EPOCHS) for r in (0, 1)]
     share = N_TRAIN // 2  # equal shares; the one row left over is dropped (a new one each epoch)
     for epoch in range(EPOCHS):
@@ -121,33 +172,37 @@ def test_every_training_row_is_seen_once_per_epoch_across_ranks(ddp_sweep):
         assert not set(rank0) & set(rank1)  # no row on two ranks
         assert len(set(rank0) | set(rank1)) == 2 * share <= N_TRAIN  # no row twice on one rank
         assert set(rank0) | set(rank1) <= set(range(N_TRAIN))
-    assert logged(run_dir, "train/samples") == [2 * share] * EPOCHS
+    assert logged(job.run_dir, "train/samples") == [2 * share] * EPOCHS
     # the verdict `python -m nailseg compare` reports for a job's ledger
-    assert train_rows_once(ddp_sweep.ledger) == f"every row once in each of {EPOCHS} epochs"
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert train_rows_once(job.ledger) == f"every row once in each of {EPOCHS} epochs"
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2
     per_epoch = metrics["throughput"]["per_epoch"]  # summed over the ranks, as logged
     assert [e["images_per_s"] for e in per_epoch] == pytest.approx(
-        logged(run_dir, "train/images_per_s")
+        logged(job.run_dir, "train/images_per_s")
     )
 
 
-def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_sweep):
-    run_dir = ddp_sweep.run_dir
-    ledger = read_ledger(ddp_sweep.ledger, "val")
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_validation_row_is_counted_once_with_uneven_batches(ddp_sweep, experiment):
+    job = ddp_sweep.job(experiment)
+    ledger = read_ledger(job.ledger, "val")
     for epoch in range(EPOCHS):
         # rows r::2: rank 0 runs two batches ([0, 2], [4]), rank 1 one ([1, 3]) -- no padding
         assert ledger[epoch, 0] == [0, 2, 4] and ledger[epoch, 1] == [1, 3]
-    assert logged(run_dir, "val/samples") == [N_VALID] * EPOCHS
+    assert logged(job.run_dir, "val/samples") == [N_VALID] * EPOCHS
     test = read_ledger(
-        ddp_sweep.ledger, "test"
+        job.ledger, "test"
     )  # the final evaluation on valid: once more, each row once
     rows = sorted(row for rank_rows in test.values() for row in rank_rows)
     assert len(test) == 2 and rows == list(range(N_VALID))
 
 
 def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_sweep, tmp_path):
-    root, run_dir = ddp_sweep.root, ddp_sweep.run_dir
+    root, run_dir = (
+        ddp_sweep.root,
+        ddp_sweep.job("default_strategy").run_dir,
+    )  # fp32, as the single process
     ddp_dice = json.loads((run_dir / "metrics.json").read_text())["fit"]["val/dice"]
     built = build(compose_train(ddp_overrides(root, "logger=none"), tmp_path / "single"))
     last = run_dir / "checkpoints" / "last.ckpt"  # the weights the last validation ran on
@@ -156,6 +211,48 @@ def test_ddp_validation_dice_equals_single_process_on_the_same_weights(ddp_sweep
     )
     assert single["val/samples"] == N_VALID
     assert single["val/dice"] == pytest.approx(ddp_dice, abs=1e-6)
+
+
+def test_ddp_options_through_a_strategy_object(ddp_sweep):
+    """The other rank starts as with `ddp` (re-running this job) and every training row is still
+    seen once per epoch across the ranks."""
+    job = ddp_sweep.job("strategy_object")
+    config = yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text())
+    assert config["trainer"]["strategy"]["_target_"] == "lightning.pytorch.strategies.DDPStrategy"
+    assert (job.run_dir / "metrics.json").is_file()
+    assert (job.run_dir / "train_ddp_process_1.log").is_file()
+    seen = read_ledger(job.ledger, "train")
+    share = N_TRAIN // 2
+    for epoch in range(EPOCHS):
+        rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
+        assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)
+
+
+def test_trainer_ddp_with_the_default_callbacks_ends(ddp_sweep):
+    """Rank 0's progress bar draws (no TTY needed) and reads the logged values at each epoch's
+    end. Lightning's bar computed them there, a collective on rank 0 alone, so the fit hung at
+    its first epoch's end."""
+    job = ddp_sweep.job("strategy_object")
+    assert f"Epoch {EPOCHS - 1}/{EPOCHS - 1}" in job.stdout and "val/dice:" in job.stdout  # the bar
+    metrics = json.loads((job.run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["epochs"] == EPOCHS
+    assert len(metrics["throughput"]["per_epoch"]) == EPOCHS  # its all-reduce, every epoch
+    assert metrics["final"]["metrics"]["val_best/samples"] == N_VALID
+    assert (job.run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(list(job.run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+
+
+def test_ddp_through_lightnings_default_strategy_runs_each_job_once(ddp_sweep):
+    # trainer=cpu trainer.devices=2 and no trainer.strategy: Lightning's "auto" starts rank 1 as
+    # a script; it re-ran its job only, not the sweep in a dir of its own, and outlived no job
+    assert len(ddp_sweep.sweep_dirs) == 1
+    assert ddp_sweep.left == [], f"processes left running: {ddp_sweep.left}"
+    run_dir = ddp_sweep.job("default_strategy").run_dir
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert config["trainer"]["strategy"] is None and config["trainer"]["devices"] == 2
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["choices"]["trainer"] == "cpu" and metrics["world_size"] == 2
+    assert (run_dir / "train_ddp_process_1.log").is_file()
 
 
 class _Loader:
@@ -211,67 +308,6 @@ def test_loaders_are_closed_when_replaced_and_at_teardown(prepared):
     assert val.closed and not (train.closed or test.closed or reloaded.closed)
     datamodule.teardown("fit")
     assert train.closed and test.closed and reloaded.closed
-
-
-@dataclass(frozen=True)
-class DdpRun:
-    run_dir: Path
-    ledger: Path
-    stdout: str
-
-
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> DdpRun:
-    """`train.py trainer=ddp` on 2 CPU processes with the default callbacks (the progress bar
-    included) and the sample ledger, DDP's own options (static graph, 1 MB gradient buckets)
-    given as a DDPStrategy object: one run for the two tests below."""
-    tmp = tmp_path_factory.mktemp("ddp_run")
-    root = write_prepared(tmp / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
-    run_dir, ledger = tmp / "run", tmp / "ledger"
-    strategy = (
-        "{_target_:lightning.pytorch.strategies.DDPStrategy,static_graph:true,bucket_cap_mb:1}"
-    )
-    overrides = [o for o in ddp_overrides(root) if not o.startswith("trainer=")]
-    stdout, _ = finish(
-        start_train(
-            *overrides,
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            f"trainer.strategy={strategy}",
-            f"trainer.max_epochs={EPOCHS}",
-            "callbacks=audit",
-            f"callbacks.ledger.dirpath={ledger}",
-            f"hydra.run.dir={run_dir}",
-        )
-    )
-    return DdpRun(run_dir, ledger, stdout)
-
-
-def test_ddp_options_through_a_strategy_object(ddp_run):
-    """The other rank starts as with `ddp` (re-running this run) and every training row is still
-    seen once per epoch across the ranks."""
-    run_dir = ddp_run.run_dir
-    assert (run_dir / "metrics.json").is_file() and (run_dir / "train_ddp_process_1.log").is_file()
-    seen = read_ledger(ddp_run.ledger, "train")
-    share = N_TRAIN // 2
-    for epoch in range(EPOCHS):
-        rank0, rank1 = seen[epoch, 0], seen[epoch, 1]
-        assert len(rank0) == len(rank1) == share and not set(rank0) & set(rank1)
-
-
-def test_trainer_ddp_with_the_default_callbacks_ends(ddp_run):
-    """Rank 0's progress bar draws (no TTY needed) and reads the logged values at each epoch's
-    end. Lightning's bar computed them there, a collective on rank 0 alone, so the fit hung at
-    its first epoch's end."""
-    run_dir, stdout = ddp_run.run_dir, ddp_run.stdout
-    assert f"Epoch {EPOCHS - 1}/{EPOCHS - 1}" in stdout and "val/dice:" in stdout  # the bar
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["epochs"] == EPOCHS
-    assert len(metrics["throughput"]["per_epoch"]) == EPOCHS  # its all-reduce, every epoch
-    assert metrics["final"]["metrics"]["val_best/samples"] == N_VALID
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert len(list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1
 
 
 def test_sigterm_ends_a_ddp_job_stuck_in_a_collective(tmp_path):

@@ -1,22 +1,17 @@
-"""Sweeps stay clean (DDP inside a multirun: test_ddp.py): the submitit launcher, an Optuna study, one W&B run
-per job (even after a failed one), loaders released after a run, DDP through Lightning's default
-strategy (the SLURM launcher: test_slurm.py)."""
+"""Sweeps stay clean (DDP inside a multirun, by `trainer=ddp` or Lightning's default strategy:
+test_ddp.py): the submitit launcher, an Optuna study, one W&B run per job (even after a failed
+one), loaders released after a run (the SLURM launcher: test_slurm.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from support.cli import run_command
-from support.ddp import ddp_overrides, job_dirs, run_train
+from support.ddp import job_dirs
 from support.train import small_overrides, train
 from support.wandb_records import complete_records, history, run_id, run_record
 
@@ -24,10 +19,6 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.tools.compare import summarise
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
-
-
-def multirun(*args: str) -> None:
-    run_train("-m", *args)
 
 
 def in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -154,54 +145,3 @@ def test_run_releases_its_loaders(prepared, tmp_path, monkeypatch):
     for loader in built:
         with pytest.raises(RuntimeError, match="closed"):
             next(iter(loader))
-
-
-def processes_naming(marker: str) -> list[int]:
-    """The live processes whose command line holds `marker` (a test's own folder)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:  # ended meanwhile
-            continue
-    return pids
-
-
-@contextmanager
-def no_processes_left(marker: str, grace_s: float = 30.0) -> Iterator[None]:
-    """Fails when a process naming `marker` outlives the block by `grace_s` (a DDP rank re-running
-    the sweep outlives it); kills those, whatever the block did."""
-    try:
-        yield
-    finally:
-        deadline = time.monotonic() + grace_s
-        while (left := processes_naming(marker)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left running: {left}"
-
-
-def test_ddp_through_lightnings_default_strategy_runs_each_job_once(prepared, tmp_path):
-    # trainer.devices=2 and no trainer.strategy: Lightning's "auto" starts rank 1 as a script
-    sweeps = tmp_path / "multirun"
-    with no_processes_left(str(tmp_path)):
-        multirun(
-            *ddp_overrides(
-                prepared,
-                "trainer.devices=2",
-                "trainer.max_epochs=1",
-                "test=false",
-                "logger=csv",
-                "aug=none,light",
-                f"hydra.sweep.dir={sweeps}/${{now:%Y-%m-%d_%H-%M-%S-%f}}",
-            )
-        )
-    (sweep,) = sweeps.iterdir()  # rank 1 re-ran its job only, not the sweep in a dir of its own
-    jobs = job_dirs(sweep)
-    assert [p.name for p in jobs] == ["0", "1"]
-    for job, aug in zip(jobs, ["none", "light"], strict=True):
-        metrics = json.loads((job / "metrics.json").read_text())
-        assert metrics["choices"]["aug"] == aug and metrics["world_size"] == 2
-        assert (job / "train_ddp_process_1.log").is_file()
