@@ -316,6 +316,7 @@ class BenchConfig:
     channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
     compile: bool = MISSING
     compile_mode: str = MISSING
+    peak_tflops: float | None = MISSING  # null: measured on CUDA
     loss: str = MISSING
     seed: int = MISSING
     warmup_batches: int = MISSING
@@ -334,6 +335,22 @@ class BenchPrepareConfig:
     num_workers: int | None = None  # None: one per CPU core
     repeats: int = MISSING
     synthetic_n: int = MISSING
+
+
+@dataclass
+class BenchScaleConfig:
+    """`python -m nailseg bench-scale`; values in conf/bench_scale.yaml."""
+
+    paths: PathsConfig = MISSING
+    loader: LoaderConfig = MISSING
+    aug: AugConfig = MISSING
+    normalize: NormalizeConfig = MISSING
+    output_dir: str = MISSING
+    counts: list[int] = MISSING
+    image_size: list[int] = MISSING
+    num_workers: int | None = None  # None: one per CPU core
+    seed: int = MISSING
+    keep_data: bool = MISSING
 
 
 @dataclass
@@ -360,6 +377,7 @@ SCHEMAS: dict[str, type] = {
     "train_schema": TrainConfig,
     "bench_schema": BenchConfig,
     "bench_prepare_schema": BenchPrepareConfig,
+    "bench_scale_schema": BenchScaleConfig,
     "bench_predict_schema": BenchPredictConfig,
     "paths_schema": PathsConfig,
     "dataset_schema": DatasetConfig,

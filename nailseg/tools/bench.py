@@ -10,6 +10,11 @@ For every loader backend × aug spec, in one process and one run:
   loader could deliver at that row's batch size (measured once per distinct batch size, the only
   per-loader setting that changes the step; `ceiling_batch_size` records the batch it ran on);
 * `data_wait_frac`: the share of the training loop's time spent waiting for the next batch;
+* `gflop_per_image`: the model's training FLOPs per image (forward and backward, the matrix
+  multiplies and convolutions `torch.utils.flop_counter` counts), counted once on the eager model;
+* `ceiling_mfu`, `train_mfu`: model FLOPs utilisation, images/s × FLOPs per image ÷ `peak_tflops`,
+  the device's dense bf16 matrix-multiply peak, measured once per run on CUDA (or given); left
+  empty on the CPU, where no peak is measured;
 * with `compile=true` the model is `torch.compile`d (`compile_mode`; reduce-overhead adds CUDA
   graphs) and `eager_ceiling_img_s` is the ceiling of the same model uncompiled, measured in the
   same run.
@@ -23,6 +28,8 @@ prints a table.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import json
 import statistics
@@ -40,6 +47,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
+from torch.utils.flop_counter import FlopCounterMode
 
 from nailseg.config import CONF_DIR
 from nailseg.data.datamodule import NailDataModule
@@ -60,7 +68,16 @@ COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",
     "loader_img_s", "train_img_s", "ceiling_img_s", "ceiling_batch_size", "train_vs_ceiling",
     "data_wait_frac", "gpu_busy_pct", "ceiling_gpu_busy_pct", "eager_ceiling_img_s", "compile",
+    "gflop_per_image", "peak_tflops", "ceiling_mfu", "train_mfu",
 ]  # fmt: skip
+# the printed columns and their formats ("": as is); a column empty in every row is left out
+SHOWN = {
+    "loader": "", "aug": "", "batch_size": "", "loader_img_s": ".1f", "train_img_s": ".1f",
+    "ceiling_img_s": ".1f", "gpu_busy_pct": ".1f", "train_vs_ceiling": ".3f",
+    "data_wait_frac": ".3f", "gflop_per_image": ".2f", "ceiling_mfu": ".3f", "train_mfu": ".3f",
+}  # fmt: skip
+PEAK_MATMUL_SIZE = 8192  # square bf16 operands: large enough to run at the tensor cores' peak
+PEAK_MATMULS, PEAK_WINDOWS = 10, 5  # products per timed window; the fastest window counts
 
 
 @dataclass
@@ -74,7 +91,8 @@ class TrainStep:
     autocast_dtype: torch.dtype | None
     channels_last: bool
 
-    def __call__(self, batch: dict[str, torch.Tensor]) -> None:
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The forward pass and the loss, in the step's memory format and precision."""
         image = batch["image"].to(self.device, non_blocking=True)
         mask = batch["mask"].to(self.device, non_blocking=True)
         if self.channels_last:
@@ -82,10 +100,57 @@ class TrainStep:
         with torch.autocast(
             self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            loss = self.loss_fn(self.net(image), mask)
+            return self.loss_fn(self.net(image), mask)
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> None:
+        loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+
+
+def training_flops_per_image(step: TrainStep, image_size: tuple[int, int]) -> float:
+    """FLOPs of one image's forward and backward pass through `step`'s net, as
+    `FlopCounterMode` counts them (matrix multiplies and convolutions): MFU's numerator.
+
+    Counted on a copy of the net, so the step's weights, BatchNorm statistics, gradients and
+    optimizer stay as they were; `step` must be eager (a copy of a compiled net is compiled).
+    """
+    images = 2  # BatchNorm in training mode needs more than one value per channel
+    batch = {
+        "image": torch.randn(images, 3, *image_size, device=step.device),
+        "mask": torch.zeros(images, 1, *image_size, device=step.device),
+    }
+    counted = dataclasses.replace(step, net=copy.deepcopy(step.net))
+    with FlopCounterMode(display=False) as counter:
+        counted.loss(batch).backward()
+    return counter.get_total_flops() / images
+
+
+def measured_peak_tflops(device: torch.device) -> float:
+    """The device's dense bf16 matrix-multiply peak in TFLOP/s: the fastest of a few timed windows
+    of large square products after a warm-up (MFU's denominator, as this machine runs it)."""
+    n = PEAK_MATMUL_SIZE
+    a, b, out = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(3):  # warm-up: cuBLAS picks its kernel, the clocks rise
+        torch.mm(a, b, out=out)
+    fastest = float("inf")
+    for _ in range(PEAK_WINDOWS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(PEAK_MATMULS):
+            torch.mm(a, b, out=out)
+        end.record()
+        end.synchronize()
+        fastest = min(fastest, start.elapsed_time(end) / 1000)  # ms to s
+    return 2 * n**3 * PEAK_MATMULS / fastest / 1e12
+
+
+def _peak_tflops(cfg: DictConfig, device: torch.device) -> float | None:
+    """`peak_tflops` as given, else measured on CUDA; None on the CPU (no MFU there)."""
+    if cfg.peak_tflops is not None:
+        return float(cfg.peak_tflops)
+    return measured_peak_tflops(device) if device.type == "cuda" else None
 
 
 def _sync(device: torch.device) -> None:
@@ -255,34 +320,35 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def _print(rows: pd.DataFrame) -> None:
+def _mfu_note(flops: float, peak: float | None, given: bool) -> str:
+    """The line under the table: what the MFU columns divide by, or why they are empty."""
+    if peak is None:
+        return (
+            "no MFU: the bf16 matrix-multiply peak is measured on CUDA only "
+            "(peak_tflops=N gives one)"
+        )
+    source = "as given" if given else "measured"
+    return (
+        f"MFU = images/s x {flops / 1e9:.2f} GFLOP per image (forward and backward) / "
+        f"{peak:.4g} TFLOP/s (dense bf16 matrix-multiply peak, {source})"
+    )
+
+
+def _print(rows: pd.DataFrame, note: str) -> None:
     first = rows.iloc[0]  # the model is named: a ceiling is only comparable for the same one
     table = Table(
         title=f"loader benchmark, {first['model']}, {first['image_size']}, {first['device']} "
-        "(images/s, median of repeats; each ceiling at its row's batch size)"
+        "(images/s, median of repeats; each ceiling at its row's batch size)",
+        caption=note,
     )
-    shown = [
-        "loader",
-        "aug",
-        "batch_size",
-        "loader_img_s",
-        "train_img_s",
-        "ceiling_img_s",
-        "gpu_busy_pct",
-        "train_vs_ceiling",
-        "data_wait_frac",
-    ]
+    shown = [column for column in SHOWN if rows[column].notna().any()]
     for column in shown:
         table.add_column(column, justify="right")
     for row in rows[shown].itertuples(index=False):
-        loader, aug, batch_size, *numbers = row
-        table.add_row(
-            loader,
-            aug,
-            str(batch_size),
-            *(f"{v:.1f}" for v in numbers[:4]),
-            *(f"{v:.3f}" for v in numbers[4:]),
-        )
+        table.add_row(*(
+            "" if pd.isna(value) else format(value, SHOWN[column])
+            for column, value in zip(shown, row, strict=True)
+        ))  # fmt: skip
     print_table(table)
 
 
@@ -294,6 +360,10 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     measure_train = (
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
     )
+    image_size = tuple(cfg.image_size)
+    # counted on an eager step of its own, before anything is compiled or measured
+    flops = training_flops_per_image(_train_step(cfg, device, compile=False), image_size)
+    peak = _peak_tflops(cfg, device)
     step = _train_step(cfg, device, cfg.compile) if measure_train else None
     ceilings: dict[int, Ceiling] = {}
     rows = []
@@ -302,7 +372,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         for loader_name, loader_cfg in cfg.loaders.items():
             datamodule = NailDataModule(
                 cfg.dataset.root,
-                tuple(cfg.image_size),
+                image_size,
                 instantiate(loader_cfg),
                 spec,
                 final_split="auto",
@@ -329,12 +399,16 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 close()
     # columns of training left unmeasured are NaN; the ceiling's batch stays an integer
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"ceiling_batch_size": "Int64"})
+    frame["gflop_per_image"] = flops / 1e9
+    frame["peak_tflops"] = float("nan") if peak is None else peak
+    frame["ceiling_mfu"] = frame["ceiling_img_s"] * flops / (frame["peak_tflops"] * 1e12)
+    frame["train_mfu"] = frame["train_img_s"] * flops / (frame["peak_tflops"] * 1e12)
     write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
     _plot(frame, out / "bench.png")
     config = OmegaConf.to_container(cfg, resolve=True)
     write_text(out / "bench.json", json.dumps({"config": config}, indent=2))
     record_outputs(out, OUTPUTS)
-    _print(frame)
+    _print(frame, _mfu_note(flops, peak, given=cfg.peak_tflops is not None))
     Console().print(f"written: {out / 'bench.csv'}, bench.png, bench.json")
     return frame
 
