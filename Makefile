@@ -20,7 +20,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench bench-ddp compare cross-source time-to-target gpu-check clean
+.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench bench-scale bench-ddp compare cross-source time-to-target gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -68,6 +68,9 @@ bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
+
+bench-scale: install  ## generate, prepare and a loader epoch at 1k, 10k, 100k synthetic photos: photos/s and peak memory per count
+	$(PY) -m nailseg bench-scale output_dir=$(BENCH_DIR)/scale $(ARGS)
 
 ifndef COMPARE_DIR
 COMPARE_DIR := multirun/compare-$(shell date +%Y%m%d-%H%M%S)

@@ -20,6 +20,7 @@ COMMANDS = {
     "bench": ("nailseg.tools.bench", "loader benchmark: images/s of each loader x aug"),
     "bench-prepare": ("nailseg.tools.bench_prepare", "prepare's speed, cold and rerun"),
     "bench-predict": ("nailseg.tools.bench_predict", "predict's photos/s; ONNX Runtime vs torch"),
+    "bench-scale": ("nailseg.tools.bench_scale", "cost and peak memory at 1k, 10k, 100k photos"),
 }
 # the two commands that stay scripts at the repository's top
 SCRIPTS = {

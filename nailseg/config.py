@@ -338,6 +338,22 @@ class BenchPrepareConfig:
 
 
 @dataclass
+class BenchScaleConfig:
+    """`python -m nailseg bench-scale`; values in conf/bench_scale.yaml."""
+
+    paths: PathsConfig = MISSING
+    loader: LoaderConfig = MISSING
+    aug: AugConfig = MISSING
+    normalize: NormalizeConfig = MISSING
+    output_dir: str = MISSING
+    counts: list[int] = MISSING
+    image_size: list[int] = MISSING
+    num_workers: int | None = None  # None: one per CPU core
+    seed: int = MISSING
+    keep_data: bool = MISSING
+
+
+@dataclass
 class BenchPredictConfig:
     """`python -m nailseg bench-predict`; values in conf/bench_predict.yaml."""
 
@@ -361,6 +377,7 @@ SCHEMAS: dict[str, type] = {
     "train_schema": TrainConfig,
     "bench_schema": BenchConfig,
     "bench_prepare_schema": BenchPrepareConfig,
+    "bench_scale_schema": BenchScaleConfig,
     "bench_predict_schema": BenchPredictConfig,
     "paths_schema": PathsConfig,
     "dataset_schema": DatasetConfig,

@@ -13,7 +13,7 @@ from nailseg.io.atomic import NotOursError, write_text
 from nailseg.io.clean import clean
 from nailseg.io.ownership import ForeignFolderError
 from nailseg.io.run_folder import RUN_MARKER
-from nailseg.tools import bench, bench_predict, bench_prepare
+from nailseg.tools import bench, bench_predict, bench_prepare, bench_scale
 from nailseg.tools.output import claim_output, record_outputs
 
 
@@ -27,6 +27,7 @@ def _files(folder: Path) -> dict[str, bytes]:
         (bench, "bench", "bench", []),
         (bench_prepare, "bench-prepare", "bench_prepare", []),
         (bench_predict, "bench-predict", "bench_predict", ["ckpt=x.ckpt"]),
+        (bench_scale, "bench-scale", "bench_scale", []),
     ],
 )
 def test_each_bench_refuses_a_users_folder_in_one_line_and_leaves_it(

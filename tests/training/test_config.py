@@ -354,6 +354,7 @@ def test_train_help_names_every_group_and_option():
         ("predict", "batch_size", ["ckpt=c", "input=i", "output=o"]),
         ("bench", "measure_batches", []),
         ("bench_prepare", "repeats", []),
+        ("bench_scale", "counts", []),
         ("bench_predict", "onnx_batch", ["ckpt=c"]),
     ],
 )

@@ -40,6 +40,7 @@ FOLDER_KEYS = {
     "bench": ["output_dir", "dataset.root"],
     "bench_prepare": ["input_dir", "output_dir"],
     "bench_predict": ["input_dir", "output_dir"],
+    "bench_scale": ["output_dir"],
 }
 
 

@@ -1,0 +1,366 @@
+"""Cost as the work grows: generate, prepare and one loader epoch at 1k, 10k, 100k photos.
+
+    python -m nailseg bench-scale output_dir=DIR [counts=[1000,10000,100000]]
+
+For each count, each stage runs in a process of its own, started fresh (spawn), so its peak
+resident memory (`getrusage`) is that stage's alone: the stage process's own peak and its largest
+child's (`RUSAGE_CHILDREN`: generate's and prepare's pools, the torch loader's workers). Linux
+counts a forked child's pages shared with its parent at the fork, even when it then runs another
+program, so the child's figure is at least the stage's size when it forked: an upper bound.
+
+1. `generate`: the synthetic photos (`nailseg.prep.synthetic`), photos/s;
+2. `prepare`: them into a prepared root with conf/prepare.yaml's settings, photos/s, and the bytes
+   on disk per photo of photos and root together;
+3. `loader`: one epoch of the configured loader over the train split, no model, images/s.
+
+Linear cost shows as the same photos/s at every count, flat memory as the same peak: each count's
+per-photo seconds and peaks are printed divided by the count's before it. The data of a count
+lives in a scratch folder inside `output_dir`, removed once measured (`keep_data=true`: kept in
+`data-<count>`); a count whose estimated disk need (the count before it's bytes per photo) exceeds
+the free space is refused in one line, after the counts before it are written. Writes
+`bench_scale.csv`, `bench_scale.png` and `bench_scale.json` (the config) into `output_dir`, a
+folder of its own (`nailseg.tools.output`), and prints a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from nailseg.config import CONF_DIR
+from nailseg.io.atomic import save_figure, write_text
+from nailseg.io.ownership import make_folder, scratch_folder
+from nailseg.lifetime import die_with_parent
+from nailseg.prep.prepare import prepare
+from nailseg.prep.settings import PrepareSettings, compose_prepare
+from nailseg.prep.synthetic import generate, manifest_text
+from nailseg.tables import print_table
+from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
+
+OUTPUTS = ["bench_scale.csv", "bench_scale.png", "bench_scale.json"]
+STAGES = ("generate", "prepare", "loader")
+# each stage's rate column: photos (images, for the loader) per second
+_RATES = {"generate": "generate_photos_s", "prepare": "prepare_photos_s", "loader": "loader_img_s"}
+COMMAND = "nailseg bench-scale"
+_MIB = 1024  # ru_maxrss is in KiB on Linux
+
+
+class StageError(RuntimeError):
+    """A stage's process failed: its traceback, or how it ended."""
+
+
+def _peak_mib(who: int) -> float:
+    return resource.getrusage(who).ru_maxrss / _MIB
+
+
+def _stage_main(send, parent: int, stage: Callable[..., dict[str, Any]], args: tuple) -> None:
+    """The stage process: run `stage(*args)`, then send its result and peaks (or the traceback)."""
+    die_with_parent(parent)
+    try:
+        result = stage(*args)
+        result["peak_mib"] = _peak_mib(resource.RUSAGE_SELF)
+        result["workers_peak_mib"] = _peak_mib(resource.RUSAGE_CHILDREN)
+        send.send(("ok", result))
+    except BaseException:
+        send.send(("error", traceback.format_exc()))
+    finally:
+        send.close()
+
+
+def in_fresh_process(stage: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """`stage(*args)` in a new process started for it alone (spawn: nothing of this process's
+    memory in it), with `peak_mib` (its own peak RSS) and `workers_peak_mib` (its largest
+    finished child's) added. Raises StageError when it fails."""
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_stage_main, args=(send, os.getpid(), stage, args))
+    process.start()
+    send.close()
+    try:
+        status, value = receive.recv()
+    except EOFError:
+        status, value = "died", None
+    finally:
+        receive.close()
+        process.join()
+    if status == "ok":
+        return value
+    if status == "died":
+        value = f"{stage.__name__} ended with exit code {process.exitcode} before reporting"
+    raise StageError(value)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def generate_stage(raw: Path, count: int, seed: int, workers: int) -> dict[str, Any]:
+    """Stage 1: the synthetic photos into `raw`."""
+    return {"seconds": _timed(lambda: generate(raw, count, seed, num_workers=workers))}
+
+
+def prepare_stage(raw: Path, root: Path, settings: PrepareSettings, source: str) -> dict[str, Any]:
+    """Stage 2: `raw` prepared into `root`."""
+    return {"seconds": _timed(lambda: prepare(raw, root, settings, source))}
+
+
+def loader_stage(
+    root: Path, image_size: list[int], loader: dict, aug: dict, normalize: dict
+) -> dict[str, Any]:
+    """Stage 3: one epoch of the loader over `root`'s train split, as train.py builds it; the
+    epoch's clock starts at its first `next()` and stops once the last batch is on the device."""
+    # imported here: the other stages' processes never load torch, DALI or the loaders
+    import torch
+    from hydra.utils import instantiate
+
+    from nailseg.data.datamodule import NailDataModule
+
+    spec = instantiate(aug, mean=normalize["mean"], std=normalize["std"], _convert_="all")
+    datamodule = NailDataModule(
+        root, tuple(image_size), instantiate(loader), spec, final_split="auto", mix=[], weight=1.0
+    )
+    batches = datamodule.train_dataloader()
+    images, last = 0, None
+    start = time.perf_counter()
+    for batch in batches:
+        images += len(batch["image"])
+        last = batch["image"]
+    if last is not None and last.device.type == "cuda":
+        torch.cuda.synchronize(last.device)
+    seconds = time.perf_counter() - start
+    batches.close()
+    return {"seconds": seconds, "images": images}
+
+
+def _bytes_on_disk(folder: Path) -> int:
+    """What the files below `folder` take on disk (allocated blocks, as free space counts)."""
+    return sum(
+        (Path(top) / name).stat().st_blocks * 512
+        for top, _, names in os.walk(folder)
+        for name in names
+    )
+
+
+def disk_refusal(count: int, before: dict[str, Any] | None, free: int, folder: Path) -> str | None:
+    """The one-line refusal of `count` when the count before it (its row, `before`) says its
+    photos and prepared root would not fit in `free` bytes; None when they would or nothing is
+    known yet."""
+    if before is None:
+        return None
+    need = before["bytes_per_photo"] * count
+    if need <= free:
+        return None
+    return (
+        f"{COMMAND}: {count} photos would take about {need / 2**30:.1f} GiB "
+        f"({before['bytes_per_photo'] / 1024:.0f} KiB a photo at {before['count']}), but "
+        f"{folder} has {free / 2**30:.1f} GiB free: not measured (the counts before it are in "
+        f"{folder / OUTPUTS[0]})"
+    )
+
+
+def _data_folder(out: Path, count: int, keep: bool) -> AbstractContextManager[Path]:
+    """Where a count's photos and root go: a scratch folder removed once measured, or kept."""
+    if keep:
+        return nullcontext(make_folder(out / f"data-{count}"))
+    return scratch_folder(out)
+
+
+def _measure_count(
+    count: int, folder: Path, cfg: DictConfig, settings: PrepareSettings, console: Console
+) -> dict[str, Any]:
+    """The three stages at `count` photos in `folder`, a line of progress before and after each."""
+    raw, root = folder / "raw", folder / "prepared"
+    loader = OmegaConf.to_container(cfg.loader, resolve=True)
+    runs = {
+        "generate": (generate_stage, raw, count, cfg.seed, settings.num_workers),
+        "prepare": (prepare_stage, raw, root, settings, manifest_text(count, cfg.seed)),
+        "loader": (
+            loader_stage, root, list(cfg.image_size), loader,
+            OmegaConf.to_container(cfg.aug, resolve=True),
+            OmegaConf.to_container(cfg.normalize, resolve=True),
+        ),
+    }  # fmt: skip
+    row: dict[str, Any] = {"count": count}
+    for name, (stage, *args) in runs.items():
+        console.print(f"{count} photos: {name} ...")
+        result = in_fresh_process(stage, *args)
+        items = result.get("images", count)
+        row |= {
+            f"{name}_s": result["seconds"],
+            f"{name}_rate": items / result["seconds"] if items else float("nan"),
+            f"{name}_peak_mib": result["peak_mib"],
+            f"{name}_workers_peak_mib": result["workers_peak_mib"],
+        }
+        if name == "prepare":
+            row["bytes_per_photo"] = _bytes_on_disk(folder) / count
+        if name == "loader":
+            row["loader_images"] = items
+        console.print(
+            f"{count} photos: {name} {result['seconds']:.1f} s, {row[f'{name}_rate']:.0f}/s, "
+            f"peak {result['peak_mib']:.0f} MiB (largest worker {result['workers_peak_mib']:.0f})"
+        )
+    return row
+
+
+def _frame(rows: list[dict[str, Any]], cfg: DictConfig, workers: int) -> pd.DataFrame:
+    frame = pd.DataFrame(rows).rename(
+        columns={
+            "generate_rate": "generate_photos_s",
+            "prepare_rate": "prepare_photos_s",
+            "loader_rate": "loader_img_s",
+        }
+    )
+    frame["workers"] = workers
+    frame["cpus"] = os.cpu_count()
+    frame["loader"] = cfg.loader._target_.rsplit(".", 1)[-1]
+    frame["loader_batch_size"] = cfg.loader.batch_size
+    frame["image_size"] = "x".join(map(str, cfg.image_size))
+    return frame
+
+
+def _ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each count against the one before: per-photo seconds (1.0: linear cost) and peak memory
+    (1.0: flat)."""
+    rows = []
+    for before, after in itertools.pairwise(frame.itertuples()):
+        rows.append(
+            {"counts": f"{after.count} / {before.count}"}
+            | {f"{s} s/photo": getattr(before, r) / getattr(after, r) for s, r in _RATES.items()}
+            | {
+                f"{s} peak": getattr(after, f"{s}_peak_mib") / getattr(before, f"{s}_peak_mib")
+                for s in STAGES
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _plot(frame: pd.DataFrame, path: Path) -> None:
+    """Two panels over the count (log x): rates, and each stage's peak memory (its largest worker
+    dashed)."""
+    # imported here: the stage processes, which import this module, never load matplotlib
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rates, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for stage, column in _RATES.items():
+        rates.plot(frame["count"], frame[column], marker="o", label=f"{stage} ({column})")
+        line = memory.plot(frame["count"], frame[f"{stage}_peak_mib"], marker="o", label=stage)
+        memory.plot(
+            frame["count"], frame[f"{stage}_workers_peak_mib"], marker="x", linestyle="--",
+            color=line[0].get_color(), label=f"{stage}: largest worker",
+        )  # fmt: skip
+    rates.set(xscale="log", xlabel="photos", ylabel="per second", title="rate (flat: linear cost)")
+    memory.set(xscale="log", xlabel="photos", ylabel="peak RSS (MiB)", title="peak memory")
+    for ax in (rates, memory):
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    first = frame.iloc[0]
+    fig.suptitle(
+        f"{first['loader']} batch {first['loader_batch_size']}, {first['image_size']}, "
+        f"{first['workers']} workers, {first['cpus']} CPUs"
+    )
+    fig.tight_layout()
+    save_figure(path, fig)
+    plt.close(fig)
+
+
+def _print(frame: pd.DataFrame, console: Console) -> None:
+    table = Table(title="bench-scale: rates (per second) and peak memory (MiB) per count")
+    shown = {
+        "count": "{:d}", "generate_photos_s": "{:.1f}", "prepare_photos_s": "{:.1f}",
+        "loader_img_s": "{:.1f}", "generate_peak_mib": "{:.0f}", "prepare_peak_mib": "{:.0f}",
+        "prepare_workers_peak_mib": "{:.0f}", "loader_peak_mib": "{:.0f}",
+        "bytes_per_photo": "{:.0f}", "generate_s": "{:.1f}", "prepare_s": "{:.1f}",
+        "loader_s": "{:.1f}",
+    }  # fmt: skip
+    for column in shown:
+        table.add_column(column, justify="right")
+    for row in frame.itertuples():
+        table.add_row(*(form.format(getattr(row, column)) for column, form in shown.items()))
+    print_table(table, console)
+    ratios = _ratios(frame)
+    if ratios.empty:
+        return
+    table = Table(title="each count ÷ the one before (1.0: linear cost, flat memory)")
+    for column in ratios.columns:
+        table.add_column(column, justify="right")
+    for row in ratios.itertuples(index=False):
+        table.add_row(row[0], *(f"{v:.2f}" for v in row[1:]))
+    print_table(table, console)
+
+
+def run(cfg: DictConfig) -> pd.DataFrame:
+    """Measure every count of `cfg.counts`, write the outputs, print the tables.
+
+    Args:
+        cfg: a composed conf/bench_scale.yaml.
+
+    Returns:
+        One row per count measured.
+
+    Raises:
+        NotOursError: `output_dir` or a file where an output goes is the user's.
+        SystemExit: a count refused (kept data in its folder, or a disk too small), in one line.
+    """
+    out = Path(cfg.output_dir)
+    if not cfg.counts or min(cfg.counts) < 1:
+        sys.exit(f"{COMMAND}: counts={list(cfg.counts)}: need one count or more, each >= 1")
+    kept = [out / f"data-{n}" for n in cfg.counts if (out / f"data-{n}").exists()]
+    if cfg.keep_data and kept:
+        sys.exit(f"{COMMAND}: {kept[0]} holds data kept by an earlier run, which would be "
+                 "reused, not measured: remove it or choose another output_dir")  # fmt: skip
+    claim_output(out, OUTPUTS)
+    workers = (os.cpu_count() or 1) if cfg.num_workers is None else cfg.num_workers
+    settings = replace(PrepareSettings.from_config(compose_prepare()), num_workers=workers)
+    console = Console()
+    rows: list[dict[str, Any]] = []
+    refusal = None
+    for count in cfg.counts:
+        refusal = disk_refusal(count, rows[-1] if rows else None, shutil.disk_usage(out).free, out)
+        if refusal is not None:
+            break
+        with _data_folder(out, count, cfg.keep_data) as folder:
+            rows.append(_measure_count(count, folder, cfg, settings, console))
+    frame = _frame(rows, cfg, workers)  # the first count is never refused: rows are not empty
+    write_text(out / "bench_scale.csv", frame.to_csv(index=False, float_format="%.4f"))
+    _plot(frame, out / "bench_scale.png")
+    config = OmegaConf.to_container(cfg, resolve=True)
+    write_text(out / "bench_scale.json", json.dumps({"config": config}, indent=2))
+    record_outputs(out, OUTPUTS)
+    _print(frame, console)
+    console.print(f"written: {out / 'bench_scale.csv'}, bench_scale.png, bench_scale.json")
+    if refusal is not None:
+        sys.exit(refusal)
+    return frame
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_scale")
+def main(cfg: DictConfig) -> None:
+    with refused_in_one_line(COMMAND):
+        run(cfg)
+
+
+if __name__ == "__main__":
+    main()
