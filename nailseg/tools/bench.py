@@ -13,8 +13,9 @@ For every loader backend × aug spec, in one process and one run:
 * `gflop_per_image`: the model's training FLOPs per image (forward and backward, the matrix
   multiplies and convolutions `torch.utils.flop_counter` counts), counted once on the eager model;
 * `ceiling_mfu`, `train_mfu`: model FLOPs utilisation, images/s × FLOPs per image ÷ `peak_tflops`,
-  the device's dense bf16 matrix-multiply peak, measured once per run on CUDA (or given); left
-  empty on the CPU, where no peak is measured;
+  the device's dense bf16 matrix-multiply peak, measured once per run on CUDA (its clocks that
+  day included: `peak_tflops=N` fixes it, for MFU comparable across runs); left empty on the
+  CPU, where no peak is measured;
 * with `compile=true` the model is `torch.compile`d (`compile_mode`; reduce-overhead adds CUDA
   graphs) and `eager_ceiling_img_s` is the ceiling of the same model uncompiled, measured in the
   same run.
@@ -77,7 +78,7 @@ SHOWN = {
     "data_wait_frac": ".3f", "gflop_per_image": ".2f", "ceiling_mfu": ".3f", "train_mfu": ".3f",
 }  # fmt: skip
 PEAK_MATMUL_SIZE = 8192  # square bf16 operands: large enough to run at the tensor cores' peak
-PEAK_MATMULS, PEAK_WINDOWS = 10, 5  # products per timed window; the fastest window counts
+PEAK_MATMULS, PEAK_WINDOWS = 20, 10  # products per timed window; the fastest window counts
 
 
 @dataclass
@@ -132,7 +133,7 @@ def measured_peak_tflops(device: torch.device) -> float:
     of large square products after a warm-up (MFU's denominator, as this machine runs it)."""
     n = PEAK_MATMUL_SIZE
     a, b, out = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(3))
-    for _ in range(3):  # warm-up: cuBLAS picks its kernel, the clocks rise
+    for _ in range(PEAK_MATMULS):  # warm-up: cuBLAS picks its kernel, the clocks rise
         torch.mm(a, b, out=out)
     fastest = float("inf")
     for _ in range(PEAK_WINDOWS):
