@@ -316,6 +316,7 @@ class BenchConfig:
     channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
     compile: bool = MISSING
     compile_mode: str = MISSING
+    cudnn_benchmark: bool = MISSING
     peak_tflops: float | None = MISSING  # null: measured on CUDA
     loss: str = MISSING
     seed: int = MISSING

@@ -358,6 +358,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     claim_output(out, OUTPUTS)
     prepare_builtin(cfg.dataset)  # the built-in synthetic data, as train.py makes it
     device = resolve_device(cfg.device)
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     measure_train = (
         device.type == "cuda" if cfg.measure_train == "auto" else bool(cfg.measure_train)
     )
