@@ -136,7 +136,7 @@ def loader_stage(
     from nailseg.data.datamodule import NailDataModule
 
     spec = instantiate(aug, mean=normalize["mean"], std=normalize["std"], _convert_="all")
-    datamodule = NailDataModule(
+    datamodule = NailDataModule(  # the root alone: with nothing mixed in, its weight is unused
         root, tuple(image_size), instantiate(loader), spec, final_split="auto", mix=[], weight=1.0
     )
     batches = datamodule.train_dataloader()
@@ -271,10 +271,12 @@ def _plot(frame: pd.DataFrame, path: Path) -> None:
             frame["count"], frame[f"{stage}_workers_peak_mib"], marker="x", linestyle="--",
             color=line[0].get_color(), label=f"{stage}: largest worker",
         )  # fmt: skip
-    rates.set(xscale="log", xlabel="photos", ylabel="per second", title="rate (flat: linear cost)")
+    # log y: the stages' rates differ by orders of magnitude; flat still reads as linear cost
+    rates.set(xscale="log", yscale="log", xlabel="photos", ylabel="per second",
+              title="rate (flat: linear cost)")  # fmt: skip
     memory.set(xscale="log", xlabel="photos", ylabel="peak RSS (MiB)", title="peak memory")
+    memory.set_ylim(bottom=0)
     for ax in (rates, memory):
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize="small")
     first = frame.iloc[0]
     fig.suptitle(
