@@ -30,7 +30,6 @@ prints a table.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import json
 import statistics
@@ -122,7 +121,8 @@ def training_flops_per_image(step: TrainStep, image_size: tuple[int, int]) -> fl
         "image": torch.randn(images, 3, *image_size, device=step.device),
         "mask": torch.zeros(images, 1, *image_size, device=step.device),
     }
-    counted = dataclasses.replace(step, net=copy.deepcopy(step.net))
+    counted = copy.copy(step)
+    counted.net = copy.deepcopy(step.net)
     with FlopCounterMode(display=False) as counter:
         counted.loss(batch).backward()
     return counter.get_total_flops() / images
