@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
@@ -36,6 +37,7 @@ from nailseg.prep.ledger import Journal, Owned, Record, conversion_settings
 from nailseg.prep.report import Summary
 from nailseg.prep.settings import PrepareSettings
 
+IN_FLIGHT_PER_WORKER = 4  # pairs queued per worker: enough to keep each busy, few to hold
 _READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
 
 
@@ -130,14 +132,24 @@ def _convert_all(
                 yield convert_pair(pair, out_root, threshold, settings)
                 progress.advance(task)
             return
+        waiting = iter(pairs)
+
+        def submit(count: int) -> set[Future[Outcome]]:
+            return {
+                pool.submit(convert_pair, p, out_root, threshold, settings)
+                for p in itertools.islice(waiting, count)
+            }
+
         with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent) as pool:
+            # a bounded window of pairs in flight: memory does not grow with the photo count
             with frozen_heap():  # the pool forks its processes at the first submit
-                futures = [
-                    pool.submit(convert_pair, p, out_root, threshold, settings) for p in pairs
-                ]
-            for future in as_completed(futures):
-                yield future.result()
-                progress.advance(task)
+                running = submit(IN_FLIGHT_PER_WORKER * workers)
+            while running:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield future.result()
+                    progress.advance(task)
+                running |= submit(len(done))
 
 
 def convert(
