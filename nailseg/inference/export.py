@@ -61,8 +61,9 @@ class ExportError(RuntimeError):
     """An unknown format, or an export whose outputs disagree with PyTorch's."""
 
 
-def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int = 17) -> bytes:
-    """`net` as a checked ONNX model with nailseg's metadata, in memory."""
+def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int | None) -> bytes:
+    """`net` as a checked ONNX model with nailseg's metadata, in memory; `opset` None: the
+    exporter's own (a model ONNX Runtime runs here and now, never written)."""
     buffer = io.BytesIO()
     example = torch.zeros(2, 3, *spec.image_size)
     with torch.inference_mode():
@@ -115,7 +116,7 @@ def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> flo
 
 
 def export_onnx(
-    net: nn.Module, spec: InferenceSpec, path: Path, *, opset: int = 17, verify: bool = True
+    net: nn.Module, spec: InferenceSpec, path: Path, *, opset: int, verify: bool = True
 ) -> float | None:
     """Write `net` to `path` as ONNX (atomically); returns the logits difference from PyTorch's
     (`logits_difference`) when `verify`, and then writes only if it is within `TOLERANCE`."""
@@ -136,7 +137,7 @@ class OnnxNet:
     def __init__(self, net: nn.Module, spec: InferenceSpec) -> None:
         import onnxruntime as ort
 
-        model = onnx_model(net, spec)
+        model = onnx_model(net, spec, opset=None)
         self.difference = checked_difference(model, net, spec)
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()  # as many as PyTorch would use

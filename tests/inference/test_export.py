@@ -117,13 +117,14 @@ def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     # sums in another order differ by ~4e-3: an absolute 1e-3 refused every such export
     from nailseg.inference.export import TOLERANCE, export_onnx, logits_difference
 
-    spec = resolve_spec(compose_cli("export", [f"ckpt={trained}"]))
+    cfg = compose_cli("export", [f"ckpt={trained}"])
+    spec = resolve_spec(cfg)
     net = load_net(trained, spec.model).eval()
     with torch.no_grad():
         net.segmentation_head[0].weight.mul_(1e5)
         net.segmentation_head[0].bias.mul_(1e5)
     path = tmp_path / "big.onnx"
-    diff = export_onnx(net, spec, path)
+    diff = export_onnx(net, spec, path, opset=cfg.opset)
     assert path.is_file() and diff is not None and diff <= TOLERANCE
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     batch = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
