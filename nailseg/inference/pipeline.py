@@ -21,7 +21,8 @@ from nailseg.inference.host_copy import HostCopy, to_host
 from nailseg.inference.photos import Photo, Skipped, TrueMask
 from nailseg.inference.progress import STAGES, Stopwatch, progress_bar
 from nailseg.inference.scoring import ImageScore
-from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities
+from nailseg.inference.spec import InferenceSpec, Net
+from nailseg.inference.views import Views, photo_probabilities
 from nailseg.inference.workers import Loaded, NotWritten, PhotoWriter, Prediction, read_photos
 from nailseg.prep.imageio import UnreadableImage
 
@@ -31,7 +32,7 @@ class BatchSettings:
     """How the photos are run: from the request."""
 
     threshold: float
-    tta: bool
+    views: Views  # flips, scales, tiles
     device: torch.device
     batch_size: int
     num_workers: int
@@ -167,7 +168,8 @@ class _Pipeline:
             self._finish(fetched)
 
     def _launch(self) -> list[_OnDevice]:
-        """Queue the pending photos' work on the device: decode, resize, net, full-size maps."""
+        """Queue the pending photos' work on the device: decode, resize (or tile), net,
+        full-size maps."""
         photos = [photo for photo, _ in self.pending]
         loaded = [item for _, item in self.pending]
         self.pending = []
@@ -183,7 +185,9 @@ class _Pipeline:
             kept.append((photo, item if isinstance(item, np.ndarray) else image))
         if not images:
             return []
-        probs = full_size_probabilities(self.net, images, self.spec, self.settings.tta)
+        probs = photo_probabilities(
+            self.net, images, self.spec, self.settings.views, self.settings.batch_size
+        )
         return [
             _OnDevice(photo, shown if self.settings.overlays else None, prob)
             for (photo, shown), prob in zip(kept, probs, strict=True)

@@ -39,10 +39,19 @@ from nailseg.inference.request import PredictError, Request, check_request, choo
 from nailseg.inference.spec import InferenceConfig
 from nailseg.inference.summary import PredictSummary, print_summary, summary_report, write_scores
 from nailseg.inference.threshold import ThresholdError
+from nailseg.inference.views import input_sizes
 from nailseg.inference.worker_pool import worker_processes
 from nailseg.inference.workers import PhotoWriter
 from nailseg.io.lock import locked
 from nailseg.model.checkpoint import CheckpointError, load_net
+
+
+@dataclass
+class TileConfig:
+    """Types only: the values are in conf/predict.yaml."""
+
+    long_side: int | None = None  # the photo's long side, in pixels, before tiling (None: no tiles)
+    overlap: float = MISSING  # neighbouring tiles' least overlap, a fraction of a tile
 
 
 @dataclass
@@ -53,6 +62,8 @@ class PredictConfig(InferenceConfig):
     output: str = MISSING
     masks: str | None = None  # true masks, matched by key: writes scores.csv
     tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
+    scales: list[float] | None = None  # factors of the input size, maps averaged (None: 1 size)
+    tile: TileConfig = MISSING  # photos in tiles of the input size (long_side None: whole)
     threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
     data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
     batch_size: int = MISSING
@@ -86,15 +97,17 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     """
     console = console or Console()
     request = check_request(cfg)
-    spec, device = request.spec, request.device
-    net = build_engine(cfg.engine, load_net(spec.ckpt, spec.model), spec, device, cfg.cuda_graphs)
+    spec, device, views = request.spec, request.device, request.views
+    sizes = input_sizes(views, spec)
+    loaded = load_net(spec.ckpt, spec.model)
+    net = build_engine(cfg.engine, loaded, spec, device, cfg.cuda_graphs, sizes)
     graphed = isinstance(net, GraphedNet)
-    capture_seconds = capture(net, spec, cfg.batch_size, cfg.tta) if graphed else 0.0
-    threshold, source = choose_threshold(cfg, spec, net, device, console)
+    capture_seconds = capture(net, spec, cfg.batch_size, cfg.tta, sizes) if graphed else 0.0
+    threshold, source = choose_threshold(cfg, spec, views, net, device, console)
     config = OmegaConf.to_container(cfg, resolve=True)
     settings = BatchSettings(
         threshold=threshold,
-        tta=cfg.tta,
+        views=views,
         device=device,
         batch_size=cfg.batch_size,
         num_workers=request.num_workers,
@@ -127,7 +140,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         if outcome.scores:
             summary.scores = write_scores(request.output, outcome.scores, stamp)
         list_outputs(request.output, dict.fromkeys(outputs, stamp))  # the earlier run's are gone
-        report = summary_report(summary, spec, cfg.tta) | {"config": config}
+        report = summary_report(summary, spec, views) | {"config": config}
         write_summary(request.output, report, finished=True)
         print_summary(summary, request.output, console)
         if not outcome.written:

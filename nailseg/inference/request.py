@@ -24,6 +24,7 @@ from nailseg.inference.photos import (
 )
 from nailseg.inference.spec import InferenceSpec, Net, resolve_spec
 from nailseg.inference.threshold import auto_threshold
+from nailseg.inference.views import Views, views_of
 from nailseg.io.permissions import unwritable_folder
 from nailseg.prep.imageio import check_mask_threshold
 
@@ -39,6 +40,7 @@ class Request:
     output: Path
     device: torch.device
     spec: InferenceSpec
+    views: Views  # flips, scales, tiles
     photos: list[Photo]
     skipped: list[Skipped]  # input files left out, with why
     truths: dict[str, TrueMask | str] | None  # each photo's true mask or why none; None: no scores
@@ -51,6 +53,10 @@ def check_request(cfg: DictConfig) -> Request:
     _check_numbers(cfg)
     device = _engine_device(cfg.engine, str(cfg.device))
     spec = resolve_spec(cfg)  # the checkpoint and the overrides of its card
+    try:
+        views = views_of(cfg, spec)
+    except ValueError as err:
+        raise PredictError(str(err)) from err
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     output = Path(cfg.output)
     _check_output(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
@@ -65,7 +71,7 @@ def check_request(cfg: DictConfig) -> Request:
     truths = None
     if mask_index is not None:
         truths = _true_masks(photos, cfg.masks, mask_index, cfg.mask_threshold, num_workers)
-    return Request(output, device, spec, photos, skipped, truths, num_workers)
+    return Request(output, device, spec, views, photos, skipped, truths, num_workers)
 
 
 def _check_numbers(cfg: DictConfig) -> None:
@@ -138,17 +144,22 @@ def _true_masks(
 
 
 def choose_threshold(
-    cfg: DictConfig, spec: InferenceSpec, net: Net, device: torch.device, console: Console
+    cfg: DictConfig,
+    spec: InferenceSpec,
+    views: Views,
+    net: Net,
+    device: torch.device,
+    console: Console,
 ) -> tuple[float, str]:
     """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
-    validation."""
+    validation, its photos run with predict's `views`."""
     if cfg.threshold is None:
         return spec.threshold, "checkpoint"
     if str(cfg.threshold) == "auto":
         choice = auto_threshold(
             net,
             spec,
-            tta=cfg.tta,
+            views=views,
             device=device,
             batch_size=cfg.batch_size,
             data_root=Path(cfg.data_root) if cfg.data_root else None,

@@ -146,21 +146,24 @@ def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[to
     ]
 
 
-def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tensor:
+def to_batch(
+    images: Sequence[torch.Tensor], spec: InferenceSpec, size: tuple[int, int] | None = None
+) -> torch.Tensor:
     """RGB uint8 C×H×W photos of any sizes (on one device) → one normalised float B×3×h×w batch
-    at the input size, in their order (channels-last on CUDA, the layout the net runs fastest
-    in there). Each run of consecutive photos of one size is resized in one call: on a GPU the
-    calls, not the arithmetic, are the cost (`full_size_probabilities` orders photos by size)."""
+    at `size` (None: the input size), in their order (channels-last on CUDA, the layout the net
+    runs fastest in there). Each run of consecutive photos of one size is resized in one call: on
+    a GPU the calls, not the arithmetic, are the cost (`full_size_probabilities` orders photos by
+    size)."""
     device = images[0].device
     resized = [
         F.interpolate(
             torch.stack(run).float(),
-            size=spec.image_size,
+            size=size or spec.image_size,
             mode="bilinear",
             align_corners=False,
             antialias=True,
         )
-        for run in _runs_of_one_size(images)
+        for run in runs_of_one_size(images)
     ]
     # `torch.tensor(..., device=cuda)` would wait for all the work queued there (the batches
     # before); a copy from pageable memory with non_blocking=True does not, and is safe
@@ -171,7 +174,8 @@ def to_batch(images: Sequence[torch.Tensor], spec: InferenceSpec) -> torch.Tenso
     return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
 
 
-def _runs_of_one_size(images: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+def runs_of_one_size(images: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`images` cut where the shape changes: consecutive photos of one size together."""
     return [list(run) for _, run in itertools.groupby(images, key=lambda image: image.shape)]
 
 
@@ -189,16 +193,21 @@ def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Ten
 
 @torch.inference_mode()
 def full_size_probabilities(
-    net: Net, images: Sequence[torch.Tensor], spec: InferenceSpec, tta: bool = False
+    net: Net,
+    images: Sequence[torch.Tensor],
+    spec: InferenceSpec,
+    tta: bool = False,
+    size: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """One H×W probability map per C×H×W photo, at the photo's own size (on its device), in the
-    photos' order. Photos are taken in order of size, so each size is resized in and out in one
-    call (bilinear works on each photo alone: the values are those of one call per photo)."""
+    photos' order, the net run at `size` (None: the input size). Photos are taken in order of
+    size, so each size is resized in and out in one call (bilinear works on each photo alone: the
+    values are those of one call per photo)."""
     order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
     ordered = [images[i] for i in order]
-    probs = probabilities(net, to_batch(ordered, spec), tta)
+    probs = probabilities(net, to_batch(ordered, spec, size), tta)
     maps: list[torch.Tensor] = []
-    for run in _runs_of_one_size(ordered):
+    for run in runs_of_one_size(ordered):
         run_probs, probs = probs[: len(run)], probs[len(run) :]
         full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
         maps += full[:, 0].unbind()

@@ -14,6 +14,7 @@ from nailseg.inference.output import SCORES
 from nailseg.inference.photos import Skipped
 from nailseg.inference.scoring import ImageScore, score_table, totals
 from nailseg.inference.spec import InferenceSpec
+from nailseg.inference.views import Views
 from nailseg.io.atomic import write_atomic
 from nailseg.tables import print_table
 
@@ -50,7 +51,7 @@ def write_scores(output: Path, scores: list[ImageScore], stamp: int) -> dict[str
     return totals(table)
 
 
-def summary_report(summary: PredictSummary, spec: InferenceSpec, tta: bool) -> dict[str, Any]:
+def summary_report(summary: PredictSummary, spec: InferenceSpec, views: Views) -> dict[str, Any]:
     """`summary.json`'s report (the config is added beside it)."""
     return {
         "images": summary.images,
@@ -61,7 +62,8 @@ def summary_report(summary: PredictSummary, spec: InferenceSpec, tta: bool) -> d
         "workers_start_s": summary.workers_seconds,
         "checkpoint": str(spec.ckpt),
         "image_size": list(spec.image_size),
-        "tta": tta,
+        "tta": views.tta,
+        **views.record(),  # scales, tile: null when unset
         "threshold": summary.threshold,
         "threshold_source": summary.threshold_source,
         "device": summary.device,

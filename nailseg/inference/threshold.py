@@ -1,7 +1,7 @@
 """`threshold=auto`: the Dice-best threshold on the run's validation split, computed once.
 
-The sweep scores what predict writes (full-size probabilities, `p > t`) by Dice from pixel counts
-summed over the split. All `THRESHOLDS` are scored in one pass: per-bin foreground/background
+The sweep scores what predict writes (full-size probabilities, `p > t`, with predict's flips,
+scales and tiles) by Dice from pixel counts summed over the split. All `THRESHOLDS` are scored in one pass: per-bin foreground/background
 counts of the probabilities give TP/FP/FN at every threshold by a cumulative sum. Ties go to the
 threshold nearest the run's own. The choice is cached in `threshold.json` beside the checkpoint,
 per checkpoint file (name, size, modification time) and per setting that changes it.
@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from nailseg.inference.scoring import dice_iou
-from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities, image_tensors
+from nailseg.inference.spec import InferenceSpec, Net, image_tensors
+from nailseg.inference.views import Views, photo_probabilities
 from nailseg.io.atomic import write_text
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
@@ -47,7 +48,7 @@ def auto_threshold(
     net: Net,
     spec: InferenceSpec,
     *,
-    tta: bool,
+    views: Views,
     device: torch.device,
     batch_size: int,
     data_root: Path | None = None,
@@ -57,13 +58,15 @@ def auto_threshold(
     root = data_root or spec.data_root
     if root is None:
         raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
-    key = _cache_key(spec, root, tta)
+    key = _cache_key(spec, root, views)
     cache = spec.ckpt.parent / CACHE_FILE
     entries = _cached(cache)
     for entry in entries or []:
         if entry["key"] == key:
             return ThresholdChoice(**entry["choice"])
-    choice = sweep(net, spec, root, tta=tta, device=device, batch_size=batch_size, console=console)
+    choice = sweep(
+        net, spec, root, views=views, device=device, batch_size=batch_size, console=console
+    )
     if entries is None:
         (console or Console()).print(
             f"{cache} is not a threshold cache nailseg wrote: left as it is, the choice is not "
@@ -102,17 +105,18 @@ def _cached(cache: Path) -> list[dict[str, Any]] | None:
     return entries if ours else None
 
 
-def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
+def _cache_key(spec: InferenceSpec, root: Path, views: Views) -> dict[str, Any]:
     """What the choice depends on: the checkpoint file, the settings, and the validation split's
-    rows by content (data prepared again, with other masks or pairs, gives another key)."""
+    rows by content (data prepared again, with other masks or pairs, gives another key). Scales
+    and tiles are keyed only when set: a key without them is a whole photo at the input size."""
     stat = spec.ckpt.stat()
     split = Path(root) / f"{SPLIT}.csv"
     rows = hashlib.sha256(split.read_bytes()).hexdigest() if split.is_file() else None
-    return {
+    key = {
         "checkpoint": spec.ckpt.name,
         "checkpoint_bytes": stat.st_size,
         "checkpoint_mtime_ns": stat.st_mtime_ns,
-        "tta": tta,
+        "tta": views.tta,
         "image_size": list(spec.image_size),
         "mean": list(spec.mean),
         "std": list(spec.std),
@@ -120,6 +124,7 @@ def _cache_key(spec: InferenceSpec, root: Path, tta: bool) -> dict[str, Any]:
         "split": SPLIT,
         "split_sha256": rows,
     }
+    return key | {name: value for name, value in views.record().items() if value is not None}
 
 
 def sweep(
@@ -127,7 +132,7 @@ def sweep(
     spec: InferenceSpec,
     root: Path,
     *,
-    tta: bool,
+    views: Views,
     device: torch.device,
     batch_size: int,
     console: Console | None = None,
@@ -152,7 +157,7 @@ def sweep(
                 [np.load(Path(root) / p, allow_pickle=False) for p in chunk["images"]], device
             )
             masks = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["masks"]]
-            probs = full_size_probabilities(net, images, spec, tta)
+            probs = photo_probabilities(net, images, spec, views, batch_size)
             for prob, mask in zip(probs, masks, strict=True):
                 # bin i holds probabilities in (t[i-1], t[i]]: foreground at t[j] for every j < i
                 bins = torch.bucketize(prob.flatten(), bounds)
