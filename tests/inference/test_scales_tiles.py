@@ -20,6 +20,7 @@ from support.image_files import box_mask, photo, save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
+from nailseg.data.datamodule import read_split
 from nailseg.inference.engine import build_engine
 from nailseg.inference.predict import PredictError, run
 from nailseg.inference.spec import full_size_probabilities, image_tensors, resolve_spec
@@ -268,6 +269,26 @@ def test_threshold_auto_sweeps_with_the_scales_and_tiles_and_records_them(
     report = json.loads((tmp_path / "tiled" / "summary.json").read_text())
     assert report["scales"] == [1.0, 1.5] and report["tile"] == {"long_side": 48, "overlap": 0.5}
     assert report["threshold"] == summary.threshold
+
+    # the sweep's Dice at its choice is that of predict's own merged masks over the valid split
+    spec, net = _spec_and_net(trained)
+    views = Views(tta=False, scales=(1.0, 1.5), tile=Tiling(long_side=48, overlap=0.5))
+    valid = read_split(spec.data_root, "valid")
+    images = image_tensors([np.load(spec.data_root / f) for f in valid["images"]], CPU)
+    tp = fp = fn = 0
+    for prob, mask_file in zip(
+        photo_probabilities(net, images, spec, views, batch_size=4), valid["masks"], strict=True
+    ):
+        pred, truth = (
+            (prob > summary.threshold).numpy(),
+            np.load(spec.data_root / mask_file)[..., 0] > 0,
+        )
+        tp, fp, fn = (
+            tp + (pred & truth).sum(),
+            fp + (pred & ~truth).sum(),
+            fn + (~pred & truth).sum(),
+        )
+    assert entries[1]["choice"]["dice"] == pytest.approx(2 * tp / (2 * tp + fp + fn), abs=1e-9)
 
 
 def test_onnx_engine_runs_each_scale_at_its_own_size(trained, photos, tmp_path):
