@@ -15,6 +15,7 @@ MODULES = {
     | {"makedirs", "symlink", "link", "truncate", "mkfifo"},
     "shutil": {"rmtree", "copy", "copy2", "copyfile", "copytree", "move"},
     "tempfile": {"mkdtemp", "mkstemp", "TemporaryDirectory", "NamedTemporaryFile"},
+    "dataclasses": set(),  # dataclasses.replace copies a dataclass
 }
 METHODS = {
     "unlink",
@@ -104,6 +105,7 @@ items.remove(1); replace(record, a=1); data.copy(); write_text(p, "atomic, from 
 shutil.rmtree("d"); p.write_text("t"); p.write_bytes(b"b"); p.mkdir(); os.makedirs("d")
 open("f", "w"); open("f", mode="a"); p.open("r+"); os.open("f", os.O_WRONLY | os.O_CREAT)
 open("f"); open("f", "rb"); p.open(); "a".replace("a", "b"); p.read_text()
+dataclasses.replace(record)
 """
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
     caught = [why for call in calls if (why := _writes(call))]
