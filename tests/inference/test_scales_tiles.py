@@ -5,9 +5,6 @@ bad values refused in one line before anything is written."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from rich.console import Console
+from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
@@ -211,18 +209,12 @@ def test_written_masks_threshold_the_mean_of_the_scales(trained, photos, tmp_pat
     "extra", [["scales=[1.0,1.5]"], ["tile.long_side=80", "tile.overlap=0.3", "tta=true"]]
 )
 def test_the_command_as_users_run_it_writes_each_mask_at_its_photos_size_and_scores(
-    trained, photos, tmp_path, extra
+    trained, photos, tmp_path, extra, capfd
 ):
     out = tmp_path / "out"
     args = [f"ckpt={trained}", f"input={photos / 'photos'}", f"output={out}", "num_workers=2"]
     args += [f"masks={photos / 'masks'}", "device=cpu", "batch_size=2", *extra]
-    done = subprocess.run(
-        [sys.executable, "-m", "nailseg", "predict", *args],
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONWARNINGS": "default"},
-        timeout=300,
-    )
+    done = run_command(["-m", "nailseg", "predict", *args], capfd)
     assert done.returncode == 0, done.stderr
     for source in sorted((photos / "photos").iterdir()):
         with Image.open(source) as image, Image.open(out / "masks" / source.name) as mask:
