@@ -90,10 +90,16 @@ def test_schemas_carry_types_only(schema):
     assert not valued, f"{schema.__name__} holds values that belong in conf/: {valued}"
 
 
+TRAIN_ROWS = 72
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """A prepared root with a full batch of 32 (experiment=gpu_384) and no test split."""
-    return write_prepared(tmp_path_factory.mktemp("config") / "prepared", n_train=40, n_valid=8)
+    """A prepared root with a full batch of 64 (experiment=gpu_384_graphs), two of 32, and no
+    test split."""
+    return write_prepared(
+        tmp_path_factory.mktemp("config") / "prepared", n_train=TRAIN_ROWS, n_valid=8
+    )
 
 
 def _compose(data: Path, run_dir: Path, *overrides: str):
@@ -185,18 +191,37 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
 
 
 @pytest.mark.parametrize(
-    ("experiment", "aug", "epochs"), [("gpu_384", "heavy", 50), ("fast_384", "light", 30)]
+    ("experiment", "aug", "epochs", "batch"),
+    [
+        ("gpu_384", "heavy", 50, 32),
+        ("fast_384", "light", 30, 32),
+        ("gpu_384_graphs", "heavy", 50, 64),
+    ],
 )
-def test_a_gpu_preset_builds_its_settings_on_any_machine(experiment, aug, epochs, data, tmp_path):
+def test_a_gpu_preset_builds_its_settings_on_any_machine(
+    experiment, aug, epochs, batch, data, tmp_path
+):
     # what the preset sets reaches the built objects and the schedule spans its fit
     built = build(_compose(data, tmp_path, f"experiment={experiment}", *ON_CPU))
     alone = _compose(data, tmp_path / "aug", f"aug={aug}")
     assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in alone.aug.ops]
     assert built.trainer.max_epochs == epochs and built.datamodule.image_size == (384, 384)
-    assert built.cfg.loader.batch_size == 32 and built.cfg.model.encoder_name == "resnet34"
+    assert built.cfg.loader.batch_size == batch and built.cfg.model.encoder_name == "resnet34"
     probe = dry_fit(built)
     (scheduler,) = probe.schedulers
-    assert schedule_length(scheduler.state_dict()) == probe.steps == epochs * (40 // 32)
+    assert schedule_length(scheduler.state_dict()) == probe.steps == epochs * (TRAIN_ROWS // batch)
+
+
+def test_the_graphs_preset_compiles_the_net_as_cuda_graphs_with_the_lr_scaled(data, tmp_path):
+    """gpu_384_graphs: gpu_384's step compiled (reduce-overhead) at batch 64, AdamW's rate
+    scaled by about the square root of the batch's growth."""
+    base = _compose(data, tmp_path / "base", "experiment=gpu_384", *ON_CPU)
+    built = build(_compose(data, tmp_path, "experiment=gpu_384_graphs", *ON_CPU))
+    assert built.cfg.module.compile and built.cfg.module.compile_mode == "reduce-overhead"
+    assert built.module.net._compiled_call_impl is not None  # nn.Module.compile's, in place
+    (optimizer,) = dry_fit(built).optimizers
+    scale = optimizer.defaults["lr"] / base.optimizer.lr
+    assert scale == pytest.approx(2**0.5, rel=0.02)  # the YAML rounds it to 1.4e-3
 
 
 @pytest.mark.parametrize(("overrides", "fused"), [([], True), (["optimizer.fused=null"], None)])
@@ -232,7 +257,7 @@ def _encoder(net: torch.nn.Module) -> tuple[str, int]:
     return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
 
 
-@pytest.mark.parametrize("experiment", ["gpu_384", "fast_384"])
+@pytest.mark.parametrize("experiment", ["gpu_384", "fast_384", "gpu_384_graphs"])
 @pytest.mark.parametrize(("model", "encoder"), [("unet", "resnet34"), ("segformer", None)])
 def test_a_preset_gives_its_encoder_to_unet_only(experiment, model, encoder, data, tmp_path):
     # "override model=segformer for SegFormer": SegFormer keeps its own encoder, not the ResNet
