@@ -12,6 +12,7 @@ from support.cli import run_command
 
 from nailseg.io.run_folder import RUN_MARKER
 from nailseg.tools.bench_scale import OUTPUTS, STAGES
+from nailseg.tools.output import claim_output
 
 # a count no disk holds: refused from the bytes per photo of the count before it
 HUGE = 10**12
@@ -62,3 +63,22 @@ def test_a_users_output_dir_is_refused_in_one_line_before_any_work(tmp_path, cap
     )
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_file_in_a_kept_data_folder_is_left_and_the_run_refused_in_one_line(tmp_path, capsys):
+    """keep_data=true writes into `data-<count>` of the bench's own folder; a folder there already
+    (an earlier run's, or with a user's file in it) is refused before any stage runs."""
+    out = tmp_path / "scale"
+    claim_output(out, OUTPUTS)
+    mine = out / "data-16" / "raw" / "notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("the user's")
+    argv = ["-m", "nailseg", "bench-scale", f"output_dir={out}", "counts=[16]", "keep_data=true"]
+    proc = run_command(argv, capsys)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"nailseg bench-scale: {out / 'data-16'} holds data kept by an earlier run, which would "
+        "be reused, not measured: remove it or choose another output_dir"
+    )
+    assert mine.read_text() == "the user's"
+    assert sorted(p.name for p in (out / "data-16").rglob("*")) == ["notes.txt", "raw"]
