@@ -37,7 +37,8 @@ from nailseg.tools.output import claim_output, record_outputs, refused_in_one_li
 OUTPUTS = ["bench_prepare.csv", "bench_prepare.json"]
 
 
-def _seconds(fn: Callable[[], object]) -> float:
+def seconds(fn: Callable[[], object]) -> float:
+    """How long `fn()` takes, wall clock."""
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -48,7 +49,7 @@ def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> 
     times = []
     for _ in range(repeats):
         with scratch_folder(scratch) as fresh:
-            times.append(_seconds(lambda: fn(fresh / "out")))
+            times.append(seconds(lambda: fn(fresh / "out")))
     return statistics.median(times)
 
 
@@ -70,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     n_pairs = first.written + first.up_to_date
     cold = _cold_seconds(run_prepare, out, cfg.repeats)
     rerun = statistics.median(
-        _seconds(lambda: run_prepare(out / "prepared")) for _ in range(cfg.repeats)
+        seconds(lambda: run_prepare(out / "prepared")) for _ in range(cfg.repeats)
     )
     n_synth = cfg.synthetic_n
     synthetic = _cold_seconds(

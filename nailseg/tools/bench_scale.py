@@ -53,6 +53,7 @@ from nailseg.prep.prepare import prepare
 from nailseg.prep.settings import PrepareSettings, compose_prepare
 from nailseg.prep.synthetic import generate, manifest_text
 from nailseg.tables import print_table
+from nailseg.tools.bench_prepare import seconds
 from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 
 OUTPUTS = ["bench_scale.csv", "bench_scale.png", "bench_scale.json"]
@@ -108,20 +109,14 @@ def in_fresh_process(stage: Callable[..., dict[str, Any]], *args: Any) -> dict[s
     raise StageError(value)
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def generate_stage(raw: Path, count: int, seed: int, workers: int) -> dict[str, Any]:
     """Stage 1: the synthetic photos into `raw`."""
-    return {"seconds": _timed(lambda: generate(raw, count, seed, num_workers=workers))}
+    return {"seconds": seconds(lambda: generate(raw, count, seed, num_workers=workers))}
 
 
 def prepare_stage(raw: Path, root: Path, settings: PrepareSettings, source: str) -> dict[str, Any]:
     """Stage 2: `raw` prepared into `root`."""
-    return {"seconds": _timed(lambda: prepare(raw, root, settings, source))}
+    return {"seconds": seconds(lambda: prepare(raw, root, settings, source))}
 
 
 def loader_stage(
