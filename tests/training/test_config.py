@@ -250,6 +250,7 @@ def test_the_benchs_training_step_has_train_pys_defaults():
     bench, train = _compose_app("bench", []), _compose_app("train", [])
     for key in ("loss", "channels_last", "compile", "compile_mode"):
         assert bench[key] == train.module[key], key
+    assert bench.cudnn_benchmark == train.trainer.benchmark
     assert bench.optimizer == train.optimizer
 
 
