@@ -352,6 +352,7 @@ class BenchScaleConfig:
     num_workers: int | None = None  # None: one per CPU core
     seed: int = MISSING
     keep_data: bool = MISSING
+    train: list[str] = MISSING
 
 
 @dataclass

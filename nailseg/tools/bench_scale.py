@@ -1,4 +1,5 @@
-"""Cost as the work grows: generate, prepare and one loader epoch at 1k, 10k, 100k photos.
+"""Cost as the work grows: generate, prepare, one loader epoch and one training epoch at 1k, 10k,
+100k photos.
 
     python -m nailseg bench-scale output_dir=DIR [counts=[1000,10000,100000]]
 
@@ -11,7 +12,10 @@ program, so the child's figure is at least the stage's size when it forked: an u
 1. `generate`: the synthetic photos (`nailseg.prep.synthetic`), photos/s;
 2. `prepare`: them into a prepared root with conf/prepare.yaml's settings, photos/s, and the bytes
    on disk per photo of photos and root together;
-3. `loader`: one epoch of the configured loader over the train split, no model, images/s.
+3. `loader`: one epoch of the configured loader over the train split, no model, images/s;
+4. `train`: `train.py` for one epoch on the prepared root at the bench's image size and batch
+   size (`train`: more of its overrides, e.g. `[experiment=gpu_384]`), its training images/s
+   from its metrics.json and its process's peak (a DALI loader's threads are in it).
 
 Linear cost shows as the same photos/s at every count, flat memory as the same peak: each count's
 per-photo seconds and peaks are printed divided by the count's before it. The data of a count
@@ -30,6 +34,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -45,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, PROJECT_ROOT
 from nailseg.io.atomic import save_figure, write_text
 from nailseg.io.ownership import make_folder, scratch_folder
 from nailseg.lifetime import die_with_parent
@@ -57,9 +62,14 @@ from nailseg.tools.bench_prepare import seconds
 from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 
 OUTPUTS = ["bench_scale.csv", "bench_scale.png", "bench_scale.json"]
-STAGES = ("generate", "prepare", "loader")
-# each stage's rate column: photos (images, for the loader) per second
-_RATES = {"generate": "generate_photos_s", "prepare": "prepare_photos_s", "loader": "loader_img_s"}
+STAGES = ("generate", "prepare", "loader", "train")
+# each stage's rate column: photos (images, for the loader and training) per second
+_RATES = {
+    "generate": "generate_photos_s",
+    "prepare": "prepare_photos_s",
+    "loader": "loader_img_s",
+    "train": "train_img_s",
+}
 COMMAND = "nailseg bench-scale"
 _MIB = 1024  # ru_maxrss is in KiB on Linux
 
@@ -73,13 +83,16 @@ def _peak_mib(who: int) -> float:
 
 
 def _stage_main(send, parent: int, stage: Callable[..., dict[str, Any]], args: tuple) -> None:
-    """The stage process: run `stage(*args)`, then send its result and peaks (or the traceback)."""
+    """The stage process: run `stage(*args)`, then send its result and peaks (or the traceback);
+    a stage that measures its own peak (`train`: its train.py process's) reports it."""
     die_with_parent(parent)
     try:
         result = stage(*args)
-        result["peak_mib"] = _peak_mib(resource.RUSAGE_SELF)
-        result["workers_peak_mib"] = _peak_mib(resource.RUSAGE_CHILDREN)
-        send.send(("ok", result))
+        peaks = {
+            "peak_mib": _peak_mib(resource.RUSAGE_SELF),
+            "workers_peak_mib": _peak_mib(resource.RUSAGE_CHILDREN),
+        }
+        send.send(("ok", peaks | result))
     except BaseException:
         send.send(("error", traceback.format_exc()))
     finally:
@@ -147,6 +160,36 @@ def loader_stage(
     return {"seconds": seconds, "images": images}
 
 
+def train_stage(
+    root: Path, count: int, seed: int, run_dir: Path, overrides: list[str]
+) -> dict[str, Any]:
+    """Stage 4: `python train.py` for one epoch on `root` (the synthetic set of `count` photos and
+    `seed` it holds), no final test, no logger; its first epoch's training images/s (validation
+    excluded) from its metrics.json. Its output goes to `run_dir/train.log`."""
+    run_dir.mkdir()
+    command = [
+        sys.executable, str(Path(PROJECT_ROOT) / "train.py"), "dataset=synthetic",
+        f"dataset.root={root}", f"dataset.raw_dir={root.parent / 'raw'}",
+        f"dataset.synthetic.n={count}", f"dataset.synthetic.seed={seed}", "trainer.max_epochs=1",
+        "test=false", "logger=none", f"hydra.run.dir={run_dir}", *overrides,
+    ]  # fmt: skip
+    log = run_dir / "train.log"
+    with log.open("w") as output:
+        done = subprocess.run(
+            command, stdout=output, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        )
+    if done.returncode != 0:
+        raise StageError(f"train.py exited with {done.returncode}:\n{log.read_text()[-3000:]}")
+    epoch = json.loads((run_dir / "metrics.json").read_text())["throughput"]["per_epoch"][0]
+    train_s = epoch["images"] / epoch["images_per_s"]
+    return {
+        "seconds": train_s,
+        "images": epoch["images"],
+        "data_wait_frac": epoch["data_wait_frac"],
+        "peak_mib": _peak_mib(resource.RUSAGE_CHILDREN),
+    }
+
+
 def _bytes_on_disk(folder: Path) -> int:
     """What the files below `folder` take on disk (allocated blocks, as free space counts)."""
     return sum(
@@ -183,9 +226,14 @@ def _data_folder(out: Path, count: int, keep: bool) -> AbstractContextManager[Pa
 def _measure_count(
     count: int, folder: Path, cfg: DictConfig, settings: PrepareSettings, console: Console
 ) -> dict[str, Any]:
-    """The three stages at `count` photos in `folder`, a line of progress before and after each."""
+    """The four stages at `count` photos in `folder`, a line of progress before and after each."""
     raw, root = folder / "raw", folder / "prepared"
     loader = OmegaConf.to_container(cfg.loader, resolve=True)
+    height, width = cfg.image_size
+    train = [
+        f"dataset.image_size=[{height},{width}]", f"loader.batch_size={cfg.loader.batch_size}",
+        *cfg.train,
+    ]  # fmt: skip
     runs = {
         "generate": (generate_stage, raw, count, cfg.seed, settings.num_workers),
         "prepare": (prepare_stage, raw, root, settings, manifest_text(count, cfg.seed)),
@@ -194,6 +242,7 @@ def _measure_count(
             OmegaConf.to_container(cfg.aug, resolve=True),
             OmegaConf.to_container(cfg.normalize, resolve=True),
         ),
+        "train": (train_stage, root, count, cfg.seed, folder / "run", train),
     }  # fmt: skip
     row: dict[str, Any] = {"count": count}
     for name, (stage, *args) in runs.items():
@@ -208,8 +257,10 @@ def _measure_count(
         }
         if name == "prepare":
             row["bytes_per_photo"] = _bytes_on_disk(folder) / count
-        if name == "loader":
-            row["loader_images"] = items
+        if name in ("loader", "train"):
+            row[f"{name}_images"] = items
+        if name == "train":
+            row["train_data_wait_frac"] = result["data_wait_frac"]
         console.print(
             f"{count} photos: {name} {result['seconds']:.1f} s, {row[f'{name}_rate']:.0f}/s, "
             f"peak {result['peak_mib']:.0f} MiB (largest worker {result['workers_peak_mib']:.0f})"
@@ -223,6 +274,7 @@ def _frame(rows: list[dict[str, Any]], cfg: DictConfig, workers: int) -> pd.Data
             "generate_rate": "generate_photos_s",
             "prepare_rate": "prepare_photos_s",
             "loader_rate": "loader_img_s",
+            "train_rate": "train_img_s",
         }
     )
     frame["workers"] = workers
@@ -233,7 +285,7 @@ def _frame(rows: list[dict[str, Any]], cfg: DictConfig, workers: int) -> pd.Data
     return frame
 
 
-def _ratios(frame: pd.DataFrame) -> pd.DataFrame:
+def ratios(frame: pd.DataFrame) -> pd.DataFrame:
     """Each count against the one before: per-photo seconds (1.0: linear cost) and peak memory
     (1.0: flat)."""
     rows = []
@@ -287,23 +339,23 @@ def _print(frame: pd.DataFrame, console: Console) -> None:
     table = Table(title="bench-scale: rates (per second) and peak memory (MiB) per count")
     shown = {
         "count": "{:d}", "generate_photos_s": "{:.1f}", "prepare_photos_s": "{:.1f}",
-        "loader_img_s": "{:.1f}", "generate_peak_mib": "{:.0f}", "prepare_peak_mib": "{:.0f}",
-        "prepare_workers_peak_mib": "{:.0f}", "loader_peak_mib": "{:.0f}",
-        "bytes_per_photo": "{:.0f}", "generate_s": "{:.1f}", "prepare_s": "{:.1f}",
-        "loader_s": "{:.1f}",
+        "loader_img_s": "{:.1f}", "train_img_s": "{:.1f}", "generate_peak_mib": "{:.0f}",
+        "prepare_peak_mib": "{:.0f}", "prepare_workers_peak_mib": "{:.0f}",
+        "loader_peak_mib": "{:.0f}", "train_peak_mib": "{:.0f}", "bytes_per_photo": "{:.0f}",
+        "generate_s": "{:.1f}", "prepare_s": "{:.1f}", "loader_s": "{:.1f}", "train_s": "{:.1f}",
     }  # fmt: skip
     for column in shown:
         table.add_column(column, justify="right")
     for row in frame.itertuples():
         table.add_row(*(form.format(getattr(row, column)) for column, form in shown.items()))
     print_table(table, console)
-    ratios = _ratios(frame)
-    if ratios.empty:
+    per_count = ratios(frame)
+    if per_count.empty:
         return
     table = Table(title="each count ÷ the one before (1.0: linear cost, flat memory)")
-    for column in ratios.columns:
+    for column in per_count.columns:
         table.add_column(column, justify="right")
-    for row in ratios.itertuples(index=False):
+    for row in per_count.itertuples(index=False):
         table.add_row(row[0], *(f"{v:.2f}" for v in row[1:]))
     print_table(table, console)
 

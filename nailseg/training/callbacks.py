@@ -104,7 +104,9 @@ class TrainSpeedMonitor(L.Callback):
         # is left out on every rank alike
         timed = self._elapsed > 0.0
         elapsed = self._elapsed if timed else 1.0
-        local = torch.tensor([self._images / elapsed, self._wait / elapsed, float(timed)])
+        local = torch.tensor(
+            [self._images / elapsed, self._wait / elapsed, float(timed), float(self._images)]
+        )
         total = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
         if total[2] < trainer.world_size:
             return
@@ -113,7 +115,12 @@ class TrainSpeedMonitor(L.Callback):
         pl_module.log("train/images_per_s", images_per_s, sync_dist=True)
         pl_module.log("train/data_wait_frac", wait, sync_dist=True)
         self.epochs.append(
-            {"epoch": trainer.current_epoch, "images_per_s": images_per_s, "data_wait_frac": wait}
+            {
+                "epoch": trainer.current_epoch,
+                "images": int(total[3]),
+                "images_per_s": images_per_s,
+                "data_wait_frac": wait,
+            }
         )
 
     def summary(self) -> dict[str, Any] | None:

@@ -352,6 +352,8 @@ def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_pat
     speeds = [r["train/images_per_s"] for r in rows if "train/images_per_s" in r]
     throughput = metrics["throughput"]
     assert [e["images_per_s"] for e in throughput["per_epoch"]] == pytest.approx(speeds)
+    samples = [r["train/samples"] for r in rows if "train/samples" in r]
+    assert [e["images"] for e in throughput["per_epoch"]] == samples and len(samples) == 3
     assert throughput["epochs_counted"] == [2] and throughput["images_per_s"] == speeds[2]
     assert metrics["world_size"] == 1
 
