@@ -18,6 +18,8 @@ import segmentation_models_pytorch as smp
 import torch
 from torch import nn
 
+from nailseg.model.attention import fuse_attention
+
 log = logging.getLogger(__name__)
 
 # torch.compile's modes; reduce-overhead and max-autotune also replay CUDA graphs
@@ -43,7 +45,8 @@ def build_net(
     options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """A binary segmentation net (3 input channels, 1 logit channel); `encoder_weights`: None,
-    smp's name of weights to download, or a local path (see the module docstring)."""
+    smp's name of weights to download, or a local path (see the module docstring). A Mix
+    Transformer's attention runs through the fused kernel (`attention.py`)."""
     if arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
         raise ValueError(
             f"model.arch={arch!r} is not an smp architecture "
@@ -67,6 +70,7 @@ def build_net(
         ) from err
     if local is not None:
         load_encoder_weights(net, local, encoder_name)
+    fuse_attention(net)
     return net
 
 
