@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import prepare
 
@@ -35,14 +36,14 @@ def _files(root: Path) -> dict[str, bytes]:
     }
 
 
-def _command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+@pytest.fixture
+def command(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:
+    """`python *args` as the user runs it (in this process: `run_command`)."""
+    return lambda *args: run_command(list(args), capsys)
 
 
-def _prepare_py(tmp_path: Path, raw: Path, out: Path, *overrides: str):
-    return _command(
+def _prepare_py(command, tmp_path: Path, raw: Path, out: Path, *overrides: str):
+    return command(
         str(ROOT / "prepare.py"),
         f"input_dir={raw}",
         f"output_dir={out}",
@@ -63,7 +64,9 @@ def _prepare_py(tmp_path: Path, raw: Path, out: Path, *overrides: str):
         "my notes, in a file I happen to call prepare.json\n",
     ],
 )
-def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(tmp_path, content):
+def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(
+    tmp_path, content, command
+):
     """Before, any prepare.json holding a `format` key made the folder prepare's own."""
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 4)
@@ -72,13 +75,15 @@ def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(tmp_p
     (out / "images" / "mine.npy").write_bytes(b"the user's array")
     (out / "train.csv").write_text("the user's own split\n")
     before = _files(out)
-    done = _prepare_py(tmp_path, raw, out)
+    done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
     assert f"{out} holds a prepare.json that nailseg did not write" in done.stderr
     assert _files(out) == before
 
 
-def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_write(tmp_path):
+def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_write(
+    tmp_path, command
+):
     """A folder of the user's photos with a synthetic.json of the old generator's content: before,
     the generator took the folder, wrote its pictures among the photos and deleted the user's
     `s0005.png` as a picture of its own left over from a larger set."""
@@ -87,7 +92,7 @@ def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_wri
     save_image(folder / "Masks" / "desk" / "s0005.png", box_mask())
     (folder / "synthetic.json").write_text(json.dumps({"n": 8, "seed": 0, "version": 1}))
     before = _files(folder)
-    done = _command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
+    done = command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
     assert done.returncode == 1
     assert f"{folder} holds a synthetic.json that nailseg did not write" in done.stderr
     assert _files(folder) == before
@@ -96,7 +101,7 @@ def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_wri
 # a file nailseg wrote, changed by the user since, is the user's
 
 
-def test_prepare_keeps_an_output_the_user_replaced_and_names_it(tmp_path):
+def test_prepare_keeps_an_output_the_user_replaced_and_names_it(tmp_path, command):
     """The user put an array of their own where prepare's was; a rerun under another
     mask_threshold leaves it (excluded, named) instead of overwriting it as before."""
     raw, out = tmp_path / "raw", tmp_path / "out"
@@ -106,13 +111,13 @@ def test_prepare_keeps_an_output_the_user_replaced_and_names_it(tmp_path):
     mine.unlink()
     np.save(mine, np.ones((24, 32, 1), np.uint8))
     before = mine.read_bytes()
-    done = _prepare_py(tmp_path, raw, out, "mask_threshold=100")
+    done = _prepare_py(command, tmp_path, raw, out, "mask_threshold=100")
     assert done.returncode == 0, done.stderr
     assert mine.read_bytes() == before
     assert "masks/g0/s000.npy" in (out / "excluded.csv").read_text()
 
 
-def test_prepare_prune_keeps_an_output_the_user_replaced_and_names_it(tmp_path):
+def test_prepare_prune_keeps_an_output_the_user_replaced_and_names_it(tmp_path, command):
     """`prune=true` deleted every listed output of a pair gone from the input, even one the
     user had replaced with a file of their own; now that file stays and the summary names it."""
     raw, out = tmp_path / "raw", tmp_path / "out"
@@ -123,14 +128,14 @@ def test_prepare_prune_keeps_an_output_the_user_replaced_and_names_it(tmp_path):
     mine.write_bytes(b"the user's own array")
     for kind in ("Images", "Masks"):
         (raw / kind / "g1" / "s001.png").unlink()
-    done = _prepare_py(tmp_path, raw, out, "prune=true")
+    done = _prepare_py(command, tmp_path, raw, out, "prune=true")
     assert done.returncode == 0, done.stderr
     assert mine.read_bytes() == b"the user's own array"
     assert not (out / "masks" / "g1" / "s001.npy").exists()  # prepare's own output of it went
     assert f"kept, not prepare's any more: {mine}" in done.stdout
 
 
-def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path):
+def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path, command):
     """A train.csv the user edited after prepare wrote it is not replaced by a rerun (before, it
     was, silently): the rerun fails naming it, and writes nothing."""
     raw, out = tmp_path / "raw", tmp_path / "out"
@@ -140,21 +145,21 @@ def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path):
         file.write("my,own,row,1,1,0.5\n")
     save_image(raw / "Images" / "g0" / "s000.png", photo(seed=99))  # a change to convert
     before = _files(out)
-    done = _prepare_py(tmp_path, raw, out)
+    done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
     assert f"{out / 'train.csv'} is not the file prepare wrote there" in done.stderr
     assert _files(out) == before
 
 
-def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path):
+def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path, command):
     """Generating a smaller set removed every `sNNNN.png` beyond it by name; a picture the user
     replaced with their own now stays, named."""
     folder = tmp_path / "synthetic"
-    assert _command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=8").returncode == 0
+    assert command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=8").returncode == 0
     mine = folder / "Images" / "clutter" / "s0007.png"
     mine.unlink()
     save_image(mine, photo(seed=7))
-    done = _command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
+    done = command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
     assert done.returncode == 0, done.stderr
     assert mine.is_file() and not (folder / "Masks" / "clutter" / "s0007.png").exists()
     assert f"kept {mine}" in done.stdout + done.stderr
@@ -164,7 +169,7 @@ def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["manifest.journal", ".prepare.lock", "train.csv"])
-def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name):
+def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name, command):
     """Before, prepare appended its journal to the file a `manifest.journal` link led to, made
     the file a dangling `.prepare.lock` link named, and replaced a `train.csv` link."""
     raw, out, theirs = tmp_path / "raw", tmp_path / "out", tmp_path / "theirs"
@@ -176,14 +181,14 @@ def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name
     link.unlink(missing_ok=True)
     link.symlink_to(theirs / ("notes.txt" if name != ".prepare.lock" else "new.txt"))
     save_image(raw / "Images" / "g0" / "s000.png", photo(seed=99))  # a change to convert
-    done = _prepare_py(tmp_path, raw, out)
+    done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
     assert str(link) in done.stderr and "link" in done.stderr
     assert link.is_symlink()
     assert _files(theirs) == {"notes.txt": b"the user's notes\n"}
 
 
-def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path):
+def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path, command):
     """Before, compare wrote its compare.md, compare.csv and compare.png over the user's files of
     those names; now one its sweep's marker does not record is refused, named, and nothing is
     written."""
@@ -194,7 +199,7 @@ def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path)
         (job / ".hydra" / "overrides.yaml").write_text(f"- aug={aug}\n")
         (job / "metrics.json").write_text(json.dumps({"fit": {}, "throughput": None}))
     (sweep / "compare.md").write_text("my own notes on this sweep\n")
-    done = _command("-m", "nailseg", "compare", str(sweep))
+    done = command("-m", "nailseg", "compare", str(sweep))
     assert done.returncode == 1
     assert f"{sweep / 'compare.md'} is not a file nailseg wrote there" in done.stderr
     assert (sweep / "compare.md").read_text() == "my own notes on this sweep\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rich.console import Console
+from support.cli import run_command
 from support.faulty_writer import FailsAfter
 from support.image_files import save_image
 from support.inference import compose_cli, make_run
@@ -136,7 +137,9 @@ def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
     assert _files(data) == before
 
 
-def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(ckpt, data, tmp_path):
+def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(
+    ckpt, data, tmp_path, capsys
+):
     """Ownership by identity, not by name or keys: a summary.json with every key predict writes
     (as an older predict's, or a user's copy of one) but not nailseg's marker (tool, kind, the
     folder's id) is not predict's. Before, predict took the folder and replaced the user's mask.
@@ -147,21 +150,8 @@ def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(ckpt
     summary = {"images": 1, "checkpoint": str(ckpt), "threshold": 0.5, "finished": True}
     (output / "summary.json").write_text(json.dumps(summary))
     before = _files(tmp_path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nailseg",
-            "predict",
-            f"ckpt={ckpt}",
-            f"input={data / 'photos'}",
-            f"output={output}",
-            "device=cpu",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    args = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "device=cpu"]
+    done = run_command(["-m", "nailseg", "predict", *args], capsys)
     assert done.returncode == 1
     assert f"{output} holds a summary.json that nailseg did not write" in done.stderr
     assert _files(tmp_path) == before
@@ -521,18 +511,16 @@ def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
     assert _predict(ckpt, data / "photos", output).images == 4
 
 
-def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path):
+def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path, capsys):
     """A link at `output` to a model exported earlier (the user's own copy, kept elsewhere):
     before, export replaced the link with a new file; now it is refused, named, both kept."""
     theirs = tmp_path / "kept" / "model.onnx"
-    args = [sys.executable, "-m", "nailseg", "export", f"ckpt={ckpt}"]
-    assert (
-        subprocess.run([*args, f"output={theirs}"], cwd=ROOT, capture_output=True).returncode == 0
-    )
+    args = ["-m", "nailseg", "export", f"ckpt={ckpt}"]
+    assert run_command([*args, f"output={theirs}"], capsys).returncode == 0
     kept = theirs.read_bytes()
     link = tmp_path / "model.onnx"
     link.symlink_to(theirs)
-    done = subprocess.run([*args, f"output={link}"], cwd=ROOT, capture_output=True, text=True)
+    done = run_command([*args, f"output={link}"], capsys)
     assert done.returncode == 1
     assert f"output={link} is a symbolic link (to {theirs})" in done.stderr
     assert link.is_symlink() and theirs.read_bytes() == kept
