@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.cli import run_command
 
 from nailseg.tools.compare import summarise
 
@@ -29,25 +29,15 @@ def test_a_sweep_is_summarised_by_what_it_varied_failed_jobs_included(failing_sw
     assert (failing_sweep / "compare.png").is_file()
 
 
-def compare(folder: Path) -> subprocess.CompletedProcess:
-    """`python -m nailseg compare FOLDER`, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "nailseg", "compare", str(folder)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+def compare(folder: Path | str, capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`python -m nailseg compare FOLDER`, as a user runs it (in this process: `run_command`)."""
+    return run_command(["-m", "nailseg", "compare", str(folder)], capsys)
 
 
-def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep):
-    proc = compare(failing_sweep)
+def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep, capsys):
+    proc = compare(failing_sweep, capsys)
     assert proc.returncode == 0 and "scheduler.total_steps" in proc.stdout, proc.stderr[-2000:]
-    help_text = subprocess.run(
-        [sys.executable, "-m", "nailseg", "compare", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout
+    help_text = compare("--help", capsys).stdout
     assert "sweep_dir=DIR" in help_text and "dataset" not in help_text
 
 
@@ -93,7 +83,7 @@ def test_a_users_own_failed_json_in_a_job_folder_is_not_read_as_a_failure(tmp_pa
     assert summarise(tmp_path)["status"].tolist() == ["ok", "ok"]
 
 
-def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path):
+def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path, capsys):
     """The parent of sweeps (multirun/) ended in a traceback; so did a run folder or an empty one."""
     multirun = tmp_path / "multirun"
     for sweep in ("2026-01-02", "2026-01-03"):
@@ -107,13 +97,13 @@ def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path)
         tmp_path / "missing": f": no such folder; {expected}",
     }
     for folder, says in cases.items():
-        proc = compare(folder)
+        proc = compare(folder, capsys)
         assert proc.returncode == 1 and proc.stderr == f"nailseg compare: {folder}{says}\n"
         assert not (folder / "compare.md").exists()
 
 
 def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes_past_a_broken_job(
-    tmp_path,
+    tmp_path, capsys
 ):
     def report(img_s: float, best: float) -> dict:
         summary = {"images_per_s": img_s, "data_wait_frac": 0.125}
@@ -121,7 +111,7 @@ def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes
 
     _job(tmp_path, "0", ["optimizer.lr=0.000123456789", "aug=light"], report(1234.5678, 0.876543))
     _job(tmp_path, "1", ["optimizer.lr=0.001", "aug=light"], report(98765.4321, 0.5))
-    proc = compare(tmp_path)
+    proc = compare(tmp_path, capsys)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.splitlines()[:6] == [
         "| job | optimizer.lr | train_img_s | best |",
@@ -135,7 +125,7 @@ def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes
     assert csv["train_img_s"].tolist() == [1234.5678, 98765.4321] and "ledger" in csv
 
     (_job(tmp_path, "2", ["optimizer.lr=0.01", "aug=light"], {}) / "metrics.json").write_text("{")
-    proc = compare(tmp_path)
+    proc = compare(tmp_path, capsys)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith(f"nailseg compare: {tmp_path / '2'}: unreadable: metrics.json: ")
     assert proc.stderr.count("\n") == 1
