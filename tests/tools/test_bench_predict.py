@@ -4,8 +4,6 @@ photo set it makes: reused when its marker matches, a folder it did not make ref
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from PIL import Image
+from support.cli import run_command
 from support.image_files import save_image
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
@@ -175,16 +174,13 @@ def test_every_run_of_the_real_config_composes_into_predicts_config() -> None:
 
 
 @pytest.mark.slow
-def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path) -> None:
+def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path, capfd) -> None:
     ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "run")
     out = tmp_path / "bench"
     args = [f"ckpt={ckpt}", f"input_dir={sources}", f"output_dir={out}", "jpeg_scales=[2]",
             "runs.cpu.overlays=false", "+runs.cpu_overlays={device: cpu}", "limit.cpu=6",
             "+limit.cpu_overlays=2", "limit.cpu_onnx=3", "batch_size=2", "onnx_batch=2", "repeats=1"]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "nailseg", "bench-predict", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = run_command(["-m", "nailseg", "bench-predict", *args], capfd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # piped (as into a log), the table keeps its columns whole: rich cut them to 80 characters
     assert "photos_per_s" in proc.stdout and "cpu_onnx" in proc.stdout
