@@ -165,21 +165,18 @@ def train_stage(
 ) -> dict[str, Any]:
     """Stage 4: `python train.py` for one epoch on `root` (the synthetic set of `count` photos and
     `seed` it holds), no final test, no logger; its first epoch's training images/s (validation
-    excluded) from its metrics.json. Its output goes to `run_dir/train.log`."""
-    run_dir.mkdir()
+    excluded) from its metrics.json; the end of its output if it fails."""
     command = [
         sys.executable, str(Path(PROJECT_ROOT) / "train.py"), "dataset=synthetic",
         f"dataset.root={root}", f"dataset.raw_dir={root.parent / 'raw'}",
         f"dataset.synthetic.n={count}", f"dataset.synthetic.seed={seed}", "trainer.max_epochs=1",
         "test=false", "logger=none", f"hydra.run.dir={run_dir}", *overrides,
     ]  # fmt: skip
-    log = run_dir / "train.log"
-    with log.open("w") as output:
-        done = subprocess.run(
-            command, stdout=output, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-        )
+    done = subprocess.run(
+        command, capture_output=True, text=True, preexec_fn=die_with_parent, check=False
+    )
     if done.returncode != 0:
-        raise StageError(f"train.py exited with {done.returncode}:\n{log.read_text()[-3000:]}")
+        raise StageError(f"train.py exited with {done.returncode}:\n{done.stderr[-3000:]}")
     epoch = json.loads((run_dir / "metrics.json").read_text())["throughput"]["per_epoch"][0]
     train_s = epoch["images"] / epoch["images_per_s"]
     return {
