@@ -40,8 +40,10 @@ train: install  ## prepare DATASET, then train on it with the defaults (CPU on t
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py dataset=$(DATASET) $(ARGS)
 
-# one process per core, a file's tests (and its shared fixtures) in one of them, one thread each
-PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest -n auto --dist loadfile
+# one process more than the cores (many tests wait on their subprocesses), a file's tests (and its
+# shared fixtures) in one of them, one thread each
+TEST_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: install  ## the whole suite (real-data tests skip where ../shared is absent)
 	$(PYTEST) $(ARGS)
