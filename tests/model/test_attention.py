@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 
+import onnxruntime
 import pytest
 import segmentation_models_pytorch as smp
 import torch
 from segmentation_models_pytorch.encoders.mix_transformer import Attention
 
+from nailseg.inference.export import INPUT_NAME, onnx_model
+from nailseg.inference.spec import InferenceSpec
 from nailseg.model.attention import FusedAttention, fuse_attention
 from nailseg.model.net import build_net
 
@@ -50,3 +53,25 @@ def test_a_segformer_built_here_is_smps_net_with_every_attention_fused():
 def test_a_net_without_a_mix_transformer_is_left_as_it_is():
     net = build_net("Unet", "resnet18", options={"encoder_depth": 3, "decoder_channels": [8, 8, 8]})
     assert fuse_attention(net) == 0
+
+
+def test_a_fused_segformer_exports_to_onnx_and_runs_there_as_in_torch(tmp_path):
+    """predict's ONNX engine and `nailseg export` take the net built here, fused attention and all."""
+    torch.manual_seed(0)
+    net = build_net("Segformer", "mit_b0").eval()
+    spec = InferenceSpec(
+        ckpt=tmp_path / "x.ckpt",
+        model={"arch": "Segformer", "encoder_name": "mit_b0", "options": {}},
+        image_size=(64, 96),
+        mean=(0.5, 0.5, 0.5),
+        std=(0.25, 0.25, 0.25),
+        threshold=0.5,
+        data_root=None,
+    )
+    session = onnxruntime.InferenceSession(
+        onnx_model(net, spec, opset=17), providers=["CPUExecutionProvider"]
+    )
+    x = torch.randn(3, 3, 64, 96)
+    (logits,) = session.run(None, {INPUT_NAME: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(logits), net(x), rtol=1e-4, atol=1e-4)
