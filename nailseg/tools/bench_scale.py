@@ -248,7 +248,7 @@ def _measure_count(
         items = result.get("images", count)
         row |= {
             f"{name}_s": result["seconds"],
-            f"{name}_rate": items / result["seconds"] if items else float("nan"),
+            _RATES[name]: items / result["seconds"] if items else float("nan"),
             f"{name}_peak_mib": result["peak_mib"],
             f"{name}_workers_peak_mib": result["workers_peak_mib"],
         }
@@ -259,21 +259,14 @@ def _measure_count(
         if name == "train":
             row["train_data_wait_frac"] = result["data_wait_frac"]
         console.print(
-            f"{count} photos: {name} {result['seconds']:.1f} s, {row[f'{name}_rate']:.0f}/s, "
+            f"{count} photos: {name} {result['seconds']:.1f} s, {row[_RATES[name]]:.0f}/s, "
             f"peak {result['peak_mib']:.0f} MiB (largest worker {result['workers_peak_mib']:.0f})"
         )
     return row
 
 
 def _frame(rows: list[dict[str, Any]], cfg: DictConfig, workers: int) -> pd.DataFrame:
-    frame = pd.DataFrame(rows).rename(
-        columns={
-            "generate_rate": "generate_photos_s",
-            "prepare_rate": "prepare_photos_s",
-            "loader_rate": "loader_img_s",
-            "train_rate": "train_img_s",
-        }
-    )
+    frame = pd.DataFrame(rows)
     frame["workers"] = workers
     frame["cpus"] = os.cpu_count()
     frame["loader"] = cfg.loader._target_.rsplit(".", 1)[-1]
