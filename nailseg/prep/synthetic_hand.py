@@ -1,0 +1,264 @@
+"""The hands of a synthetic photo: where the fingers go, and each finger and nail drawn.
+
+Three scenes: a whole hand (palm, fanned fingers, thumb, wrist), a few fingers entering from an
+edge, and close-up finger tips; any rotation, any scale, partly out of frame. The image gets
+anti-aliased outlines; the mask gets the exact binary fill of each visible nail plate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from nailseg.prep.synthetic_look import FREE_EDGE, NailLook, smooth_noise
+
+SCENES = ("hand", "fingers", "tip")
+NAIL_AREA = 0.45  # a nail's area over its finger's width squared, for the nail outline below
+_SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
+_NAIL_SHAPES = {"rounded": (4.0, 0.0), "ellipse": (2.0, 0.0), "tapered": (2.5, -0.3)}
+_FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger
+_FINGER_LENGTHS = (3.9, 4.3, 4.0, 3.2)
+
+
+@dataclass(frozen=True)
+class Finger:
+    """A finger in pixels: tip point, unit direction towards the tip, width, length, nail."""
+
+    tip: np.ndarray
+    d: np.ndarray
+    width: float
+    length: float
+    nail: str | None  # shape, or None for the palm and wrist
+    cap: float = 0.55  # the tip's roundness in widths: a palm is flatter
+
+
+def _unit(angle: float) -> np.ndarray:
+    return np.array([math.cos(angle), math.sin(angle)])
+
+
+def _hand(rng: np.random.Generator, theta: float, side: int) -> list[tuple]:
+    """A whole hand in finger widths, knuckles at the origin: (tip, dir, width, length, cap)."""
+    d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
+    spread = rng.uniform(2, 14)
+    parts = []
+    palm_w = 4.4
+    wrist = -d0 * 4.6
+    parts.append((wrist, d0, 0.75 * palm_w, 1e4, 0.1))  # the arm, out of view
+    parts.append((d0 * 0.3, d0, palm_w, 4.8, 0.25))
+    thumb = side * rng.uniform(30, 75)
+    if rng.uniform() < 0.85:
+        d = _unit(theta - math.radians(thumb))
+        base = -n0 * side * 1.9 - d0 * 3.2
+        parts.append((base + d * 3.6, d, 1.2, 3.6, 0.55))
+    for k in range(4):
+        off = (k - 1.5) * side
+        d = _unit(theta + math.radians(spread * off + rng.uniform(-4, 4)))
+        knuckle = n0 * off * 1.08 - d0 * 0.12 * off**2
+        length = _FINGER_LENGTHS[k] * rng.uniform(0.92, 1.06)
+        parts.append((knuckle + d * length, d, _FINGER_WIDTHS[k], length, 0.55))
+    return parts
+
+
+def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, tip: bool) -> list[tuple]:
+    """`n` fingers entering from beyond the edge, side by side, tips staggered."""
+    d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
+    spacing = rng.uniform(1.02, 1.25) if not tip else rng.uniform(1.1, 1.8)
+    first = int(rng.integers(0, 5 - n)) if n < 4 else 0
+    parts = []
+    for k in range(n):
+        off = (k - (n - 1) / 2) * side
+        finger = first + k
+        d = _unit(theta + math.radians(rng.uniform(-5, 5)))
+        stagger = _FINGER_LENGTHS[finger] - 4.3 + rng.uniform(-0.2, 0.2)
+        parts.append((n0 * off * spacing + d0 * stagger, d, _FINGER_WIDTHS[finger], 1e4, 0.55))
+    return parts
+
+
+def layout(
+    rng: np.random.Generator, scene: str, nail_area: float, turn: float, h: int, w: int
+) -> list[Finger]:
+    """The fingers of a scene, drawn in order; `nail_area` is a nail's fraction of the photo.
+
+    Tips are kept in view when they fit; larger hands are shifted so some tips leave the frame.
+    """
+    theta = math.radians(-90 + rng.uniform(-turn, turn))
+    side = 1 if rng.uniform() < 0.5 else -1  # left or right hand
+    if scene == "hand":
+        parts = _hand(rng, theta, side)
+    elif scene == "fingers":
+        parts = _fingers(rng, theta, side, int(rng.integers(2, 5)), tip=False)
+    else:
+        parts = _fingers(rng, theta, side, 1 if rng.uniform() < 0.75 else 2, tip=True)
+    scale = math.sqrt(nail_area * h * w / NAIL_AREA)
+    nails = [p for p in parts if p[4] > 0.5]
+    tips = np.array([p[0] for p in nails]) * scale
+    margin = (0.6 if rng.uniform() < 0.8 else -0.2) * scale
+    lo = np.array([margin, margin]) - tips.min(0)
+    hi = np.array([w - margin, h - margin]) - tips.max(0)
+    shift = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
+    beyond = math.hypot(h, w) + scale  # a length that takes a finger's base out of view
+    fingers = []
+    for tip, d, width, length, cap in parts:
+        shape = None
+        if cap > 0.5:
+            shape = tuple(_NAIL_SHAPES)[int(rng.integers(len(_NAIL_SHAPES)))]
+        full = min(length * scale, beyond)
+        fingers.append(Finger(tip * scale + shift, d, width * scale, full, shape, cap))
+    return fingers
+
+
+def _to_image(f: Finger, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Finger-local (u along the finger, 0 at the tip; v across) to image points."""
+    n = np.array([-f.d[1], f.d[0]])
+    return f.tip + u[:, None] * f.d + v[:, None] * n
+
+
+def finger_outline(f: Finger) -> np.ndarray:
+    """A slightly tapered capsule with a round (finger) or flat (palm) front."""
+    cap = f.cap * f.width
+    t = np.linspace(-math.pi / 2, math.pi / 2, 21)
+    u = np.concatenate([[-f.length], -cap + cap * np.cos(t), [-f.length]])
+    v = np.concatenate([[-0.56 * f.width], 0.5 * f.width * np.sin(t), [0.56 * f.width]])
+    return _to_image(f, u, v)
+
+
+def _nail_outline(rng: np.random.Generator, f: Finger) -> tuple[np.ndarray, float, float, float]:
+    """(outline, centre u, half length, half width) of the nail near the finger tip."""
+    half_len = f.width * rng.uniform(0.38, 0.52)
+    half_w = f.width * rng.uniform(0.3, 0.36)
+    centre = -half_len - f.width * rng.uniform(0.0, 0.1)
+    power, taper = _NAIL_SHAPES[f.nail]
+    t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+    along = np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
+    across = np.sign(np.cos(t)) * np.abs(np.cos(t)) ** (2 / power) * (1 + taper * along)
+    return _to_image(f, centre + half_len * along, half_w * across), centre, half_len, half_w
+
+
+def fill(shape: tuple[int, int], pts: np.ndarray, exact: bool = False) -> np.ndarray:
+    """Polygon coverage: anti-aliased float32 in [0, 1], or with `exact` the binary fill (bool)."""
+    canvas = np.zeros(shape, np.uint8)
+    fixed = np.round(pts * (1 << _SUBPIXEL)).astype(np.int32)
+    cv2.fillPoly(canvas, [fixed], 255, cv2.LINE_8 if exact else cv2.LINE_AA, shift=_SUBPIXEL)
+    return canvas > 0 if exact else canvas.astype(np.float32) / 255
+
+
+def _box(pts: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the pixels around `pts`, clipped to the image; may be empty."""
+    x0, y0 = np.clip(np.floor(pts.min(0)).astype(int), 0, (w, h))
+    x1, y1 = np.clip(np.ceil(pts.max(0)).astype(int) + 1, 0, (w, h))
+    return int(x0), int(y0), int(x1), int(y1)
+
+
+def _local(f: Finger, box: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Finger-local (u, v) of every pixel in `box`."""
+    x0, y0, x1, y1 = box
+    y, x = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+    x, y = x - np.float32(f.tip[0]), y - np.float32(f.tip[1])
+    dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
+    return x * dx + y * dy, y * dx - x * dy
+
+
+def draw_finger(
+    rng: np.random.Generator,
+    img: np.ndarray,
+    mask: np.ndarray,
+    f: Finger,
+    skin: np.ndarray,
+    look: NailLook,
+    tilt: float,
+) -> None:
+    """Composite one finger (round shading lit from `tilt`, skin texture, knuckle creases) and its
+    nail; the finger hides the mask of nails drawn before it. Work stays in the finger's box."""
+    outline = finger_outline(f)
+    box = x0, y0, x1, y1 = _box(outline, *mask.shape)
+    if x0 >= x1 or y0 >= y1:
+        return
+    origin = np.array([x0, y0])
+    size = (y1 - y0, x1 - x0)
+    alpha = fill(size, outline - origin)
+    u, v = _local(f, box)
+    across = np.clip(2 * v / f.width, -1, 1)
+    shade = 1 - 0.32 * across**2 + 0.12 * tilt * across
+    shade *= 0.94 + 0.12 * smooth_noise(rng, *size, max(2.0, f.width / 6))
+    layer = skin * shade[..., None]
+    if f.nail is not None:
+        for at in (rng.uniform(1.3, 1.7), rng.uniform(2.6, 3.2)):
+            for k in range(int(rng.integers(1, 4))):
+                u0 = -(at + 0.07 * k) * f.width
+                ends = _to_image(
+                    f, np.array([u0, u0 - 0.05 * f.width]), np.array([-0.3, 0.3]) * f.width
+                )
+                a, b = np.round(ends - origin).astype(int)
+                crease = (skin * rng.uniform(0.6, 0.85)).tolist()
+                cv2.line(
+                    layer, (int(a[0]), int(a[1])), (int(b[0]), int(b[1])), crease, 1, cv2.LINE_AA
+                )
+    view, mask_view = img[y0:y1, x0:x1], mask[y0:y1, x0:x1]
+    view += alpha[..., None] * (layer - view)
+    inside = fill(size, outline - origin, exact=True)
+    mask_view[inside] = 0
+    if f.nail is not None:
+        _draw_nail(rng, view, mask_view, f, (u, v), origin, inside, skin, look, tilt)
+
+
+def _draw_nail(
+    rng: np.random.Generator,
+    view: np.ndarray,
+    mask_view: np.ndarray,
+    f: Finger,
+    uv: tuple[np.ndarray, np.ndarray],
+    origin: np.ndarray,
+    inside: np.ndarray,
+    skin: np.ndarray,
+    look: NailLook,
+    tilt: float,
+) -> None:
+    """The nail fold, then the plate in its finish; the mask is the plate's exact fill."""
+    outline, centre, half_len, half_w = _nail_outline(rng, f)
+    ctr = f.tip + centre * f.d
+    fold = ctr + (outline - ctr) * np.array([1.12]) - f.d * 0.08 * f.width
+    nx0, ny0, nx1, ny1 = _box(fold - origin, *mask_view.shape)
+    if nx0 >= nx1 or ny0 >= ny1:
+        return
+    sub = slice(ny0, ny1), slice(nx0, nx1)
+    size, at = (ny1 - ny0, nx1 - nx0), origin + np.array([nx0, ny0])
+    fold_alpha = cv2.GaussianBlur(fill(size, fold - at), (0, 0), max(0.5, f.width / 40))
+    dark = skin * rng.uniform(0.72, 0.9) * np.array([1.0, 0.95, 0.95], np.float32)
+    view[sub] += (0.7 * fold_alpha)[..., None] * (dark - view[sub])
+
+    plate = fill(size, outline - at)
+    u, v = uv[0][sub], uv[1][sub]
+    un, vn = (u - centre) / half_len, v / half_w  # nail-local, +un towards the free edge
+    shade = 1 - 0.2 * np.clip(vn**2, 0, 1) + 0.08 * tilt * np.clip(vn, -1, 1)
+    shade -= 0.22 * np.exp(-(((un + 1) / 0.15) ** 2))  # the cuticle's shadow
+    layer = look.colour * shade[..., None]
+    spec_strength = rng.uniform(0.4, 0.9)
+    if look.finish in ("bare", "french"):
+        spec_strength = rng.uniform(0.1, 0.4)
+        if rng.uniform() < 0.5:  # the lunula, lighter at the base
+            lunula = np.clip(1 - ((un + 1) ** 2 + (0.7 * vn) ** 2) / 0.25, 0, 1) ** 0.5
+            layer += (0.35 * lunula)[..., None] * (FREE_EDGE - layer)
+        layer *= (1 + 0.03 * np.sin(vn * rng.uniform(8, 16)))[..., None]  # faint ridges
+        edge = rng.uniform(0.45, 0.8)
+        if look.finish == "french":
+            edge -= 0.3 * vn**2  # the smile line
+        free = np.clip((un - edge) / 0.08, 0, 1)[..., None]
+        layer += free * (look.tip * shade[..., None] - layer)
+    elif look.finish == "metallic":
+        phase = rng.uniform(0, 2 * math.pi)
+        layer *= (0.65 + 0.6 * (0.5 + 0.5 * np.sin(2.5 * un + 1.5 * vn + phase)))[..., None]
+    elif look.finish == "glitter":
+        sparks = rng.random(size, np.float32)
+        density = rng.uniform(0.03, 0.2)
+        bright = np.clip((sparks - (1 - density)) / density, 0, 1)
+        layer += bright[..., None] * (look.sparkle * rng.uniform(0.7, 1.1) - layer)
+    spot = rng.uniform(-0.5, 0.3), rng.uniform(-0.5, 0.5), rng.uniform(0.08, 0.25)
+    spec = np.exp(-(((un - spot[0]) / 0.45) ** 2) - ((vn - spot[1]) / spot[2]) ** 2)
+    layer += (spec_strength * spec)[..., None] * (255 - layer)
+    alpha = np.minimum(plate, inside[sub])
+    view[sub] += alpha[..., None] * (np.clip(layer, 0, 255) - view[sub])
+    nail = fill(size, outline - at, exact=True) & inside[sub]
+    mask_view[sub][nail] = 255
