@@ -76,7 +76,7 @@ class Style:
 
 STYLES: dict[str, Style] = {
     "studio": Style(
-        (240, 192), ("tip",), (0.04, 0.30), ("plain", "cloth", "gradient"), 180, 0.25, 0.5, 0.2,
+        (240, 192), ("tip",), (0.04, 0.36), ("plain", "cloth", "gradient"), 180, 0.25, 0.5, 0.2,
         (1.0, 6.0), (0.0, 1.5),
     ),
     "desk": Style(

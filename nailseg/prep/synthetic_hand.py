@@ -16,7 +16,7 @@ import numpy as np
 from nailseg.prep.synthetic_look import FREE_EDGE, NailLook, smooth_noise
 
 SCENES = ("hand", "fingers", "tip")
-NAIL_AREA = 0.45  # a nail's area over its finger's width squared, for the nail outline below
+NAIL_AREA = 0.40  # a nail's area over its finger's width squared, for the nail outline below
 _SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
 _NAIL_SHAPES = {"rounded": (4.0, 0.0), "ellipse": (2.0, 0.0), "tapered": (2.5, -0.3)}
 _FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -11,9 +12,22 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nailseg.prep.synthetic import GROUPS, MANIFEST, generate, is_current, main
+from nailseg.prep import synthetic
+from nailseg.prep.synthetic import (
+    GROUPS,
+    MANIFEST,
+    MAX_FG,
+    MIN_FG,
+    generate,
+    is_current,
+    main,
+    render,
+)
+from nailseg.prep.synthetic_hand import SCENES
+from nailseg.prep.synthetic_look import FINISHES, NailLook
 
 N = 16
+VARIETY = 64  # rendered in memory for the variety checks
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +70,10 @@ def test_layout_pairs_every_image_with_a_same_sized_mask(dataset: Path) -> None:
 
 
 def test_masks_are_binary_with_a_modest_foreground(dataset: Path) -> None:
+    assert MIN_FG <= 0.003 and MAX_FG >= 0.30  # room for one small nail and for one close-up
     for _, _, mask in _pairs(dataset):
         assert set(np.unique(mask)) <= {0, 255}
-        assert 0.01 <= np.mean(mask == 255) <= 0.40
+        assert MIN_FG <= np.mean(mask == 255) <= MAX_FG
 
 
 def test_same_seed_gives_identical_bytes_and_another_seed_differs(
@@ -144,3 +159,94 @@ def test_cli_prints_a_summary_then_skips_a_current_set(
 def test_rejects_bad_arguments(tmp_path: Path, n: int, workers: int) -> None:
     with pytest.raises(ValueError, match="need n >= 1"):
         generate(tmp_path, n=n, seed=0, num_workers=workers)
+
+
+@dataclass
+class Drawn:
+    """What `VARIETY` rendered samples drew: their pictures and the choices made on the way."""
+
+    samples: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
+    scenes: list[str] = field(default_factory=list)
+    skins: list[np.ndarray] = field(default_factory=list)
+    looks: list[NailLook] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def drawn() -> Drawn:
+    """Renders with the generator's own choices recorded on the way; recording calls the real
+    function with the same RNG, so the pictures are the ones `generate` writes."""
+    out = Drawn()
+    layout, skin_tone, nail_look = synthetic.layout, synthetic.skin_tone, synthetic.nail_look
+
+    def record_layout(rng, scene, *args):
+        out.scenes.append(scene)
+        return layout(rng, scene, *args)
+
+    def record_skin(rng):
+        out.skins.append(skin_tone(rng))
+        return out.skins[-1]
+
+    def record_look(rng, skin):
+        out.looks.append(nail_look(rng, skin))
+        return out.looks[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(synthetic, "layout", record_layout)
+        patch.setattr(synthetic, "skin_tone", record_skin)
+        patch.setattr(synthetic, "nail_look", record_look)
+        out.samples = [render(i, 0) for i in range(VARIETY)]
+    return out
+
+
+def test_rendering_with_choices_recorded_draws_the_same_pictures(
+    drawn: Drawn, dataset: Path
+) -> None:
+    for i, (group, image, mask) in enumerate(drawn.samples[:N]):
+        name = f"{group}/s{i:04d}.png"
+        np.testing.assert_array_equal(image, np.asarray(Image.open(dataset / "Images" / name)))
+        np.testing.assert_array_equal(mask, np.asarray(Image.open(dataset / "Masks" / name)))
+
+
+def test_every_scene_finish_and_skin_tone_is_drawn(drawn: Drawn) -> None:
+    assert set(drawn.scenes) == set(SCENES)  # whole hands, fingers from an edge, close-up tips
+    assert {look.finish for look in drawn.looks} == set(FINISHES)
+    luminance = [float(skin @ np.array([0.299, 0.587, 0.114])) for skin in drawn.skins]
+    assert min(luminance) < 70 and max(luminance) > 200  # very dark to very light skin
+
+
+def test_a_nail_covers_from_a_tiny_to_a_large_part_of_a_photo(drawn: Drawn) -> None:
+    areas = []
+    for _, _, mask in drawn.samples:
+        _, _, stats, _ = cv2.connectedComponentsWithStats((mask == 255).astype(np.uint8))
+        areas += list(stats[1:, cv2.CC_STAT_AREA] / mask.size)
+    assert min(areas) < 0.005 and max(areas) > 0.2
+    assert np.mean(np.array(areas) < 0.02) > 0.2  # the small nails of hands are not rare
+
+
+def test_masks_are_solid_nails_whatever_the_finish(drawn: Drawn) -> None:
+    """Glitter, French tips and highlights are painted on the image, never cut into the mask."""
+    for _, _, mask in drawn.samples:
+        assert set(np.unique(mask)) <= {0, 255}
+        nails = (mask == 255).astype(np.uint8)
+        _, labels = cv2.connectedComponents(1 - nails)
+        border = set(np.unique(labels[[0, -1]])) | set(np.unique(labels[:, [0, -1]]))
+        assert set(np.unique(labels[nails == 0])) <= border  # no holes inside a nail
+
+
+def test_light_and_camera_change_the_image_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mask is final before the light, noise, blur and JPEG are applied."""
+    before = [render(i, 0) for i in range(8)]
+    monkeypatch.setattr(synthetic, "camera", lambda rng, img, noise, blur: np.clip(img, 0, 255))
+    monkeypatch.setattr(synthetic, "light", lambda rng, img, strength: img)
+    for i, (group, image, mask) in enumerate(before):
+        plain_group, plain, plain_mask = render(i, 0)
+        assert plain_group == group
+        np.testing.assert_array_equal(plain_mask, mask)
+        assert np.abs(plain.astype(np.float32) - image).mean() > 1
+
+
+def test_each_group_is_its_own_kind_of_scene(drawn: Drawn) -> None:
+    nails: dict[str, list[int]] = {g: [] for g in GROUPS}
+    for group, _, mask in drawn.samples:
+        nails[group].append(cv2.connectedComponents(mask)[0] - 1)
+    assert max(nails["studio"]) <= 2 and np.mean(nails["desk"]) > 3  # close-ups, whole hands
