@@ -325,7 +325,7 @@ def camera(
     if rng.uniform() < 0.4:
         y, x = np.ogrid[0:h, 0:w]
         r2 = ((x - w / 2) / (w / 2)) ** 2 + ((y - h / 2) / (h / 2)) ** 2
-        img *= (1 - rng.uniform(0.1, 0.35) * r2 / 2).astype(np.float32)[..., None]
+        img = img * (1 - rng.uniform(0.1, 0.35) * r2 / 2).astype(np.float32)[..., None]
     if rng.uniform() < 0.2:
         length = int(rng.integers(3, 10))
         kernel = np.zeros((length, length), np.float32)
@@ -340,7 +340,8 @@ def camera(
             img = cv2.GaussianBlur(img, (0, 0), sigma)
     sigma = np.float32(rng.uniform(*noise))
     grain = rng.standard_normal((h, w, 3), np.float32)
-    img += grain * sigma * np.sqrt(np.clip(img, 0, 255) / 128 + 0.1)
+    level = np.sqrt(np.clip(img.mean(2), 0, 255) * np.float32(1 / 128) + np.float32(0.1))
+    img += grain * (sigma * level)[..., None]  # shot noise: brighter pixels are noisier
     out = np.clip(img + 0.5, 0, 255).astype(np.uint8)
     if rng.uniform() < 0.75:
         quality = int(rng.integers(30, 96))
