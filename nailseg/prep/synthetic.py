@@ -77,7 +77,7 @@ class Style:
 STYLES: dict[str, Style] = {
     "studio": Style(
         (240, 192), ("tip",), (0.04, 0.36), ("plain", "cloth", "gradient"), 180, 0.25, 0.5, 0.2,
-        (1.0, 6.0), (0.0, 1.5),
+        (1.0, 4.0), (0.0, 1.5),
     ),
     "desk": Style(
         (240, 320), ("hand",), (0.003, 0.03), ("desk", "wood", "tiles", "plain"), 180, 0.35, 0.7,
@@ -85,7 +85,7 @@ STYLES: dict[str, Style] = {
     ),
     "fabric": Style(
         (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "weave", "noise", "fractal"), 180,
-        0.35, 0.6, 0.4, (2.0, 8.0), (0.0, 1.2),
+        0.35, 0.6, 0.4, (3.0, 8.0), (0.0, 1.2),
     ),
     "clutter": Style(
         (288, 288), SCENES, (0.003, 0.20), ("clutter",), 180, 0.45, 0.5, 0.5, (2.0, 10.0),

@@ -16,7 +16,7 @@ import numpy as np
 from nailseg.prep.synthetic_look import FREE_EDGE, NailLook, smooth_noise
 
 SCENES = ("hand", "fingers", "tip")
-NAIL_AREA = 0.40  # a nail's area over its finger's width squared, for the nail outline below
+NAIL_AREA = 0.36  # a nail's area over its finger's width squared, for the nail outline below
 _SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
 _NAIL_SHAPES = {"rounded": (4.0, 0.0), "ellipse": (2.0, 0.0), "tapered": (2.5, -0.3)}
 _FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger
@@ -127,8 +127,8 @@ def finger_outline(f: Finger) -> np.ndarray:
 
 def _nail_outline(rng: np.random.Generator, f: Finger) -> tuple[np.ndarray, float, float, float]:
     """(outline, centre u, half length, half width) of the nail near the finger tip."""
-    half_len = f.width * rng.uniform(0.38, 0.52)
-    half_w = f.width * rng.uniform(0.3, 0.36)
+    half_len = f.width * rng.uniform(0.3, 0.52)
+    half_w = f.width * rng.uniform(0.28, 0.36)
     centre = -half_len - f.width * rng.uniform(0.0, 0.1)
     power, taper = _NAIL_SHAPES[f.nail]
     t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
@@ -184,6 +184,9 @@ def draw_finger(
     shade = 1 - 0.32 * across**2 + 0.12 * tilt * across
     shade *= 0.94 + 0.12 * smooth_noise(rng, *size, max(2.0, f.width / 6))
     layer = skin * shade[..., None]
+    if f.nail is not None:  # the finger tip is flushed: redder than the rest of the finger
+        flush = rng.uniform(0, 0.12) * np.exp(-((u / f.width) ** 2))
+        layer *= 1 - flush[..., None] * np.array([-0.3, 0.6, 0.6], np.float32)
     if f.nail is not None:
         for at in (rng.uniform(1.3, 1.7), rng.uniform(2.6, 3.2)):
             for k in range(int(rng.integers(1, 4))):

@@ -210,7 +210,7 @@ def _tiles(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 def _noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     c0, c1 = _two_colours(rng, 0.9)
-    return _blend(c0, c1, smooth_noise(rng, h, w, rng.uniform(2, 30)))
+    return _blend(c0, c1, smooth_noise(rng, h, w, rng.uniform(2, 12)))
 
 
 def _fractal(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -319,7 +319,8 @@ def camera(
     blur: tuple[float, float],
 ) -> np.ndarray:
     """What a phone camera does to the scene: white balance, vignetting, defocus or motion blur,
-    sensor noise and JPEG compression; returns RGB uint8. The mask is not touched."""
+    lost resolution, sensor noise, exposure and JPEG compression; returns RGB uint8. The mask is
+    not touched."""
     h, w = img.shape[:2]
     img = img * rng.normal(1, 0.06, 3).astype(np.float32)
     if rng.uniform() < 0.4:
@@ -338,11 +339,17 @@ def camera(
         sigma = rng.uniform(*blur)
         if sigma >= 0.3:
             img = cv2.GaussianBlur(img, (0, 0), sigma)
+    if rng.uniform() < 0.25:  # a small photo shown larger: detail lost, edges soft
+        f = rng.uniform(1.5, 3.0)
+        small = cv2.resize(img, (round(w / f), round(h / f)), interpolation=cv2.INTER_AREA)
+        img = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
     sigma = np.float32(rng.uniform(*noise))
     grain = rng.standard_normal((h, w, 3), np.float32)
     level = np.sqrt(np.clip(img.mean(2), 0, 255) * np.float32(1 / 128) + np.float32(0.1))
     img += grain * (sigma * level)[..., None]  # shot noise: brighter pixels are noisier
     out = np.clip(img + 0.5, 0, 255).astype(np.uint8)
+    levels = np.linspace(0, 1, 256) ** rng.uniform(0.75, 1.3) * 255 * rng.uniform(0.9, 1.15)
+    out = cv2.LUT(out, np.clip(levels + 0.5, 0, 255).astype(np.uint8))  # exposure and gamma
     if rng.uniform() < 0.75:
         quality = int(rng.integers(30, 96))
         ok, buf = cv2.imencode(".jpg", out[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
