@@ -18,7 +18,12 @@ from nailseg.prep.synthetic_look import FREE_EDGE, NailLook, smooth_noise
 SCENES = ("hand", "fingers", "tip")
 NAIL_AREA = 0.36  # a nail's area over its finger's width squared, for the nail outline below
 _SUBPIXEL = 4  # fillPoly fractional bits: smooth outlines from float points
-_NAIL_SHAPES = {"rounded": (4.0, 0.0), "ellipse": (2.0, 0.0), "tapered": (2.5, -0.3)}
+_NAIL_SHAPES = {
+    "square": (7.0, 0.0),
+    "rounded": (4.0, 0.0),
+    "ellipse": (2.0, 0.0),
+    "tapered": (2.5, -0.3),
+}
 _FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger
 _FINGER_LENGTHS = (3.9, 4.3, 4.0, 3.2)
 
@@ -95,7 +100,7 @@ def layout(
     scale = math.sqrt(nail_area * h * w / NAIL_AREA)
     nails = [p for p in parts if p[4] > 0.5]
     tips = np.array([p[0] for p in nails]) * scale
-    margin = (0.6 if rng.uniform() < 0.8 else -0.2) * scale
+    margin = (rng.uniform(0.05, 0.6) if rng.uniform() < 0.8 else -0.2) * scale
     lo = np.array([margin, margin]) - tips.min(0)
     hi = np.array([w - margin, h - margin]) - tips.max(0)
     shift = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
@@ -129,7 +134,7 @@ def _nail_outline(rng: np.random.Generator, f: Finger) -> tuple[np.ndarray, floa
     """(outline, centre u, half length, half width) of the nail near the finger tip."""
     half_len = f.width * rng.uniform(0.3, 0.52)
     half_w = f.width * rng.uniform(0.28, 0.36)
-    centre = -half_len - f.width * rng.uniform(0.0, 0.1)
+    centre = -half_len - f.width * rng.uniform(0.0, 0.25)  # the skin beyond the free edge
     power, taper = _NAIL_SHAPES[f.nail]
     t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
     along = np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
