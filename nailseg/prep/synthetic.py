@@ -66,7 +66,6 @@ class Style:
     scenes: tuple[str, ...]  # drawn from synthetic_hand.SCENES
     nail_area: tuple[float, float]  # one nail's fraction of the photo, drawn log-uniform
     backgrounds: tuple[str, ...]  # drawn from synthetic_look.BACKGROUNDS
-    turn: float  # max |rotation| of the hand away from pointing up, degrees
     light: float  # strength of the illumination gradient and colour cast
     drop_shadow: float  # probability of the hand's shadow on the background
     cast_shadow: float  # probability of a blurred shadow across the whole scene
@@ -76,20 +75,19 @@ class Style:
 
 STYLES: dict[str, Style] = {
     "studio": Style(
-        (240, 192), ("tip",), (0.04, 0.36), ("plain", "cloth", "gradient"), 180, 0.25, 0.5, 0.2,
+        (240, 192), ("tip",), (0.04, 0.36), ("plain", "gradient"), 0.25, 0.5, 0.2,
         (1.0, 4.0), (0.0, 1.5),
     ),
     "desk": Style(
-        (240, 320), ("hand",), (0.003, 0.03), ("desk", "wood", "tiles", "plain"), 180, 0.35, 0.7,
-        0.3, (2.0, 8.0), (0.0, 1.2),
+        (240, 320), ("hand",), (0.003, 0.03), ("desk", "wood", "tiles", "plain"), 0.35, 0.7, 0.3,
+        (2.0, 8.0), (0.0, 1.2),
     ),
     "fabric": Style(
-        (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "weave", "noise", "fractal"), 180,
+        (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "weave", "noise", "fractal"),
         0.35, 0.6, 0.4, (3.0, 8.0), (0.0, 1.2),
     ),
     "clutter": Style(
-        (288, 288), SCENES, (0.003, 0.20), ("clutter",), 180, 0.45, 0.5, 0.5, (2.0, 10.0),
-        (0.0, 1.5),
+        (288, 288), SCENES, (0.003, 0.20), ("clutter",), 0.45, 0.5, 0.5, (2.0, 10.0), (0.0, 1.5),
     ),
 }  # fmt: skip
 
@@ -101,7 +99,7 @@ def _scene(
     img = background(rng, style.backgrounds[int(rng.integers(len(style.backgrounds)))], h, w)
     scene = style.scenes[int(rng.integers(len(style.scenes)))]
     area = math.exp(rng.uniform(*np.log(style.nail_area)))
-    fingers = layout(rng, scene, area, style.turn, h, w)
+    fingers = layout(rng, scene, area, h, w)
     if rng.uniform() < style.drop_shadow:
         hand = sum(fill((h, w), finger_outline(f)) for f in fingers)
         offset = rng.uniform(-0.3, 0.3, 2) * fingers[-1].width

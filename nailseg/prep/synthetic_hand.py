@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -40,78 +41,87 @@ class Finger:
     cap: float = 0.55  # the tip's roundness in widths: a palm is flatter
 
 
+class _Part(NamedTuple):
+    """A part of a scene in finger widths, before it is scaled and placed."""
+
+    tip: np.ndarray
+    d: np.ndarray
+    width: float
+    length: float  # math.inf: it runs out of the frame
+    cap: float = 0.55
+    nailed: bool = True
+
+
 def _unit(angle: float) -> np.ndarray:
     return np.array([math.cos(angle), math.sin(angle)])
 
 
-def _hand(rng: np.random.Generator, theta: float, side: int) -> list[tuple]:
-    """A whole hand in finger widths, knuckles at the origin: (tip, dir, width, length, cap)."""
+def _hand(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
+    """A whole hand, knuckles at the origin: arm, palm, thumb (mostly) and four fingers."""
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
     spread = rng.uniform(2, 14)
-    parts = []
     palm_w = 4.4
-    wrist = -d0 * 4.6
-    parts.append((wrist, d0, 0.75 * palm_w, 1e4, 0.1))  # the arm, out of view
-    parts.append((d0 * 0.3, d0, palm_w, 4.8, 0.25))
+    parts = [
+        _Part(-d0 * 4.6, d0, 0.75 * palm_w, math.inf, 0.1, nailed=False),
+        _Part(d0 * 0.3, d0, palm_w, 4.8, 0.25, nailed=False),
+    ]
     thumb = side * rng.uniform(30, 75)
     if rng.uniform() < 0.85:
         d = _unit(theta - math.radians(thumb))
         base = -n0 * side * 1.9 - d0 * 3.2
-        parts.append((base + d * 3.6, d, 1.2, 3.6, 0.55))
+        parts.append(_Part(base + d * 3.6, d, 1.2, 3.6))
     for k in range(4):
         off = (k - 1.5) * side
         d = _unit(theta + math.radians(spread * off + rng.uniform(-4, 4)))
         knuckle = n0 * off * 1.08 - d0 * 0.12 * off**2
         length = _FINGER_LENGTHS[k] * rng.uniform(0.92, 1.06)
-        parts.append((knuckle + d * length, d, _FINGER_WIDTHS[k], length, 0.55))
+        parts.append(_Part(knuckle + d * length, d, _FINGER_WIDTHS[k], length))
     return parts
 
 
-def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, tip: bool) -> list[tuple]:
-    """`n` fingers entering from beyond the edge, side by side, tips staggered."""
+def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, close: bool) -> list[_Part]:
+    """`n` fingers entering from beyond the edge, side by side (further apart when `close`),
+    tips staggered as a hand's are."""
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
-    spacing = rng.uniform(1.02, 1.25) if not tip else rng.uniform(1.1, 1.8)
+    spacing = rng.uniform(1.1, 1.8) if close else rng.uniform(1.02, 1.25)
     first = int(rng.integers(0, 5 - n)) if n < 4 else 0
     parts = []
     for k in range(n):
         off = (k - (n - 1) / 2) * side
         finger = first + k
         d = _unit(theta + math.radians(rng.uniform(-5, 5)))
-        stagger = _FINGER_LENGTHS[finger] - 4.3 + rng.uniform(-0.2, 0.2)
-        parts.append((n0 * off * spacing + d0 * stagger, d, _FINGER_WIDTHS[finger], 1e4, 0.55))
+        stagger = _FINGER_LENGTHS[finger] - max(_FINGER_LENGTHS) + rng.uniform(-0.2, 0.2)
+        tip = n0 * off * spacing + d0 * stagger
+        parts.append(_Part(tip, d, _FINGER_WIDTHS[finger], math.inf))
     return parts
 
 
-def layout(
-    rng: np.random.Generator, scene: str, nail_area: float, turn: float, h: int, w: int
-) -> list[Finger]:
-    """The fingers of a scene, drawn in order; `nail_area` is a nail's fraction of the photo.
+def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: int) -> list[Finger]:
+    """The fingers of a scene at any rotation, drawn in order; `nail_area` is a nail's fraction
+    of the photo.
 
     Tips are kept in view when they fit; larger hands are shifted so some tips leave the frame.
     """
-    theta = math.radians(-90 + rng.uniform(-turn, turn))
+    theta = rng.uniform(0, 2 * math.pi)
     side = 1 if rng.uniform() < 0.5 else -1  # left or right hand
     if scene == "hand":
         parts = _hand(rng, theta, side)
     elif scene == "fingers":
-        parts = _fingers(rng, theta, side, int(rng.integers(2, 5)), tip=False)
+        parts = _fingers(rng, theta, side, int(rng.integers(2, 5)), close=False)
     else:
-        parts = _fingers(rng, theta, side, 1 if rng.uniform() < 0.75 else 2, tip=True)
+        parts = _fingers(rng, theta, side, 1 if rng.uniform() < 0.75 else 2, close=True)
     scale = math.sqrt(nail_area * h * w / NAIL_AREA)
-    nails = [p for p in parts if p[4] > 0.5]
-    tips = np.array([p[0] for p in nails]) * scale
+    tips = np.array([p.tip for p in parts if p.nailed]) * scale
     margin = (rng.uniform(0.05, 0.6) if rng.uniform() < 0.8 else -0.2) * scale
     lo = np.array([margin, margin]) - tips.min(0)
     hi = np.array([w - margin, h - margin]) - tips.max(0)
     shift = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
     beyond = math.hypot(h, w) + scale  # a length that takes a finger's base out of view
     fingers = []
-    for tip, d, width, length, cap in parts:
-        shape = None
-        if cap > 0.5:
-            shape = tuple(_NAIL_SHAPES)[int(rng.integers(len(_NAIL_SHAPES)))]
-        full = min(length * scale, beyond)
-        fingers.append(Finger(tip * scale + shift, d, width * scale, full, shape, cap))
+    for p in parts:
+        shape = tuple(_NAIL_SHAPES)[int(rng.integers(len(_NAIL_SHAPES)))] if p.nailed else None
+        length = min(p.length * scale, beyond)
+        fingers.append(Finger(p.tip * scale + shift, p.d, p.width * scale, length, shape, p.cap))
     return fingers
 
 

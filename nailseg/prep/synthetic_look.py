@@ -259,7 +259,7 @@ def _objects(
         centre = (float(rng.uniform(0, w)), float(rng.uniform(0, h)))
         dims = rng.uniform(*size, 2) * side
         angle = float(rng.uniform(0, 180))
-        shade = colour * (1 + 0.15 * ramp(rng, 1, 1)[0, 0])
+        shade = colour * rng.uniform(0.85, 1.15)
         r = rng.uniform()
         if r < 0.4:
             pts = cv2.boxPoints((centre, (float(dims[0]), float(dims[1])), angle))
