@@ -170,8 +170,8 @@ def _box(pts: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
 def _local(f: Finger, box: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Finger-local (u, v) of every pixel in `box`."""
     x0, y0, x1, y1 = box
-    y, x = np.mgrid[y0:y1, x0:x1].astype(np.float32)
-    x, y = x - np.float32(f.tip[0]), y - np.float32(f.tip[1])
+    x = np.arange(x0, x1, dtype=np.float32)[None] - np.float32(f.tip[0])
+    y = np.arange(y0, y1, dtype=np.float32)[:, None] - np.float32(f.tip[1])
     dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
     return x * dx + y * dy, y * dx - x * dy
 

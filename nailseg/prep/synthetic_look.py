@@ -123,18 +123,23 @@ def fractal_noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return (total - lo) / max(hi - lo, 1e-6)
 
 
+def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel coordinates as a column of y and a row of x, to broadcast."""
+    return np.arange(h, dtype=np.float32)[:, None], np.arange(w, dtype=np.float32)[None]
+
+
 def ramp(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A linear ramp in [-1, 1] along a random direction."""
     a = rng.uniform(0, 2 * math.pi)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    r = (x - w / 2) * math.cos(a) + (y - h / 2) * math.sin(a)
-    return r / max(float(np.abs(r).max()), 1.0)
+    y, x = _grid(h, w)
+    r = (x - w / 2) * np.float32(math.cos(a)) + (y - h / 2) * np.float32(math.sin(a))
+    return r / np.float32(max(float(np.abs(r).max()), 1.0))
 
 
 def _rotated(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     """Pixel coordinates along and across a random direction."""
     a = rng.uniform(0, math.pi)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    y, x = _grid(h, w)
     c, s = np.float32(math.cos(a)), np.float32(math.sin(a))
     return x * c + y * s, y * c - x * s
 
@@ -344,9 +349,12 @@ def camera(
         small = cv2.resize(img, (round(w / f), round(h / f)), interpolation=cv2.INTER_AREA)
         img = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
     sigma = np.float32(rng.uniform(*noise))
-    grain = rng.standard_normal((h, w, 3), np.float32)
     level = np.sqrt(np.clip(img.mean(2), 0, 255) * np.float32(1 / 128) + np.float32(0.1))
-    img += grain * (sigma * level)[..., None]  # shot noise: brighter pixels are noisier
+    # shot noise, brighter pixels noisier: fine in brightness, coarser and weaker in colour
+    chroma = rng.standard_normal(((h + 1) // 2, (w + 1) // 2, 3), np.float32)
+    grain = cv2.resize(chroma, (w, h), interpolation=cv2.INTER_NEAREST) * np.float32(0.5)
+    grain += rng.standard_normal((h, w), np.float32)[..., None]
+    img += grain * (sigma * level)[..., None]
     out = np.clip(img + 0.5, 0, 255).astype(np.uint8)
     levels = np.linspace(0, 1, 256) ** rng.uniform(0.75, 1.3) * 255 * rng.uniform(0.9, 1.15)
     out = cv2.LUT(out, np.clip(levels + 0.5, 0, 255).astype(np.uint8))  # exposure and gamma
