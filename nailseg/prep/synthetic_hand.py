@@ -38,7 +38,7 @@ class Finger:
     width: float
     length: float
     nail: str | None  # shape, or None for the palm and wrist
-    cap: float = 0.55  # the tip's roundness in widths: a palm is flatter
+    cap: float  # the tip's roundness in widths: a palm is flatter
 
 
 class _Part(NamedTuple):

@@ -69,7 +69,7 @@ class NailLook:
     sparkle: np.ndarray  # glitter
 
 
-def nail_bed(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
+def _nail_bed(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
     """A bare nail's colour: pink over the skin's own tone, lighter than the skin around it."""
     bed = skin + (_NAIL_PINK - skin) * rng.uniform(0.35, 0.8) + rng.normal(0, 6, 3)
     return np.clip(bed * rng.uniform(1.0, 1.12), 0, 255).astype(np.float32)
@@ -93,7 +93,7 @@ def _polish(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
 def nail_look(rng: np.random.Generator, skin: np.ndarray) -> NailLook:
     """A finish and its colours: bare, polish, metallic, French or glitter."""
     finish = FINISHES[int(rng.choice(len(FINISHES), p=_FINISH_ODDS))]
-    bed = nail_bed(rng, skin)
+    bed = _nail_bed(rng, skin)
     tip = np.clip(FREE_EDGE + rng.normal(0, 6, 3), 0, 255).astype(np.float32)
     if finish == "bare":
         return NailLook(finish, bed, tip, tip)
@@ -112,7 +112,7 @@ def smooth_noise(rng: np.random.Generator, h: int, w: int, cell: float) -> np.nd
     return np.clip(cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC), 0, 1)
 
 
-def fractal_noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _fractal_noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """Multi-octave noise in [0, 1]: each octave half the size, `persistence` of the weight."""
     cell, persistence = rng.uniform(24, 96), rng.uniform(0.4, 0.7)
     total, weight = np.zeros((h, w), np.float32), 1.0
@@ -128,7 +128,7 @@ def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(h, dtype=np.float32)[:, None], np.arange(w, dtype=np.float32)[None]
 
 
-def ramp(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _ramp(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A linear ramp in [-1, 1] along a random direction."""
     a = rng.uniform(0, 2 * math.pi)
     y, x = _grid(h, w)
@@ -156,7 +156,7 @@ def _plain(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     base = _BACKDROPS[rng.integers(len(_BACKDROPS))] + rng.normal(0, 12, 3)
     if rng.uniform() < 0.5:
         base = hsv_colour(rng, (0.0, 0.9), (0.1, 0.98))
-    return base.astype(np.float32) * (1 + 0.05 * ramp(rng, h, w))[..., None]
+    return base.astype(np.float32) * (1 + 0.05 * _ramp(rng, h, w))[..., None]
 
 
 def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -171,7 +171,7 @@ def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 def _gradient(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     c0, c1 = _two_colours(rng, 0.6)
-    return _blend(c0, c1, (ramp(rng, h, w) + 1) / 2)
+    return _blend(c0, c1, (_ramp(rng, h, w) + 1) / 2)
 
 
 def _wood(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -222,7 +222,7 @@ def _fractal(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """Fractal noise through three colours: stone, marble, foliage, carpet."""
     c0, c1 = _two_colours(rng, 0.9)
     c2 = hsv_colour(rng, (0.0, 0.9), (0.1, 1.0))
-    t = fractal_noise(rng, h, w)
+    t = _fractal_noise(rng, h, w)
     img = _blend(c0, c1, np.clip(2 * t, 0, 1))
     return img + (c2 - img) * np.clip(2 * t - 1, 0, 1)[..., None]
 
@@ -312,7 +312,7 @@ def shadow(rng: np.random.Generator, coverage: np.ndarray, strength: float) -> n
 def light(rng: np.random.Generator, img: np.ndarray, strength: float) -> np.ndarray:
     """Light from any side (a ramp) and a colour cast of the light source."""
     h, w = img.shape[:2]
-    gain = 1 + strength * rng.uniform(0.3, 1) * ramp(rng, h, w)
+    gain = 1 + strength * rng.uniform(0.3, 1) * _ramp(rng, h, w)
     cast = 1 + rng.uniform(-strength, strength, 3) * 0.4
     return img * gain[..., None] * cast.astype(np.float32)
 
