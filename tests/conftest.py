@@ -18,6 +18,8 @@ from nailseg.training.loggers import WANDB_DIRS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# W&B reads every installed package's metadata at each run start; no test reads that list
+os.environ.setdefault("WANDB__SAVE_REQUIREMENTS", "false")
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
 OWN_FOLDERS = ("outputs", "multirun", "data")  # where the project's own runs and data go
