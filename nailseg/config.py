@@ -220,6 +220,7 @@ class ModuleConfig:
     channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
     compile: bool = MISSING  # torch.compile the net: fewer kernel launches
     compile_mode: str = MISSING  # reduce-overhead: also CUDA graphs (SegFormer is launch-bound)
+    eval_scales: list[float] | None = MISSING  # validation and test at these factors of the size
 
 
 @dataclass

@@ -3,7 +3,7 @@ tiles (`tile`); the probabilities merged into one map per photo before the thres
 `threshold=auto` run the same views, so the threshold is chosen on what predict writes.
 
 A scale is a factor of how large the photo reaches the net. Whole, the photo runs at the input size
-times the factor, each side rounded to a multiple of `SIZE_MULTIPLE` (the factor 1 is the input
+times the factor, each side rounded to a multiple of 32 (`model/scales.py`; the factor 1 is the input
 size as it is, the size the net was trained at); in tiles, it is resized to `tile.long_side` times
 the factor and tiled at the input size (tiles.py). Each scale's map is brought back to the photo's
 size, and the maps are averaged (the mean probability).
@@ -11,7 +11,6 @@ size, and the maps are averaged (the mean probability).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -21,8 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities
 from nailseg.inference.tiles import Tiling, tiled_probabilities
-
-SIZE_MULTIPLE = 32  # UNet's and SegFormer's encoders halve the input five times
+from nailseg.model.scales import scaled_size, scales_problem
 
 
 @dataclass(frozen=True)
@@ -50,15 +48,9 @@ def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
     """`cfg`'s tta, scales and tile, checked against the input size; a ValueError naming the key
     of the first bad value."""
     scales = None if cfg.scales is None else tuple(OmegaConf.to_object(cfg.scales))
-    if scales is not None:
-        shown = "[" + ",".join(f"{s:g}" for s in scales) + "]"
-        if not scales:
-            raise ValueError(
-                "scales=[]: give one factor of the input size or more, e.g. scales=[1.0,1.5] "
-                "(null: the input size alone)"
-            )
-        if not all(math.isfinite(s) and s > 0 for s in scales):
-            raise ValueError(f"scales={shown}: each factor must be a number > 0")
+    problem = None if scales is None else scales_problem("scales", scales)
+    if problem:
+        raise ValueError(problem)
     overlap, long_side = cfg.tile.overlap, cfg.tile.long_side
     if not 0.0 <= overlap < 1.0:
         raise ValueError(f"tile.overlap={overlap}: must be in [0, 1), a fraction of a tile")
@@ -71,18 +63,6 @@ def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
             )
         tile = Tiling(long_side=long_side, overlap=float(overlap))
     return Views(tta=bool(cfg.tta), scales=scales, tile=tile)
-
-
-def scaled_size(image_size: tuple[int, int], scale: float) -> tuple[int, int]:
-    """The size a whole photo runs at for `scale`: the input size (factor 1), else each side times
-    `scale`, rounded to the nearest multiple of `SIZE_MULTIPLE` (halves up; at least one)."""
-    if scale == 1.0:
-        return image_size
-    height, width = (
-        max(SIZE_MULTIPLE, math.floor(scale * side / SIZE_MULTIPLE + 0.5) * SIZE_MULTIPLE)
-        for side in image_size
-    )
-    return height, width
 
 
 def input_sizes(views: Views, spec: InferenceSpec) -> list[tuple[int, int]]:

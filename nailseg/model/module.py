@@ -28,6 +28,7 @@ from torchmetrics import SumMetric
 
 from nailseg.model.losses import build_loss
 from nailseg.model.metrics import BatchMean, SegmentationScores
+from nailseg.model.scales import multiscale_probabilities
 from nailseg.model.schedules import LENGTH_ARGS
 from nailseg.model.step_log import StepValues, logs_step
 
@@ -39,7 +40,9 @@ class SegModule(L.LightningModule):
 
     `forward` returns logits; `predict_step` probabilities B×1×H×W. `optimizer` and `scheduler`
     are partials (Hydra `_partial_`); `channels_last`: the net's weights and inputs in that memory
-    format. `test_prefix` names what the test stage logs (`test` only for a test split).
+    format; `eval_scales`: validation and test score the mean probability of the batch run at each
+    factor of its size (`model/scales.py`; None: its size alone), their loss stays the batch's
+    own. `test_prefix` names what the test stage logs (`test` only for a test split).
     """
 
     def __init__(
@@ -51,17 +54,20 @@ class SegModule(L.LightningModule):
         group_names: Sequence[str],
         threshold: float,
         channels_last: bool,
+        eval_scales: Sequence[float] | None,
     ) -> None:
         super().__init__()
         # plain values only, so checkpoints load with weights_only=True; the partials as
         # descriptions under names that are not arguments, so load_from_checkpoint asks for them
         self.group_names = [str(name) for name in group_names]
+        self.eval_scales = None if eval_scales is None else [float(s) for s in eval_scales]
         self.save_hyperparameters(
             {
                 "loss": str(loss),
                 "group_names": self.group_names,
                 "threshold": float(threshold),
                 "channels_last": bool(channels_last),
+                "eval_scales": self.eval_scales,
                 "optimizer_spec": describe_partial(optimizer),
                 "scheduler_spec": describe_partial(scheduler) if scheduler is not None else None,
             }
@@ -146,7 +152,11 @@ class SegModule(L.LightningModule):
     def _eval_step(self, batch: Mapping[str, torch.Tensor], stage: str) -> None:
         logits = self(batch["image"])
         self.eval_loss[stage].update(self.loss_fn(logits, batch["mask"]), len(logits))
-        self.eval_scores[stage].update(torch.sigmoid(logits), batch["mask"], batch["group"])
+        if self.eval_scales is None:
+            probs = torch.sigmoid(logits)
+        else:
+            probs = multiscale_probabilities(self, batch["image"], self.eval_scales, logits)
+        self.eval_scores[stage].update(probs, batch["mask"], batch["group"])
 
     def _log_eval_epoch(self, stage: str, prefix: str) -> float:
         """Log the epoch's loss, scores and sample counts (summed over ranks by torchmetrics'

@@ -118,6 +118,7 @@ def build_module(
         loss=cfg.module.loss,
         group_names=datamodule.group_names,
         threshold=cfg.module.threshold,
+        eval_scales=cfg.module.eval_scales,
         channels_last=use_channels_last(
             cfg.module.channels_last,
             cfg.trainer.accelerator in GPU_ACCELERATORS and torch.cuda.is_available(),

@@ -24,6 +24,7 @@ from nailseg.config import DIRECTIONS
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.model.module import monitorable, schedule_length_args
+from nailseg.model.scales import scales_problem
 from nailseg.prep.builtin import missing_data
 from nailseg.training.private_api import check_precision
 
@@ -74,6 +75,9 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"loader.batch_size={cfg.loader.batch_size}: must be at least 1")
     if not 0.0 < cfg.module.threshold < 1.0:
         raise ConfigError(f"module.threshold={cfg.module.threshold}: must be in (0, 1)")
+    scales = cfg.module.eval_scales
+    if scales is not None and (problem := scales_problem("module.eval_scales", list(scales))):
+        raise ConfigError(problem)
     if not min_seed_value <= cfg.seed <= max_seed_value:
         raise ConfigError(f"seed={cfg.seed}: must be in [{min_seed_value}, {max_seed_value}]")
     lr = cfg.optimizer.get("lr")

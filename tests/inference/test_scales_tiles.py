@@ -24,8 +24,9 @@ from nailseg.inference.predict import PredictError, run
 from nailseg.inference.spec import full_size_probabilities, image_tensors, resolve_spec
 from nailseg.inference.threshold import CACHE_FILE
 from nailseg.inference.tiles import Tiling, resized_size, tile_layout, tile_starts
-from nailseg.inference.views import Views, input_sizes, photo_probabilities, scaled_size
+from nailseg.inference.views import Views, input_sizes, photo_probabilities
 from nailseg.model.checkpoint import load_net
+from nailseg.model.scales import scaled_size
 
 CPU = torch.device("cpu")
 SIZES = [(90, 120), (20, 25), (33, 47), (90, 120), (64, 30)]  # mixed, one repeated

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import segmentation_models_pytorch as smp
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -30,7 +31,8 @@ from nailseg.model.module import SegModule
 from nailseg.training.callbacks import LearningRates, PredictionOverlays, TrainSpeedMonitor
 
 GROUPS = ("a", "b")
-MODULE = {"loss": "dice_bce", "threshold": 0.5, "channels_last": False}  # the module's settings
+# the module's settings
+MODULE = {"loss": "dice_bce", "threshold": 0.5, "channels_last": False, "eval_scales": None}
 SIZE = 32
 N_TRAIN, TRAIN_BS, TRAIN_BATCHES = 14, 4, 3  # limit_train_batches=3 of 4 -> 12 samples per epoch
 N_VAL, VAL_BS = 7, 3  # batches of 3, 3, 1; groups a: 4, b: 3
@@ -403,3 +405,42 @@ def test_overlays_do_not_recompile_a_compiled_net(tmp_path: Path) -> None:
         frames.append(counter.frame_count)
     assert (tmp_path / "True" / "overlays" / "epoch_001.png").is_file()
     assert frames[0] > 0 and frames[1] == frames[0]
+
+
+def _validated(model: SegModule, tmp_path: Path) -> dict[str, float]:
+    trainer = _bare_trainer(tmp_path, max_epochs=1, callbacks=[])
+    (results,) = trainer.validate(model, _loader(N_VAL, VAL_BS, seed=3), verbose=False)
+    return results
+
+
+def _box_filter_module(eval_scales: list[float] | None) -> SegModule:
+    """A net whose logits sit far from the threshold but at the square's edges, where scales
+    differ: a 3×3 box sum of the image."""
+    net = torch.nn.Conv2d(3, 1, 3, padding=1)
+    with torch.no_grad():
+        net.weight.fill_(0.5)
+        net.bias.zero_()
+    settings = MODULE | {"eval_scales": eval_scales}
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1)
+    return SegModule(net, optimizer, None, group_names=(), **settings)
+
+
+def test_eval_scales_score_the_mean_probability_of_the_batch_at_each_scale(tmp_path) -> None:
+    plain, scaled = _box_filter_module(None), _box_filter_module([1.0, 2.0])
+    data = ContractDataset(N_VAL, seed=3)
+    with torch.no_grad():  # the same by hand: at 64², bilinear antialiased in, bilinear out
+        at_size = torch.sigmoid(plain(data.images))
+        bigger = F.interpolate(data.images, (64, 64), mode="bilinear", antialias=True)
+        back = F.interpolate(torch.sigmoid(plain(bigger)), (SIZE, SIZE), mode="bilinear")
+    pred, true = ((at_size + back) / 2 > 0.5), data.masks > 0.5
+    tp, fp, fn = (pred & true).sum(), (pred & ~true).sum(), (~pred & true).sum()
+    expected = float(2 * tp / (2 * tp + fp + fn))
+
+    got, alone = _validated(scaled, tmp_path / "scaled"), _validated(plain, tmp_path / "plain")
+    assert got["val/dice"] == pytest.approx(expected, abs=1e-6)
+    assert got["val/dice"] != pytest.approx(alone["val/dice"], abs=1e-4)  # the scale counted
+    assert got["val/loss"] == pytest.approx(alone["val/loss"])  # the loss: the batch's own size
+    assert got["val/samples"] == N_VAL
+    # the factor 1 alone is no scales at all
+    assert _validated(_box_filter_module([1.0]), tmp_path / "one") == alone
+    assert scaled.hparams["eval_scales"] == [1.0, 2.0]  # recorded in every checkpoint

@@ -466,6 +466,14 @@ def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
     assert checkpoint["global_step"] == 3 and "state_dict" in checkpoint
 
 
+def test_eval_scales_reach_validation_and_the_checkpoint(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=1", "module.eval_scales=[1.0,2.0]", "logger=csv")
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["eval_scales"] == [1.0, 2.0]
+    assert _per_epoch(_metrics_csv(run_dir), "val/samples") == [5]  # each validation photo once
+
+
 @pytest.mark.real_data
 @pytest.mark.slow
 def test_overfit_one_batch_of_real_photos(real_data, tmp_path):

@@ -109,6 +109,8 @@ OUT_OF_RANGE = [
     ("loader.num_workers=-1", "loader.num_workers=-1: must be at least"),
     ("loader.prefetch=0", "loader.prefetch=0: must be at least 1"),
     ("loader.seed=-1", "loader.seed=-1: must be >= 0"),
+    ("module.eval_scales=[]", "module.eval_scales=[]: give one factor of the input size or more"),
+    ("module.eval_scales=[1,-2]", "module.eval_scales=[1,-2]: each factor must be a number > 0"),
     ("seed=-1", "seed=-1: must be in [0, 4294967295]"),
     ("dataset.image_size=[0,32]", "dataset.image_size=[0, 32]: must be"),
     ("dataset.synthetic.n=0", "dataset.synthetic.n=0: must be at least 1"),
