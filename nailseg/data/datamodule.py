@@ -56,13 +56,15 @@ class Source:
     rows: int
 
 
-def _check_weight(key: str, weight: Any) -> float:
+def _check_weight(key: str, weight: Any, zero: bool = False) -> float:
+    """`weight` as a float; a ValueError naming `key` unless finite and > 0 (`zero`: or 0)."""
     try:
         value = float(weight)
     except (TypeError, ValueError):
         value = math.nan
-    if isinstance(weight, bool) or not is_weight(value):
-        raise ValueError(f"{key}={weight}: a source's weight must be a finite number > 0")
+    if isinstance(weight, bool) or not (is_weight(value) or (zero and value == 0)):
+        bound = ">= 0 (0: it only validates and tests)" if zero else "> 0"
+        raise ValueError(f"{key}={weight}: a source's weight must be a finite number {bound}")
     return value
 
 
@@ -71,7 +73,12 @@ def read_mix(
 ) -> tuple[list[Source], list[pd.DataFrame]]:
     """The sources of the train split, primary first, checked before any work, and the train
     rows each adds (paths absolute, groups `<name>/<group>`). Each error names its key."""
-    primary = Source("", root, _check_weight("dataset.weight", weight), 0)
+    primary = Source("", root, _check_weight("dataset.weight", weight, zero=True), 0)
+    if primary.weight == 0 and not mix:
+        raise ValueError(
+            "dataset.weight=0: dataset.root then only validates and tests; give dataset.mix a "
+            "source to train on, or a weight > 0"
+        )
     sources, frames = [primary], []
     for i, entry in enumerate(mix):
         key = f"dataset.mix[{i}]"

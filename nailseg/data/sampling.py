@@ -145,8 +145,9 @@ def is_weight(value: float) -> bool:
 
 
 def _check_weights(weights: Sequence[float]) -> None:
-    if not len(weights) or not all(is_weight(w) for w in weights):
-        raise ValueError(f"need one or more finite weights > 0, got {list(weights)}")
+    # a source at 0 is drawn from never (a primary root that only validates)
+    if not any(is_weight(w) for w in weights) or not all(is_weight(w) or w == 0 for w in weights):
+        raise ValueError(f"need finite weights >= 0, one or more of them > 0, got {list(weights)}")
 
 
 def check_sources(

@@ -11,6 +11,7 @@ training, naming the key.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -120,6 +121,13 @@ def test_identical_on_every_rank_and_sharded_into_disjoint_parts():
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 24
 
 
+def test_a_source_weighted_0_is_never_drawn_and_the_epoch_keeps_its_length():
+    for epoch in range(3):
+        rows = _rows(_plan(1, 0, weights=[0.0, 0.5, 2.0], epoch=epoch, drop_last=False))
+        assert len(rows) == 20 and not (SOURCES[rows] == 0).any()
+        assert np.bincount(SOURCES[rows], minlength=3).tolist() == [0, 4, 16]
+
+
 def test_len_is_the_plain_count_and_bad_sources_are_refused():
     for world, drop_last in [(1, True), (2, False), (3, True)]:
         for rank in range(world):
@@ -127,8 +135,9 @@ def test_len_is_the_plain_count_and_bad_sources_are_refused():
             assert count == len(_plan(world, rank, drop_last))
     with pytest.raises(ValueError, match="pass both or neither"):
         epoch_batches(20, 4, train=True, sources=SOURCES)
-    with pytest.raises(ValueError, match="weights > 0"):
-        epoch_batches(20, 4, train=True, sources=SOURCES, weights=[1.0, 0.0, 1.0])
+    for weights in ([1.0, -1.0, 1.0], [0.0, 0.0, 0.0], [1.0, math.inf, 1.0]):
+        with pytest.raises(ValueError, match="weights >= 0, one or more of them > 0"):
+            epoch_batches(20, 4, train=True, sources=SOURCES, weights=weights)
     with pytest.raises(ValueError, match=r"sources \[1\] have a weight but no rows"):
         epoch_batches(3, 1, train=True, sources=np.array([0, 0, 2]), weights=[1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="one weight per source"):
@@ -321,10 +330,25 @@ def test_a_bad_mix_is_refused_before_training_naming_the_key(
         ) in text
 
 
+def test_a_primary_weighted_0_only_validates_and_tests(roots, tmp_path):
+    primary, mix = roots
+    dm = _build(primary, tmp_path / "run", "dataset.weight=0", _mix(("synth", mix, 1.0))).datamodule
+    train_loader = dm.train_dataloader()
+    groups = [dm.group_names[g] for b in train_loader for g in b["group"].tolist()]
+    assert len(groups) == 20 and all(g.startswith("synth/") for g in groups)
+    assert {dm.group_names[g] for b in dm.val_dataloader() for g in b["group"].tolist()} <= {
+        "a",
+        "b",
+    }
+    dm.teardown("fit")
+
+
 def test_the_primary_weight_is_checked_and_an_empty_mixed_root_refused(roots, tmp_path):
     primary, mix = roots
-    with pytest.raises(ValueError, match=r"dataset\.weight=0(\.0)?: .*> 0"):
-        _build(primary, tmp_path / "run", "dataset.weight=0", _mix(("synth", mix, 1.0)))
+    with pytest.raises(ValueError, match=r"dataset\.weight=0: dataset\.root then only validates"):
+        _build(primary, tmp_path / "run", "dataset.weight=0")
+    with pytest.raises(ValueError, match=r"dataset\.weight=-1(\.0)?: .*>= 0 \(0: it only"):
+        _build(primary, tmp_path / "run", "dataset.weight=-1", _mix(("synth", mix, 1.0)))
     empty = tmp_path / "empty"
     empty.mkdir()
     write_table(empty / "train.csv", read_table(mix / "train.csv").iloc[:0])
