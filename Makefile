@@ -11,6 +11,9 @@ CROSS_DIR ?= outputs/cross-source
 HOLDOUT ?= 1 2
 CROSS_AUGS ?= light,heavy,geometric,robust
 CROSS_DATASETS ?= nails,nails_synthetic
+# rows beside the dataset x aug grid, each over the held-out roots (':' joins a row's overrides):
+# the synthetic photos alone, the mix at weight 3, the wild preset (a row's overrides win over ARGS)
+CROSS_ROWS ?= dataset=nails_synthetic:dataset.weight=0:aug=robust dataset=nails_synthetic:dataset.mix.0.weight=3:aug=robust dataset=nails:experiment=wild
 SYNTHETIC_N ?= 2000
 TARGET ?= 0.95
 # one process per setting (start-up counts); ':' joins the overrides of one setting
@@ -92,7 +95,7 @@ bench-ddp: install  ## DDP scaling on REAL_DATA: one GPU, then DDP on every GPU 
 		trainer=gpu,ddp callbacks=audit test=false logger=csv hydra.sweep.dir=$(DDP_DIR) $(ARGS)
 	$(PY) -m nailseg compare sweep_dir=$(DDP_DIR)
 
-cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group x dataset x aug, a table + plot (GPU: ARGS=experiment=gpu_384)
+cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group x dataset x aug, then CROSS_ROWS; a table + plot (GPU: ARGS=experiment=gpu_384)
 	for g in $(HOLDOUT); do \
 		$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=$(CROSS_DIR)/holdout-$$g \
 			"split.holdout_groups=[$$g]" || exit 1; \
@@ -102,6 +105,11 @@ cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group 
 	$(PY) train.py -m dataset=$(CROSS_DATASETS) \
 		dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
 		aug=$(CROSS_AUGS) hydra.sweep.dir=$(CROSS_DIR)/sweep $(ARGS)
+	set -f; n=0; for r in $(CROSS_ROWS); do n=$$((n+1)); \
+		$(PY) train.py -m $(ARGS) $$(echo $$r | tr ':' ' ') \
+			dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
+			hydra.sweep.dir=$(CROSS_DIR)/sweep 'hydra.sweep.subdir=row'$$n'-$${hydra.job.num}' || exit 1; \
+	done
 	$(PY) -m nailseg compare sweep_dir=$(CROSS_DIR)/sweep
 
 ifndef TTT_DIR
