@@ -48,7 +48,7 @@ from nailseg.lifetime import die_with_parent
 from nailseg.prep.synthetic_hand import SCENES, draw_finger, fill, finger_outline, layout
 from nailseg.prep.synthetic_look import background, camera, light, nail_look, shadow, skin_tone
 
-VERSION = 2  # bump whenever the pictures change, so that old sets are regenerated
+VERSION = 3  # bump whenever the pictures change, so that old sets are regenerated
 MANIFEST = "synthetic.json"
 GROUPS = ("studio", "desk", "fabric", "clutter")
 MIN_FG, MAX_FG = 0.002, 0.45  # nail fraction of every mask; scenes outside are redrawn
@@ -83,7 +83,7 @@ STYLES: dict[str, Style] = {
         (2.0, 8.0), (0.0, 1.2),
     ),
     "fabric": Style(
-        (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "weave", "noise", "fractal"),
+        (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "cloth", "weave", "noise", "fractal"),
         0.35, 0.6, 0.4, (3.0, 8.0), (0.0, 1.2),
     ),
     "clutter": Style(

@@ -27,6 +27,8 @@ _NAIL_SHAPES = {
 }
 _FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger
 _FINGER_LENGTHS = (3.9, 4.3, 4.0, 3.2)
+_ROW_SHARE = 0.65  # "fingers" scenes that are a row of whole fingers across the frame
+_ROW_BEHIND = ((0.3, 1.3), (0.0, 0.0), (0.2, 0.9), (1.5, 3.0))  # tips behind the middle's
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,61 @@ def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, close: b
     return parts
 
 
+def _row(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
+    """Three to five whole fingers of a hand laid flat, side by side with small gaps, near
+    parallel, tips staggered as a hand's are; the middle finger's tip at the origin."""
+    count = int(rng.integers(3, 6))
+    first = int(rng.integers(0, 2)) if count == 3 else 0
+    d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
+    fan = rng.uniform(0, 3)
+    across, parts = 0.0, []
+    for k in range(first, first + min(count, 4)):
+        if parts:
+            across += (_FINGER_WIDTHS[k - 1] + _FINGER_WIDTHS[k]) / 2 * rng.uniform(1.0, 1.12)
+        d = _unit(theta + math.radians(side * fan * (k - 1.5) + rng.uniform(-2, 2)))
+        tip = n0 * side * across - d0 * rng.uniform(*_ROW_BEHIND[k])
+        parts.append(_Part(tip, d, _FINGER_WIDTHS[k], math.inf))
+    if count == 5:  # the thumb, beside the index finger and turned out from it
+        d = _unit(theta - side * math.radians(rng.uniform(15, 45)))
+        parts.append(_Part(-n0 * side * 1.3 - d0 * rng.uniform(2.0, 3.5), d, 1.2, math.inf))
+    return [p._replace(tip=p.tip - n0 * side * across / 2) for p in parts]  # centred across
+
+
+def _row_placement(
+    rng: np.random.Generator, theta: float, h: int, w: int
+) -> tuple[float, np.ndarray]:
+    """(finger width, where the row's origin goes): fingers a fifth of the frame across, tips in
+    the far part of the frame."""
+    d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
+    across = abs(w * n0[0]) + abs(h * n0[1])
+    along = abs(w * d0[0]) + abs(h * d0[1])
+    centre = np.array([w / 2, h / 2])
+    at = centre + d0 * along * rng.uniform(0.2, 0.42) + n0 * across * rng.uniform(-0.1, 0.1)
+    return across * rng.uniform(0.17, 0.26), at
+
+
+def _row_direction(rng: np.random.Generator) -> float:
+    """Fingers mostly rise from the bottom edge, else from any edge, some at any angle."""
+    if rng.uniform() < 0.1:
+        return rng.uniform(0, 2 * math.pi)
+    edge = 0 if rng.uniform() < 0.6 else int(rng.integers(1, 4))
+    return -math.pi / 2 + edge * math.pi / 2 + rng.uniform(-0.25, 0.25)
+
+
 def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: int) -> list[Finger]:
     """The fingers of a scene at any rotation, drawn in order; `nail_area` is a nail's fraction
     of the photo.
 
     Tips are kept in view when they fit; larger hands are shifted so some tips leave the frame.
+    A row of whole fingers spans the frame, so it takes its scale from the frame instead.
     """
-    theta = rng.uniform(0, 2 * math.pi)
     side = 1 if rng.uniform() < 0.5 else -1  # left or right hand
+    if scene == "fingers" and rng.uniform() < _ROW_SHARE:
+        theta = _row_direction(rng)
+        parts = _row(rng, theta, side)
+        scale, shift = _row_placement(rng, theta, h, w)
+        return _placed(rng, parts, scale, shift, h, w)
+    theta = rng.uniform(0, 2 * math.pi)
     if scene == "hand":
         parts = _hand(rng, theta, side)
     elif scene == "fingers":
@@ -115,7 +164,13 @@ def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: in
     margin = (rng.uniform(0.05, 0.6) if rng.uniform() < 0.8 else -0.2) * scale
     lo = np.array([margin, margin]) - tips.min(0)
     hi = np.array([w - margin, h - margin]) - tips.max(0)
-    shift = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
+    return _placed(rng, parts, scale, rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi)), h, w)
+
+
+def _placed(
+    rng: np.random.Generator, parts: list[_Part], scale: float, shift: np.ndarray, h: int, w: int
+) -> list[Finger]:
+    """The parts scaled to pixels and shifted, each nail in a shape of its own."""
     beyond = math.hypot(h, w) + scale  # a length that takes a finger's base out of view
     fingers = []
     for p in parts:
@@ -140,16 +195,27 @@ def finger_outline(f: Finger) -> np.ndarray:
     return _to_image(f, u, v)
 
 
-def _nail_outline(rng: np.random.Generator, f: Finger) -> tuple[np.ndarray, float, float, float]:
-    """(outline, centre u, half length, half width) of the nail near the finger tip."""
-    half_len = f.width * rng.uniform(0.3, 0.52)
-    half_w = f.width * rng.uniform(0.28, 0.36)
-    centre = -half_len - f.width * rng.uniform(0.0, 0.25)  # the skin beyond the free edge
+class Plate(NamedTuple):
+    """A nail plate: its outline in image points and its size in pixels along the finger."""
+
+    outline: np.ndarray
+    centre: float  # finger-local u of the plate's middle (0 at the tip, negative towards the base)
+    half_len: float
+    half_w: float
+
+
+def nail_plate(rng: np.random.Generator, f: Finger) -> Plate:
+    """The plate near the tip, as on a real finger seen from the back: narrower than the finger,
+    lateral folds of skin on both sides, mostly about as long as wide (some longer), a little
+    fingertip showing beyond its free edge."""
+    half_w = f.width * rng.uniform(0.26, 0.36)
+    half_len = half_w * (rng.uniform(0.9, 1.4) if rng.uniform() < 0.85 else rng.uniform(1.4, 1.9))
+    centre = -half_len - f.width * rng.uniform(0.03, 0.2)
     power, taper = _NAIL_SHAPES[f.nail]
     t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
     along = np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
     across = np.sign(np.cos(t)) * np.abs(np.cos(t)) ** (2 / power) * (1 + taper * along)
-    return _to_image(f, centre + half_len * along, half_w * across), centre, half_len, half_w
+    return Plate(_to_image(f, centre + half_len * along, half_w * across), centre, half_len, half_w)
 
 
 def fill(shape: tuple[int, int], pts: np.ndarray, exact: bool = False) -> np.ndarray:
@@ -174,6 +240,33 @@ def _local(f: Finger, box: tuple[int, int, int, int]) -> tuple[np.ndarray, np.nd
     y = np.arange(y0, y1, dtype=np.float32)[:, None] - np.float32(f.tip[1])
     dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
     return x * dx + y * dy, y * dx - x * dy
+
+
+def _creases(
+    rng: np.random.Generator,
+    layer: np.ndarray,
+    f: Finger,
+    uv: tuple[np.ndarray, np.ndarray],
+    origin: np.ndarray,
+    skin: np.ndarray,
+) -> None:
+    """The knuckles: a few creases at the last joint; at the middle joint a darker, wrinkled
+    patch of several slightly bent creases."""
+    u, v = uv
+    for at, lines, patch in ((rng.uniform(1.3, 1.7), 3, 0.0), (rng.uniform(2.6, 3.2), 8, 0.12)):
+        centre = -at * f.width
+        if patch:
+            dark = rng.uniform(0, patch) * np.exp(
+                -(((u - centre) / (0.35 * f.width)) ** 2) - (v / (0.4 * f.width)) ** 2
+            )
+            layer *= (1 - dark)[..., None]
+        for _ in range(int(rng.integers(1, lines))):
+            across = np.linspace(-1, 1, 5) * rng.uniform(0.12, 0.35)
+            bend = rng.uniform(-0.05, 0.05) * across + rng.uniform(-0.1, 0.1) * across**2
+            along = centre + (rng.uniform(-0.15, 0.15) + bend) * f.width
+            pts = np.round((_to_image(f, along, across * f.width) - origin) * 4).astype(np.int32)
+            crease = (skin * rng.uniform(0.65, 0.9)).tolist()
+            cv2.polylines(layer, [pts], False, crease, 1, cv2.LINE_AA, 2)
 
 
 def draw_finger(
@@ -203,17 +296,7 @@ def draw_finger(
         flush = rng.uniform(0, 0.12) * np.exp(-((u / f.width) ** 2))
         layer *= 1 - flush[..., None] * np.array([-0.3, 0.6, 0.6], np.float32)
     if f.nail is not None:
-        for at in (rng.uniform(1.3, 1.7), rng.uniform(2.6, 3.2)):
-            for k in range(int(rng.integers(1, 4))):
-                u0 = -(at + 0.07 * k) * f.width
-                ends = _to_image(
-                    f, np.array([u0, u0 - 0.05 * f.width]), np.array([-0.3, 0.3]) * f.width
-                )
-                a, b = np.round(ends - origin).astype(int)
-                crease = (skin * rng.uniform(0.6, 0.85)).tolist()
-                cv2.line(
-                    layer, (int(a[0]), int(a[1])), (int(b[0]), int(b[1])), crease, 1, cv2.LINE_AA
-                )
+        _creases(rng, layer, f, (u, v), origin, skin)
     view, mask_view = img[y0:y1, x0:x1], mask[y0:y1, x0:x1]
     view += alpha[..., None] * (layer - view)
     inside = fill(size, outline - origin, exact=True)
@@ -235,16 +318,16 @@ def _draw_nail(
     tilt: float,
 ) -> None:
     """The nail fold, then the plate in its finish; the mask is the plate's exact fill."""
-    outline, centre, half_len, half_w = _nail_outline(rng, f)
+    outline, centre, half_len, half_w = nail_plate(rng, f)
     ctr = f.tip + centre * f.d
-    fold = ctr + (outline - ctr) * np.array([1.12]) - f.d * 0.08 * f.width
+    fold = ctr + (outline - ctr) * rng.uniform(1.06, 1.14) - f.d * 0.08 * f.width
     nx0, ny0, nx1, ny1 = _box(fold - origin, *mask_view.shape)
     if nx0 >= nx1 or ny0 >= ny1:
         return
     sub = slice(ny0, ny1), slice(nx0, nx1)
     size, at = (ny1 - ny0, nx1 - nx0), origin + np.array([nx0, ny0])
     fold_alpha = cv2.GaussianBlur(fill(size, fold - at), (0, 0), max(0.5, f.width / 40))
-    dark = skin * rng.uniform(0.72, 0.9) * np.array([1.0, 0.95, 0.95], np.float32)
+    dark = skin * rng.uniform(0.72, 0.92) * np.array([1.0, 0.95, 0.95], np.float32)
     view[sub] += (0.7 * fold_alpha)[..., None] * (dark - view[sub])
 
     plate = fill(size, outline - at)
@@ -253,14 +336,12 @@ def _draw_nail(
     shade = 1 - 0.2 * np.clip(vn**2, 0, 1) + 0.08 * tilt * np.clip(vn, -1, 1)
     shade -= 0.22 * np.exp(-(((un + 1) / 0.15) ** 2))  # the cuticle's shadow
     layer = look.colour * shade[..., None]
-    spec_strength = rng.uniform(0.4, 0.9)
     if look.finish in ("bare", "french"):
-        spec_strength = rng.uniform(0.1, 0.4)
         if rng.uniform() < 0.5:  # the lunula, lighter at the base
             lunula = np.clip(1 - ((un + 1) ** 2 + (0.7 * vn) ** 2) / 0.25, 0, 1) ** 0.5
-            layer += (0.35 * lunula)[..., None] * (FREE_EDGE - layer)
+            layer += (rng.uniform(0.15, 0.35) * lunula)[..., None] * (FREE_EDGE - layer)
         layer *= (1 + 0.03 * np.sin(vn * rng.uniform(8, 16)))[..., None]  # faint ridges
-        edge = rng.uniform(0.45, 0.8)
+        edge = look.free_edge + rng.uniform(-0.05, 0.05)
         if look.finish == "french":
             edge -= 0.3 * vn**2  # the smile line
         free = np.clip((un - edge) / 0.08, 0, 1)[..., None]
@@ -275,7 +356,7 @@ def _draw_nail(
         layer += bright[..., None] * (look.sparkle * rng.uniform(0.7, 1.1) - layer)
     spot = rng.uniform(-0.5, 0.3), rng.uniform(-0.5, 0.5), rng.uniform(0.08, 0.25)
     spec = np.exp(-(((un - spot[0]) / 0.45) ** 2) - ((vn - spot[1]) / spot[2]) ** 2)
-    layer += (spec_strength * spec)[..., None] * (255 - layer)
+    layer += (look.gloss * rng.uniform(0.8, 1.2) * spec)[..., None] * (255 - layer)
     alpha = np.minimum(plate, inside[sub])
     view[sub] += alpha[..., None] * (np.clip(layer, 0, 255) - view[sub])
     nail = fill(size, outline - at, exact=True) & inside[sub]

@@ -14,23 +14,16 @@ import cv2
 import numpy as np
 
 # very light to very dark skin, in order: a tone is drawn anywhere along this line
-_SKIN_TONES = np.array(
-    [
-        [255, 226, 208],
-        [243, 200, 172],
-        [226, 176, 138],
-        [202, 140, 100],
-        [168, 108, 72],
-        [128, 80, 54],
-        [92, 58, 40],
-        [60, 38, 28],
-    ],
-    np.float32,
-)
+_SKIN_TONES = np.array([
+    [255, 226, 208], [243, 200, 172], [226, 176, 138], [202, 140, 100],
+    [168, 108, 72], [128, 80, 54], [92, 58, 40], [60, 38, 28],
+], np.float32)  # fmt: skip
 _NAIL_PINK = np.array([238, 170, 172], np.float32)
 FREE_EDGE = np.array([248, 242, 230], np.float32)
 FINISHES = ("bare", "polish", "metallic", "french", "glitter")
-_FINISH_ODDS = (0.38, 0.26, 0.08, 0.13, 0.15)
+_FINISH_ODDS = (0.4, 0.25, 0.08, 0.12, 0.15)
+_SUBTLE_BARE = 0.55  # bare nails that are low-contrast, as most real bare nails are
+NO_FREE_EDGE = 1.0  # a free edge that begins at the plate's tip: none
 _BACKDROPS = np.array(
     [[236, 236, 232], [205, 208, 212], [45, 65, 150], [28, 28, 32], [60, 120, 85], [222, 205, 175]],
     np.float32,
@@ -61,18 +54,33 @@ def skin_tone(rng: np.random.Generator) -> np.ndarray:
 
 @dataclass(frozen=True)
 class NailLook:
-    """How a nail plate is painted: its finish and the colours the finish uses."""
+    """How a nail plate is painted: its finish, the colours the finish uses, its shine."""
 
     finish: str  # one of FINISHES
     colour: np.ndarray  # the bed (bare, French) or the polish
     tip: np.ndarray  # the free edge, or the French tip
     sparkle: np.ndarray  # glitter
+    gloss: float  # the highlight's strength
+    free_edge: float  # where the free edge begins, from the plate's base (-1) to its tip (1)
 
 
-def _nail_bed(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
-    """A bare nail's colour: pink over the skin's own tone, lighter than the skin around it."""
-    bed = skin + (_NAIL_PINK - skin) * rng.uniform(0.35, 0.8) + rng.normal(0, 6, 3)
-    return np.clip(bed * rng.uniform(1.0, 1.12), 0, 255).astype(np.float32)
+def _nail_bed(rng: np.random.Generator, skin: np.ndarray, pink: float, light: float) -> np.ndarray:
+    """A bare nail's colour: `pink` of the way from the skin's own tone to pink, `light` brighter."""
+    bed = skin + (_NAIL_PINK - skin) * pink + rng.normal(0, 4, 3)
+    return np.clip(bed * light, 0, 255).astype(np.float32)
+
+
+def _bare(rng: np.random.Generator, skin: np.ndarray, white: np.ndarray) -> NailLook:
+    """A bare nail. Most are subtle, as trimmed nails are: a plate barely pinker and lighter than
+    the skin, a short free edge or none, little shine, so the fold's outline is the main cue;
+    the rest are contrasty, pink with a white free edge."""
+    if rng.uniform() < _SUBTLE_BARE:
+        bed = _nail_bed(rng, skin, rng.uniform(0.05, 0.3), rng.uniform(1.0, 1.07))
+        tip = bed + (white - bed) * rng.uniform(0.2, 0.7)
+        edge = rng.uniform(0.7, 0.95) if rng.uniform() < 0.6 else NO_FREE_EDGE
+        return NailLook("bare", bed, tip, tip, rng.uniform(0.0, 0.12), edge)
+    bed = _nail_bed(rng, skin, rng.uniform(0.35, 0.8), rng.uniform(1.0, 1.12))
+    return NailLook("bare", bed, white, white, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
 
 
 def _polish(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
@@ -91,19 +99,18 @@ def _polish(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
 
 
 def nail_look(rng: np.random.Generator, skin: np.ndarray) -> NailLook:
-    """A finish and its colours: bare, polish, metallic, French or glitter."""
+    """A finish and its colours: bare (subtle or contrasty), polish, metallic, French or glitter."""
     finish = FINISHES[int(rng.choice(len(FINISHES), p=_FINISH_ODDS))]
-    bed = _nail_bed(rng, skin)
-    tip = np.clip(FREE_EDGE + rng.normal(0, 6, 3), 0, 255).astype(np.float32)
+    white = np.clip(FREE_EDGE + rng.normal(0, 6, 3), 0, 255).astype(np.float32)
     if finish == "bare":
-        return NailLook(finish, bed, tip, tip)
+        return _bare(rng, skin, white)
     if finish == "french":
-        base = bed + (FREE_EDGE - bed) * rng.uniform(0.1, 0.45)
-        if rng.uniform() < 0.15:
-            tip = _polish(rng, skin)
-        return NailLook(finish, base.astype(np.float32), tip, tip)
+        bed = _nail_bed(rng, skin, rng.uniform(0.35, 0.8), rng.uniform(1.0, 1.12))
+        base = (bed + (FREE_EDGE - bed) * rng.uniform(0.1, 0.45)).astype(np.float32)
+        tip = _polish(rng, skin) if rng.uniform() < 0.15 else white
+        return NailLook(finish, base, tip, tip, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
     sparkle = hsv_colour(rng, (0.0, 0.6), (0.8, 1.0))
-    return NailLook(finish, _polish(rng, skin), tip, sparkle)
+    return NailLook(finish, _polish(rng, skin), white, sparkle, rng.uniform(0.4, 0.9), NO_FREE_EDGE)
 
 
 def smooth_noise(rng: np.random.Generator, h: int, w: int, cell: float) -> np.ndarray:
@@ -152,19 +159,30 @@ def _two_colours(rng: np.random.Generator, s: float = 0.7) -> tuple[np.ndarray, 
     return hsv_colour(rng, (0.0, s), (0.15, 0.95)), hsv_colour(rng, (0.0, s), (0.15, 0.95))
 
 
-def _plain(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    base = _BACKDROPS[rng.integers(len(_BACKDROPS))] + rng.normal(0, 12, 3)
+def _plain_colour(rng: np.random.Generator) -> np.ndarray:
+    """A backdrop's colour: a common one (white, grey, blue, black, green, beige) or any."""
     if rng.uniform() < 0.5:
-        base = hsv_colour(rng, (0.0, 0.9), (0.1, 0.98))
-    return base.astype(np.float32) * (1 + 0.05 * _ramp(rng, h, w))[..., None]
+        return hsv_colour(rng, (0.0, 0.9), (0.1, 0.98))
+    return (_BACKDROPS[rng.integers(len(_BACKDROPS))] + rng.normal(0, 12, 3)).astype(np.float32)
+
+
+def _evenly_lit(rng: np.random.Generator, colour: np.ndarray, h: int, w: int) -> np.ndarray:
+    return colour * (1 + 0.05 * _ramp(rng, h, w))[..., None]
+
+
+def _plain(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    return _evenly_lit(rng, _plain_colour(rng), h, w)
 
 
 def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Plain cloth: soft folds, a few sharp creases, a faint weave."""
-    base = _plain(rng, h, w)
+    """Plain cloth, often strongly saturated in any hue: soft folds, thin dark creases, a faint
+    weave."""
+    saturated = rng.uniform() < 0.5
+    colour = hsv_colour(rng, (0.6, 1.0), (0.3, 0.9)) if saturated else _plain_colour(rng)
+    base = _evenly_lit(rng, colour, h, w)
     folds = smooth_noise(rng, h, w, rng.uniform(30, 80))
     creases = np.exp(-(((smooth_noise(rng, h, w, rng.uniform(20, 60)) - 0.5) / 0.015) ** 2))
-    shade = 0.85 + 0.3 * folds - rng.uniform(0.1, 0.4) * creases
+    shade = 0.85 + 0.3 * folds - rng.uniform(0.1, 0.5) * creases
     shade += 0.04 * (smooth_noise(rng, h, w, 1.5) - 0.5)
     return base * shade[..., None]
 
