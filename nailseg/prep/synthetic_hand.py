@@ -135,7 +135,7 @@ def _row_direction(rng: np.random.Generator) -> float:
     """Fingers mostly rise from the bottom edge, else from any edge, some at any angle."""
     if rng.uniform() < 0.1:
         return rng.uniform(0, 2 * math.pi)
-    edge = 0 if rng.uniform() < 0.6 else int(rng.integers(1, 4))
+    edge = 0 if rng.uniform() < 0.7 else int(rng.integers(1, 4))
     return -math.pi / 2 + edge * math.pi / 2 + rng.uniform(-0.25, 0.25)
 
 
@@ -215,6 +215,7 @@ def nail_plate(rng: np.random.Generator, f: Finger) -> Plate:
     t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
     along = np.sign(np.sin(t)) * np.abs(np.sin(t)) ** (2 / power)
     across = np.sign(np.cos(t)) * np.abs(np.cos(t)) ** (2 / power) * (1 + taper * along)
+    across /= np.abs(across).max()  # a tapered plate is as wide as drawn at its widest
     return Plate(_to_image(f, centre + half_len * along, half_w * across), centre, half_len, half_w)
 
 

@@ -19,6 +19,7 @@ _SKIN_TONES = np.array([
     [168, 108, 72], [128, 80, 54], [92, 58, 40], [60, 38, 28],
 ], np.float32)  # fmt: skip
 _NAIL_PINK = np.array([238, 170, 172], np.float32)
+_PINKER = np.array([0.5, -0.5, -0.1], np.float32)  # a relative tint: more red, less green
 FREE_EDGE = np.array([248, 242, 230], np.float32)
 FINISHES = ("bare", "polish", "metallic", "french", "glitter")
 _FINISH_ODDS = (0.4, 0.25, 0.08, 0.12, 0.15)
@@ -64,22 +65,23 @@ class NailLook:
     free_edge: float  # where the free edge begins, from the plate's base (-1) to its tip (1)
 
 
-def _nail_bed(rng: np.random.Generator, skin: np.ndarray, pink: float, light: float) -> np.ndarray:
-    """A bare nail's colour: `pink` of the way from the skin's own tone to pink, `light` brighter."""
-    bed = skin + (_NAIL_PINK - skin) * pink + rng.normal(0, 4, 3)
-    return np.clip(bed * light, 0, 255).astype(np.float32)
+def _nail_bed(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
+    """A contrasty bare nail's colour: pink over the skin's own tone, lighter than the skin."""
+    bed = skin + (_NAIL_PINK - skin) * rng.uniform(0.35, 0.8) + rng.normal(0, 6, 3)
+    return np.clip(bed * rng.uniform(1.0, 1.12), 0, 255).astype(np.float32)
 
 
 def _bare(rng: np.random.Generator, skin: np.ndarray, white: np.ndarray) -> NailLook:
-    """A bare nail. Most are subtle, as trimmed nails are: a plate barely pinker and lighter than
-    the skin, a short free edge or none, little shine, so the fold's outline is the main cue;
-    the rest are contrasty, pink with a white free edge."""
+    """A bare nail. Most are subtle, as trimmed nails are: on any skin a plate barely pinker and
+    lighter than the skin, a short free edge or none, little shine, so the fold's outline is the
+    main cue; the rest are contrasty, pink with a white free edge."""
     if rng.uniform() < _SUBTLE_BARE:
-        bed = _nail_bed(rng, skin, rng.uniform(0.05, 0.3), rng.uniform(1.0, 1.07))
-        tip = bed + (white - bed) * rng.uniform(0.2, 0.7)
+        tint = 1 + rng.uniform(0.03, 0.12) * _PINKER
+        bed = np.clip(skin * rng.uniform(1.0, 1.1) * tint + rng.normal(0, 3, 3), 0, 255)
+        tip = (bed + (white - bed) * rng.uniform(0.2, 0.7)).astype(np.float32)
         edge = rng.uniform(0.7, 0.95) if rng.uniform() < 0.6 else NO_FREE_EDGE
-        return NailLook("bare", bed, tip, tip, rng.uniform(0.0, 0.12), edge)
-    bed = _nail_bed(rng, skin, rng.uniform(0.35, 0.8), rng.uniform(1.0, 1.12))
+        return NailLook("bare", bed.astype(np.float32), tip, tip, rng.uniform(0.0, 0.12), edge)
+    bed = _nail_bed(rng, skin)
     return NailLook("bare", bed, white, white, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
 
 
@@ -105,7 +107,7 @@ def nail_look(rng: np.random.Generator, skin: np.ndarray) -> NailLook:
     if finish == "bare":
         return _bare(rng, skin, white)
     if finish == "french":
-        bed = _nail_bed(rng, skin, rng.uniform(0.35, 0.8), rng.uniform(1.0, 1.12))
+        bed = _nail_bed(rng, skin)
         base = (bed + (FREE_EDGE - bed) * rng.uniform(0.1, 0.45)).astype(np.float32)
         tip = _polish(rng, skin) if rng.uniform() < 0.15 else white
         return NailLook(finish, base, tip, tip, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
@@ -182,6 +184,7 @@ def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     base = _evenly_lit(rng, colour, h, w)
     folds = smooth_noise(rng, h, w, rng.uniform(30, 80))
     creases = np.exp(-(((smooth_noise(rng, h, w, rng.uniform(20, 60)) - 0.5) / 0.015) ** 2))
+    creases *= np.clip(4 * smooth_noise(rng, h, w, rng.uniform(15, 40)) - 1.5, 0, 1)  # in pieces
     shade = 0.85 + 0.3 * folds - rng.uniform(0.1, 0.5) * creases
     shade += 0.04 * (smooth_noise(rng, h, w, 1.5) - 0.5)
     return base * shade[..., None]

@@ -23,7 +23,7 @@ from nailseg.prep.synthetic import (
     main,
     render,
 )
-from nailseg.prep.synthetic_hand import SCENES
+from nailseg.prep.synthetic_hand import SCENES, Finger, layout, nail_plate
 from nailseg.prep.synthetic_look import FINISHES, NailLook
 
 N = 16
@@ -250,3 +250,66 @@ def test_each_group_is_its_own_kind_of_scene(drawn: Drawn) -> None:
     for group, _, mask in drawn.samples:
         nails[group].append(cv2.connectedComponents(mask)[0] - 1)
     assert max(nails["studio"]) <= 2 and np.mean(nails["desk"]) > 3  # close-ups, whole hands
+
+
+def test_nail_plates_are_narrower_than_their_finger_with_skin_beyond_the_tip() -> None:
+    """As on a finger seen from the back: lateral folds on both sides, mostly about as long as
+    wide, the fingertip's skin beyond the free edge."""
+    rng = np.random.default_rng(0)
+    widths, ratios = [], []
+    for shape in ("square", "rounded", "ellipse", "tapered"):
+        for angle in rng.uniform(0, 2 * np.pi, 50):
+            d = np.array([np.cos(angle), np.sin(angle)])
+            finger = Finger(rng.uniform(0, 100, 2), d, 40.0, 200.0, shape, 0.55)
+            plate = nail_plate(rng, finger)
+            rel = plate.outline - finger.tip
+            along, across = rel @ d, rel @ np.array([-d[1], d[0]])
+            assert along.max() < 0  # the tip's skin shows beyond the plate
+            widths.append(np.ptp(across) / finger.width)
+            ratios.append(np.ptp(along) / np.ptp(across))
+    assert min(widths) >= 0.5 and max(widths) <= 0.75
+    assert np.mean((np.array(ratios) >= 0.85) & (np.array(ratios) <= 1.45)) > 0.7
+    assert max(ratios) > 1.5  # some longer nails too
+
+
+def test_bare_nails_are_mostly_subtle_on_every_skin_some_contrasty() -> None:
+    """Most real bare nails are barely pinker and lighter than the skin, with little shine."""
+    rng = np.random.default_rng(0)
+    subtle: dict[bool, int] = {True: 0, False: 0}  # by dark skin
+    contrasty, gloss = 0, {True: [], False: []}
+    for _ in range(600):
+        skin = synthetic.skin_tone(rng)
+        look = synthetic.nail_look(rng, skin)
+        if look.finish != "bare":
+            continue
+        contrast = float(np.linalg.norm(look.colour - skin) / np.linalg.norm(skin))
+        dark = float(skin @ np.array([0.299, 0.587, 0.114])) < 120
+        subtle[dark] += contrast < 0.15
+        contrasty += contrast > 0.3
+        gloss[contrast < 0.15].append(look.gloss)
+    assert subtle[True] > 10 and subtle[False] > 10
+    assert contrasty > 20
+    assert np.mean(gloss[True]) < np.mean(gloss[False])
+
+
+def test_fingers_scenes_are_often_rows_of_whole_fingers_from_an_edge() -> None:
+    """Three to five near-parallel fingers rising from beyond an edge, mostly the bottom, each
+    a large part of the frame across, their tips in view."""
+    rng = np.random.default_rng(0)
+    h, w = 272, 224
+    rows, from_bottom, in_view = 0, 0, 0
+    for _ in range(200):
+        fingers = [f for f in layout(rng, "fingers", 0.002, h, w) if f.nail is not None]
+        mean = np.mean([f.d for f in fingers], 0)
+        parallel = [f for f in fingers if f.d @ mean / np.linalg.norm(mean) > np.cos(0.2)]
+        across = abs(w * mean[1]) + abs(h * mean[0])
+        if len(parallel) < 3 or not all(0.12 < f.width / across * 1.05 < 0.3 for f in parallel):
+            continue
+        for f in parallel:
+            base = f.tip - f.d * f.length
+            assert not (0 <= base[0] <= w and 0 <= base[1] <= h)  # the whole finger length
+        in_view += sum(0 <= f.tip[0] <= w and 0 <= f.tip[1] <= h for f in parallel) >= 3
+        rows += 1
+        from_bottom += mean[1] / np.linalg.norm(mean) < -0.85
+    assert rows > 80 and in_view > 0.8 * rows
+    assert rows / 2 < from_bottom < rows  # mostly from the bottom, not only
