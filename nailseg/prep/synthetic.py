@@ -65,7 +65,7 @@ class Style:
     size: tuple[int, int]  # (height, width)
     scenes: tuple[str, ...]  # drawn from synthetic_hand.SCENES
     nail_area: tuple[float, float]  # one nail's fraction of the photo, drawn log-uniform
-    backgrounds: tuple[str, ...]  # drawn from synthetic_look.BACKGROUNDS
+    backgrounds: tuple[str, ...]  # drawn from synthetic_look.BACKGROUNDS; a repeat, more often
     light: float  # strength of the illumination gradient and colour cast
     drop_shadow: float  # probability of the hand's shadow on the background
     cast_shadow: float  # probability of a blurred shadow across the whole scene
@@ -83,8 +83,8 @@ STYLES: dict[str, Style] = {
         (2.0, 8.0), (0.0, 1.2),
     ),
     "fabric": Style(
-        (272, 224), ("fingers", "tip"), (0.005, 0.10), ("cloth", "cloth", "weave", "noise", "fractal"),
-        0.35, 0.6, 0.4, (3.0, 8.0), (0.0, 1.2),
+        (272, 224), ("fingers", "tip"), (0.005, 0.10),
+        ("cloth", "cloth", "weave", "noise", "fractal"), 0.35, 0.6, 0.4, (3.0, 8.0), (0.0, 1.2),
     ),
     "clutter": Style(
         (288, 288), SCENES, (0.003, 0.20), ("clutter",), 0.45, 0.5, 0.5, (2.0, 10.0), (0.0, 1.5),

@@ -1,8 +1,10 @@
 """The hands of a synthetic photo: where the fingers go, and each finger and nail drawn.
 
-Three scenes: a whole hand (palm, fanned fingers, thumb, wrist), a few fingers entering from an
-edge, and close-up finger tips; any rotation, any scale, partly out of frame. The image gets
-anti-aliased outlines; the mask gets the exact binary fill of each visible nail plate.
+Three scenes: a whole hand (palm, fanned fingers, thumb, wrist), fingers from an edge (mostly a
+row of whole fingers across the frame, else tips poking in), and close-up finger tips; any
+rotation, any scale, partly out of frame. Nail plates sit narrower than their finger, as seen
+from the back. The image gets anti-aliased outlines; the mask gets the exact binary fill of each
+visible nail plate.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, close: b
 
 def _row(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
     """Three to five whole fingers of a hand laid flat, side by side with small gaps, near
-    parallel, tips staggered as a hand's are; the middle finger's tip at the origin."""
+    parallel, tips staggered as a hand's are; the origin is the row's middle across, level with
+    the middle finger's tip."""
     count = int(rng.integers(3, 6))
     first = int(rng.integers(0, 2)) if count == 3 else 0
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
@@ -265,9 +268,11 @@ def _creases(
             across = np.linspace(-1, 1, 5) * rng.uniform(0.12, 0.35)
             bend = rng.uniform(-0.05, 0.05) * across + rng.uniform(-0.1, 0.1) * across**2
             along = centre + (rng.uniform(-0.15, 0.15) + bend) * f.width
-            pts = np.round((_to_image(f, along, across * f.width) - origin) * 4).astype(np.int32)
+            pts = (_to_image(f, along, across * f.width) - origin) * (1 << _SUBPIXEL)
             crease = (skin * rng.uniform(0.65, 0.9)).tolist()
-            cv2.polylines(layer, [pts], False, crease, 1, cv2.LINE_AA, 2)
+            cv2.polylines(
+                layer, [np.round(pts).astype(np.int32)], False, crease, 1, cv2.LINE_AA, _SUBPIXEL
+            )
 
 
 def draw_finger(
