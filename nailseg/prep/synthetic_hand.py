@@ -30,7 +30,7 @@ _NAIL_SHAPES = {
 _FINGER_WIDTHS = (1.0, 1.05, 0.97, 0.84)  # index to little finger
 _FINGER_LENGTHS = (3.9, 4.3, 4.0, 3.2)
 _ROW_SHARE = 0.65  # "fingers" scenes that are a row of whole fingers across the frame
-_ROW_BEHIND = ((0.3, 1.3), (0.0, 0.0), (0.2, 0.9), (1.5, 3.0))  # tips behind the middle's
+_ROW_BEHIND = ((0.4, 1.5), (0.0, 0.0), (0.2, 1.0), (2.0, 4.0))  # tips behind the middle's
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _row(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
     across, parts = 0.0, []
     for k in range(first, first + min(count, 4)):
         if parts:
-            across += (_FINGER_WIDTHS[k - 1] + _FINGER_WIDTHS[k]) / 2 * rng.uniform(1.0, 1.12)
+            across += (_FINGER_WIDTHS[k - 1] + _FINGER_WIDTHS[k]) / 2 * rng.uniform(1.02, 1.25)
         d = _unit(theta + math.radians(side * fan * (k - 1.5) + rng.uniform(-2, 2)))
         tip = n0 * side * across - d0 * rng.uniform(*_ROW_BEHIND[k])
         parts.append(_Part(tip, d, _FINGER_WIDTHS[k], math.inf))
@@ -131,7 +131,7 @@ def _row_placement(
     along = abs(w * d0[0]) + abs(h * d0[1])
     centre = np.array([w / 2, h / 2])
     at = centre + d0 * along * rng.uniform(0.2, 0.42) + n0 * across * rng.uniform(-0.1, 0.1)
-    return across * rng.uniform(0.17, 0.26), at
+    return across * rng.uniform(0.14, 0.24), at
 
 
 def _row_direction(rng: np.random.Generator) -> float:

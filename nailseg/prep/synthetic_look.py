@@ -76,10 +76,10 @@ def _bare(rng: np.random.Generator, skin: np.ndarray, white: np.ndarray) -> Nail
     lighter than the skin, a short free edge or none, little shine, so the fold's outline is the
     main cue; the rest are contrasty, pink with a white free edge."""
     if rng.uniform() < _SUBTLE_BARE:
-        tint = 1 + rng.uniform(0.03, 0.12) * _PINKER
-        bed = np.clip(skin * rng.uniform(1.0, 1.1) * tint + rng.normal(0, 3, 3), 0, 255)
-        tip = (bed + (white - bed) * rng.uniform(0.2, 0.7)).astype(np.float32)
-        edge = rng.uniform(0.7, 0.95) if rng.uniform() < 0.6 else NO_FREE_EDGE
+        bed = (skin + (_NAIL_PINK - skin) * rng.uniform(0.0, 0.15)) * rng.uniform(1.03, 1.14)
+        bed = np.clip(bed * (1 + rng.uniform(0.05, 0.2) * _PINKER) + rng.normal(0, 3, 3), 0, 255)
+        tip = (bed + (white - bed) * rng.uniform(0.3, 0.8)).astype(np.float32)
+        edge = rng.uniform(0.7, 0.92) if rng.uniform() < 0.75 else NO_FREE_EDGE
         return NailLook("bare", bed.astype(np.float32), tip, tip, rng.uniform(0.0, 0.12), edge)
     bed = _nail_bed(rng, skin)
     return NailLook("bare", bed, white, white, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
