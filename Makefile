@@ -14,7 +14,7 @@ CROSS_DATASETS ?= nails,nails_synthetic
 # rows beside the dataset x aug grid, each over the held-out roots (':' joins a row's overrides):
 # the synthetic photos alone, the mix at weight 3, the wild preset (a row's overrides win over ARGS)
 CROSS_ROWS ?= dataset=nails_synthetic:dataset.weight=0:aug=robust dataset=nails_synthetic:dataset.mix.0.weight=3:aug=robust dataset=nails:experiment=wild
-SYNTHETIC_N ?= 2000
+SYNTHETIC_N ?=
 TARGET ?= 0.95
 # one process per setting (start-up counts); ':' joins the overrides of one setting
 TTT_SETTINGS ?= experiment=gpu_384 experiment=fast_384 experiment=fast_384:dataset.image_size=[256,256]
@@ -100,8 +100,7 @@ cross-source: install  ## leave-one-source-out on REAL_DATA: per held-out group 
 		$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=$(CROSS_DIR)/holdout-$$g \
 			"split.holdout_groups=[$$g]" || exit 1; \
 	done
-	$(PY) prepare.py dataset=synthetic dataset.synthetic.n=$(SYNTHETIC_N) \
-		dataset.raw_dir=data/synthetic-mix/raw dataset.root=data/synthetic-mix/prepared
+	$(PY) prepare.py dataset=synthetic_mix $(if $(SYNTHETIC_N),dataset.synthetic.n=$(SYNTHETIC_N))
 	$(PY) train.py -m dataset=$(CROSS_DATASETS) \
 		dataset.root=$(subst $(space),$(comma),$(HOLDOUT:%=$(CROSS_DIR)/holdout-%)) \
 		aug=$(CROSS_AUGS) hydra.sweep.dir=$(CROSS_DIR)/sweep $(ARGS)

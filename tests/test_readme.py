@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from support.cli import run_command
 from support.slurm import slurm_sweep
 
@@ -34,6 +35,7 @@ SMALL_SYNTHETIC = ["dataset.synthetic.n=24"]
 SMALL_FIT = ["loader.batch_size=4", "trainer.max_epochs=1"]
 TINY_UNET = ["+model.options.encoder_depth=3", "+model.options.decoder_channels=[16,8,4]"]
 SMALL_STUDY = ["hydra.sweeper.n_trials=2"]
+GENERATED = ("dataset=synthetic", "dataset=synthetic_mix")  # the generator's sets: fewer photos
 
 
 def readme_commands(text: str) -> list[str]:
@@ -102,7 +104,7 @@ def small(argv: list[str], root: Path) -> list[str]:
     """A train.py / prepare.py command line with the small settings appended."""
     script, args = argv[0], argv[1:]
     extra = [f"paths.root_dir={root}", *SMALL_DATA]
-    if not any(a.startswith("dataset=") and a != "dataset=synthetic" for a in args):
+    if not any(a.startswith("dataset=") and a not in GENERATED for a in args):
         extra += SMALL_SYNTHETIC
     if script == "train.py":
         extra += SMALL_FIT
@@ -111,6 +113,17 @@ def small(argv: list[str], root: Path) -> list[str]:
         if "hparams_search=optuna" in args:
             extra += SMALL_STUDY
     return [script, *args, *extra]
+
+
+def gpus_asked(words: list[str]) -> int:
+    """The GPUs a single `python train.py` run's config trains on (a preset may say trainer=gpu)."""
+    if words[1] != "train.py" or "-m" in words:
+        return 0
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        trainer = compose("train", overrides=words[2:]).trainer
+    if trainer.accelerator != "gpu":
+        return 0
+    return max(trainer.devices, 1) if isinstance(trainer.devices, int) else 1  # -1: every GPU
 
 
 def run_python(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -172,8 +185,7 @@ def test_each_readme_command_runs_as_written(command, story, capsys, monkeypatch
     else:
         argv = words[1:] if words[1] == "-m" else small(words[1:], story.root)
         code, printed = run_python(argv, capsys)
-        devices = next((int(w.split("=")[1]) for w in words if w.startswith("trainer.devices=")), 0)
-        if devices > torch.cuda.device_count():
+        if gpus_asked(words) > torch.cuda.device_count():
             assert code != 0 and len(printed.strip().splitlines()) == 1, printed
             assert "GPU" in printed
         else:

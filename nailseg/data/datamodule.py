@@ -109,9 +109,9 @@ def read_mix(
             raw = mix_root.parent / "raw"
             raise FileNotFoundError(
                 f"{key}.root={mix_root} is not a prepared root (no train.csv): prepare it first; "
-                f"the synthetic photos: `python prepare.py dataset=synthetic "
-                f"dataset.synthetic.n=2000 dataset.raw_dir={raw} dataset.root={mix_root}`, your "
-                f"own: `python prepare.py input_dir=RAW output_dir={mix_root}`"
+                f"the synthetic photos: `python prepare.py dataset=synthetic_mix "
+                f"dataset.raw_dir={raw} dataset.root={mix_root}`, your own: "
+                f"`python prepare.py input_dir=RAW output_dir={mix_root}`"
             )
         rows = read_split(mix_root, "train")
         if rows.empty:

@@ -325,7 +325,7 @@ def test_a_bad_mix_is_refused_before_training_naming_the_key(
         missing = paths["missing"]
         assert f"dataset.mix[0].root={missing} is not a prepared root" in text
         assert (
-            "python prepare.py dataset=synthetic dataset.synthetic.n=2000 "
+            "python prepare.py dataset=synthetic_mix "
             f"dataset.raw_dir={missing.parent / 'raw'} dataset.root={missing}"
         ) in text
 
