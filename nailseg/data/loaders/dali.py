@@ -285,13 +285,7 @@ def _build_pipeline(
     @dali.pipeline_def(enable_conditionals=True)
     def pipeline() -> tuple[DataNode, ...]:
         host_noise = len(feeder.noise_ops)
-        image_path, mask_path, group, row, *noise_inputs = fn.external_source(
-            source=feeder,
-            num_outputs=4 + 2 * host_noise,
-            batch=True,
-            dtype=[types.UINT8, types.UINT8, types.INT64, types.INT64]
-            + [types.BOOL, types.FLOAT] * host_noise,
-        )
+        image_path, mask_path, group, row, *noise_inputs = _feed(feeder, host_noise)
         draws = 0  # host noise inputs used so far (one flag and one noise tensor per op)
         image, mask = _decode(image_path), _decode(mask_path)
         if gpu:
@@ -305,13 +299,7 @@ def _build_pipeline(
         for op in ops:
             if op.colour and _coin(op):
                 image = _COLOUR[op.name](op, image)
-        image = fn.crop_mirror_normalize(
-            image,
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[255.0 * m for m in spec.mean],
-            std=[255.0 * s for s in spec.std],
-        )
+        image = _normalize(image, spec)
         for op in ops:
             if op.geometric or op.colour:
                 continue
@@ -331,6 +319,33 @@ def _build_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch,
         seed=seed,
+    )
+
+
+def _feed(feeder: _Feeder, host_noise: int) -> list[DataNode]:
+    """The feeder's outputs: image and mask file bytes, group, row, then a flag and a noise
+    tensor for each noise op drawn on the host."""
+    from nvidia.dali import fn, types
+
+    return fn.external_source(
+        source=feeder,
+        num_outputs=4 + 2 * host_noise,
+        batch=True,
+        dtype=[types.UINT8, types.UINT8, types.INT64, types.INT64]
+        + [types.BOOL, types.FLOAT] * host_noise,
+    )
+
+
+def _normalize(image: DataNode, spec: AugSpec) -> DataNode:
+    """HWC uint8 to CHW float, normalised by the spec's mean and std (given in [0, 1])."""
+    from nvidia.dali import fn, types
+
+    return fn.crop_mirror_normalize(
+        image,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=[255.0 * m for m in spec.mean],
+        std=[255.0 * s for s in spec.std],
     )
 
 
