@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import hydra
 import matplotlib
@@ -71,27 +72,9 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
     only the listed files that still bear the set's stamp are ever replaced: a file of anyone
     else's there stays (and is not part of the set), and one saved under a listed name is refused."""
     settings = {"input_dir": str(input_dir.resolve()), "jpeg_scales": scales, "quality": quality}
-    marker = folder / MARKER
-    ours: list[str] = []  # the files an earlier set of this benchmark stamped
-    if folder.exists():
-        manifest = _manifest(marker)
-        if manifest is None:
-            raise FileExistsError(
-                f"{folder} exists and is not this benchmark's photo set (no {MARKER} written by "
-                f"{CREATOR} of this version): choose another output_dir"
-            )
-        listed = {name: stamp_of(folder / name) for name in manifest["files"]}
-        intact = all(stamp == manifest["stamp_ns"] for stamp in listed.values())
-        if manifest["finished"] and manifest["settings"] == settings and intact:
-            return [folder / name for name in manifest["files"]]
-        changed = [n for n, t in listed.items() if t is not None and t != manifest["stamp_ns"]]
-        if changed:
-            raise FileExistsError(
-                f"{folder / changed[0]} is listed in {MARKER} but is no longer the file this "
-                "benchmark wrote there (its modification time changed): move it, or choose "
-                "another output_dir"
-            )
-        ours = [name for name, stamp in listed.items() if stamp is not None]
+    earlier = _earlier_set(folder, settings)
+    if earlier.reusable:
+        return [folder / name for name in earlier.ours]
     sources, _ = find_images(input_dir)
     if not sources:
         raise FileNotFoundError(f"input_dir={input_dir}: no images found")
@@ -100,14 +83,14 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
         for i, source in enumerate(sources)
     ]
     files = [name for group in names for name in group]
-    in_the_way = [name for name in files if name not in ours and (folder / name).exists()]
+    in_the_way = [name for name in files if name not in earlier.ours and (folder / name).exists()]
     if in_the_way:  # checked before anything is removed or written
         raise FileExistsError(
             f"{folder / in_the_way[0]} is in the way of the photo set and is not one it made (not "
             f"listed in {MARKER}): move it, or choose another output_dir"
         )
-    for name in ours:  # each still bearing the set's stamp, checked above
-        remove_file(folder / name, stamped(manifest["stamp_ns"]))
+    for name in earlier.ours:  # each still bearing the set's stamp, checked above
+        remove_file(folder / name, stamped(earlier.stamp))
     stamp = new_stamp()
     manifest = {
         "created_by": CREATOR,
@@ -116,21 +99,64 @@ def make_photos(input_dir: Path, folder: Path, scales: list[float], quality: int
         "stamp_ns": stamp,
         "finished": False,
     }
+    marker = folder / MARKER
     write_text(marker, json.dumps(manifest, indent=2))  # first: an interrupted set is ours too
     for source, (original, *copies) in zip(sources, names, strict=True):
-        image = Image.fromarray(read_rgb(source))
-        data = source.read_bytes()
-        write_atomic(folder / original, lambda f, data=data: f.write(data), stamp)
-        for scale, name in zip(scales, copies, strict=True):
-            size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-            scaled = image.resize(size, Image.Resampling.BILINEAR)
-            write_atomic(
-                folder / name,
-                lambda f, im=scaled: im.save(f, format="JPEG", quality=quality),
-                stamp,
-            )
+        _write_photo(
+            source, folder, original, dict(zip(copies, scales, strict=True)), quality, stamp
+        )
     write_text(marker, json.dumps(manifest | {"finished": True}, indent=2))
     return [folder / name for name in files]
+
+
+class _EarlierSet(NamedTuple):
+    """What an earlier photo set in the folder leaves: whether it can be used as it is, the
+    files it stamped (all of it when reusable), and its stamp."""
+
+    reusable: bool
+    ours: list[str]
+    stamp: int | None
+
+
+def _earlier_set(folder: Path, settings: dict[str, Any]) -> _EarlierSet:
+    """The set already in `folder`; FileExistsError when the folder is not this benchmark's or
+    a listed file was changed since it wrote it."""
+    if not folder.exists():
+        return _EarlierSet(False, [], None)
+    manifest = _manifest(folder / MARKER)
+    if manifest is None:
+        raise FileExistsError(
+            f"{folder} exists and is not this benchmark's photo set (no {MARKER} written by "
+            f"{CREATOR} of this version): choose another output_dir"
+        )
+    stamp = manifest["stamp_ns"]
+    listed = {name: stamp_of(folder / name) for name in manifest["files"]}
+    intact = all(t == stamp for t in listed.values())
+    if manifest["finished"] and manifest["settings"] == settings and intact:
+        return _EarlierSet(True, list(manifest["files"]), stamp)
+    changed = [n for n, t in listed.items() if t is not None and t != stamp]
+    if changed:
+        raise FileExistsError(
+            f"{folder / changed[0]} is listed in {MARKER} but is no longer the file this "
+            "benchmark wrote there (its modification time changed): move it, or choose "
+            "another output_dir"
+        )
+    return _EarlierSet(False, [name for name, t in listed.items() if t is not None], stamp)
+
+
+def _write_photo(
+    source: Path, folder: Path, original: str, copies: dict[str, float], quality: int, stamp: int
+) -> None:
+    """One photo as found, and a JPEG of it at each scale (`copies`: name to scale)."""
+    image = Image.fromarray(read_rgb(source))
+    data = source.read_bytes()
+    write_atomic(folder / original, lambda f: f.write(data), stamp)
+    for name, scale in copies.items():
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        scaled = image.resize(size, Image.Resampling.BILINEAR)
+        write_atomic(
+            folder / name, lambda f, im=scaled: im.save(f, format="JPEG", quality=quality), stamp
+        )
 
 
 def _manifest(marker: Path) -> dict | None:
