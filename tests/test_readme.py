@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from support.cli import run_command
 from support.slurm import slurm_sweep
+from support.train import compose_train
 
 # each registers its schemas in Hydra's store as it is imported: before any state is saved
 import nailseg.config
@@ -119,8 +119,7 @@ def gpus_asked(words: list[str]) -> int:
     """The GPUs a single `python train.py` run's config trains on (a preset may say trainer=gpu)."""
     if words[1] != "train.py" or "-m" in words:
         return 0
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        trainer = compose("train", overrides=words[2:]).trainer
+    trainer = compose_train(words[2:]).trainer
     if trainer.accelerator != "gpu":
         return 0
     return max(trainer.devices, 1) if isinstance(trainer.devices, int) else 1  # -1: every GPU

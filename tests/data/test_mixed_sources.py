@@ -367,6 +367,7 @@ def test_every_dataset_yaml_sets_weight_and_an_empty_mix_but_nails_synthetic():
         if path.stem == "nails_synthetic":
             (source,) = cfg.dataset.mix
             assert source.name == "synthetic" and source.weight == 1.0
+            assert source.root == compose_train(["dataset=synthetic_mix"]).dataset.root
             assert cfg.dataset.root == compose_train(["dataset=nails"]).dataset.root
         else:
             assert list(cfg.dataset.mix) == []

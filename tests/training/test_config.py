@@ -224,6 +224,9 @@ def test_the_wild_preset_mixes_the_synthetic_photos_into_gpu_384_with_aug_robust
     ]
     assert built.trainer.max_epochs == 30 and built.datamodule.image_size == (384, 384)
     assert built.cfg.loader.batch_size == 32 and built.cfg.model.encoder_name == "resnet34"
+    # the photos it mixes in are those `python prepare.py dataset=synthetic_mix` makes
+    made = compose_train(["dataset=synthetic_mix", f"paths.data_dir={tmp_path}"]).dataset.root
+    assert Path(made) == synthetic
     with pytest.raises(FileNotFoundError, match=r"dataset\.mix\[0\]\.root=.*python prepare"):
         build(
             _compose(
