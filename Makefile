@@ -9,11 +9,11 @@ BENCH_DIR ?= outputs/bench
 ARGS ?=
 CROSS_DIR ?= outputs/cross-source
 HOLDOUT ?= 1 2
-CROSS_AUGS ?= light,heavy,geometric,robust
+CROSS_AUGS ?= light,heavy,geometric,robust,photo
 CROSS_DATASETS ?= nails,nails_synthetic
 # rows beside the dataset x aug grid, each over the held-out roots (':' joins a row's overrides):
 # the synthetic photos alone, the mix at weight 3, the wild preset (a row's overrides win over ARGS)
-CROSS_ROWS ?= dataset=nails_synthetic:dataset.weight=0:aug=robust dataset=nails_synthetic:dataset.mix.0.weight=3:aug=robust dataset=nails:experiment=wild
+CROSS_ROWS ?= dataset=nails_synthetic:dataset.weight=0:aug=photo dataset=nails_synthetic:dataset.mix.0.weight=3:aug=photo dataset=nails:experiment=wild
 SYNTHETIC_N ?=
 TARGET ?= 0.95
 # one process per setting (start-up counts); ':' joins the overrides of one setting

@@ -212,17 +212,19 @@ def test_a_gpu_preset_builds_its_settings_on_any_machine(
     assert schedule_length(scheduler.state_dict()) == probe.steps == epochs * (TRAIN_ROWS // batch)
 
 
-def test_the_wild_preset_mixes_the_synthetic_photos_into_gpu_384_with_aug_robust(data, tmp_path):
+def test_the_wild_preset_mixes_the_synthetic_photos_into_gpu_384_with_aug_photo(data, tmp_path):
     synthetic = write_prepared(tmp_path / "synthetic-mix" / "prepared", n_train=8, n_valid=2)
     wild = ["experiment=wild", f"paths.data_dir={tmp_path}", *ON_CPU]
     built = build(_compose(data, tmp_path / "run", *wild))
-    robust = _compose(data, tmp_path / "robust", "aug=robust")
-    assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in robust.aug.ops]
+    photo = _compose(data, tmp_path / "photo", "aug=photo")
+    assert [op.name for op in built.datamodule.aug.ops] == [o["op"] for o in photo.aug.ops]
+    assert {"zoom_out", "jpeg"} <= {op.name for op in built.datamodule.aug.ops}
+    assert not {"hue", "saturation", "grayscale"} & {op.name for op in built.datamodule.aug.ops}
     assert [(s.name, s.root, s.weight) for s in built.datamodule.sources] == [
         ("", data, 1.0),
         ("synthetic", synthetic, 1.0),
     ]
-    assert built.trainer.max_epochs == 30 and built.datamodule.image_size == (384, 384)
+    assert built.trainer.max_epochs == 60 and built.datamodule.image_size == (384, 384)
     assert built.cfg.loader.batch_size == 32 and built.cfg.model.encoder_name == "resnet34"
     # the photos it mixes in are those `python prepare.py dataset=synthetic_mix` makes
     made = compose_train(["dataset=synthetic_mix", f"paths.data_dir={tmp_path}"]).dataset.root
