@@ -23,6 +23,10 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 PROJECT_ROOT = str(Path(CONF_DIR).parent)
 
 
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the value."""
+
+
 @dataclass
 class PathsConfig:
     """Where runs and data go by default (conf/paths/default.yaml): under the project, wherever a

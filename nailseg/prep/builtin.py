@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, ConfigError
 from nailseg.io.lock import locked
 from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
 from nailseg.prep.prepare import run
@@ -55,6 +55,14 @@ def makes(dataset: DictConfig) -> bool:
         return False
     own = _builtin(dataset)
     return _same(dataset.raw_dir, own.raw_dir) and _same(dataset.root, own.root)
+
+
+def check_data(cfg: DictConfig) -> None:
+    """A training config's dataset root is prepared, or is the built-in set's own, which train.py
+    makes; needs no torch, so train.py answers a root not prepared at once (`PreCheck`'s `early`)."""
+    problem = missing_data(cfg.dataset)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def missing_data(dataset: DictConfig) -> str | None:

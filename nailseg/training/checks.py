@@ -20,12 +20,12 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nailseg.config import DIRECTIONS
+from nailseg.config import DIRECTIONS, ConfigError
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.model.module import monitorable, schedule_length_args
 from nailseg.model.scales import scales_problem
-from nailseg.prep.builtin import missing_data
+from nailseg.prep.builtin import check_data
 from nailseg.training.private_api import check_precision
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
@@ -57,10 +57,6 @@ BATCH_LIMITS = (
     "limit_predict_batches",
     "overfit_batches",
 )
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the value."""
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -123,14 +119,7 @@ def check_request(cfg: DictConfig) -> None:
         check_arguments(scheduler, "scheduler")
     check_optimization(optimizer, scheduler)
     check_schedule_length(cfg.trainer, scheduler)
-    check_data(cfg.dataset)
-
-
-def check_data(dataset: DictConfig) -> None:
-    """The dataset's root is prepared, or is the built-in set's own, which train.py makes."""
-    problem = missing_data(dataset)
-    if problem is not None:
-        raise ConfigError(problem)
+    check_data(cfg)
 
 
 def check_loader(loader: DictConfig) -> None:

@@ -30,7 +30,7 @@ from hydra.types import RunMode
 from hydra.utils import get_original_cwd, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.training.checks import ConfigError
+from nailseg.config import ConfigError
 from nailseg.training.precheck import composed_jobs, leave, refusal
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
 from nailseg.training.signals import ends_on_signal

@@ -30,30 +30,33 @@ from nailseg.training.private_api import (
 class PreCheck(Callback):
     """Runs `check` (raising on a value that cannot work) on every config a run or sweep will
     run; `elsewhere` (default: `check`) on jobs a launcher runs on other machines, whose devices
-    are not this machine's."""
+    are not this machine's. `early`, a check of a light module, runs first on each: its refusal
+    comes before `check`'s module (torch, Lightning) is imported."""
 
-    def __init__(self, check: str, elsewhere: str | None = None) -> None:
-        self.check: Callable[[DictConfig], Any] = get_method(check)
-        self.elsewhere: Callable[[DictConfig], Any] = get_method(elsewhere or check)
+    def __init__(self, check: str, elsewhere: str | None = None, early: str | None = None) -> None:
+        self.check, self.elsewhere, self.early = check, elsewhere or check, early
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._run_check(self.check, config, "")
+        self._run_checks(self.check, [("", config)])
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
         here = config.hydra.launcher._target_ == basic_launcher_target()
         check = self.check if here else self.elsewhere
         if config.hydra.sweeper._target_ != basic_sweeper_target():
-            self._run_check(check, config, "the sweep's base config: ")
+            self._run_checks(check, [("the sweep's base config: ", config)])
             return
-        for where, job in composed_jobs(config, config_name):
-            self._run_check(check, job, where)
+        self._run_checks(check, list(composed_jobs(config, config_name)))
 
-    @staticmethod
-    def _run_check(check: Callable[[DictConfig], Any], config: DictConfig, where: str) -> None:
-        try:
-            check(config)
-        except Exception as err:
-            leave(where, err)
+    def _run_checks(self, check: str, configs: list[tuple[str, DictConfig]]) -> None:
+        for name in (self.early, check):
+            if name is None:
+                continue
+            method: Callable[[DictConfig], Any] = get_method(name)
+            for where, config in configs:
+                try:
+                    method(config)
+                except Exception as err:
+                    leave(where, err)
 
 
 def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple[str, DictConfig]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg.config import ConfigError
 from nailseg.io.lock import locked
 from nailseg.io.ownership import ForeignFolderError, new_marker, read_marker, write_marker
 from nailseg.io.run_folder import RUN_MARKER
@@ -33,7 +34,6 @@ from nailseg.model.checkpoint import (
     read_checkpoint,
 )
 from nailseg.model.schedules import schedule_length
-from nailseg.training.checks import ConfigError
 from nailseg.training.evaluation import take_card
 
 LAST = "last"

@@ -17,13 +17,13 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
+from nailseg.config import ConfigError
 from nailseg.io.atomic import NotOursError, write_text
 from nailseg.io.ownership import make_folder
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.prep.splits import SplitFileError
 from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
-from nailseg.training.checks import ConfigError
 from nailseg.training.console import (
     CONFIG_TREE,
     print_config_tree,

@@ -32,6 +32,38 @@ def _written(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
 
 
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        (["--help"], "python train.py [group=option ...]"),
+        (["model=unetx"], "Could not find 'model/unetx'"),
+        (["trainer.max_epochs=abc"], "trainer.max_epochs"),
+        (
+            ["dataset=nails", "dataset.root=ROOT"],
+            "dataset.root=ROOT is not prepared (no train.csv)",
+        ),
+        (["-m", "dataset=nails", "dataset.root=ROOT,/b"], "dataset.root=ROOT is not prepared"),
+    ],
+)
+def test_help_a_typo_and_a_root_not_prepared_answer_before_torch_loads(tmp_path, args, answer):
+    """A root not prepared was refused only after torch, Lightning and smp had loaded: ~10 s
+    for a one-line answer."""
+    root = str(tmp_path / "not-prepared")
+    argv = [a.replace("ROOT", root) for a in args]
+    probe = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, file=sys.stderr))\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}, *{argv!r}]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert answer.replace("ROOT", root) in proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("torch imported: False")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_a_bad_value_is_refused_in_one_line_before_the_run_folder_is_made(tmp_path, capsys):
     """Hydra made outputs/train/<time>/ (.hydra/, train.log) before train.py checked the config,
     and the error came as a trace."""

@@ -25,12 +25,13 @@ from support.prepared import write_split
 from support.train import FreezeProbe, compose_train, small_overrides, train
 from support.wandb_records import history, run_id, summary
 
+from nailseg.config import ConfigError
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
 from nailseg.prep.format import read_table, write_table
 from nailseg.training import callbacks, resume
 from nailseg.training.build import build
-from nailseg.training.checks import ConfigError, check_strategy
+from nailseg.training.checks import check_strategy
 from nailseg.training.jobs import isolated_job
 from nailseg.training.run import run
 

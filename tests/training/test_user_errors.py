@@ -18,10 +18,10 @@ from support.cli import run_command
 from support.inference import compose_cli
 from support.train import compose_train, train
 
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, ConfigError
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
-from nailseg.training.checks import ConfigError, check_config
+from nailseg.training.checks import check_config
 
 CUDA = torch.cuda.device_count()  # counted without a CUDA context
 # a loader device and a trainer request this machine does not have, whatever it has
