@@ -1,0 +1,541 @@
+"""One way to own a folder: every writer of nailseg claims its folder here, and `make clean` asks here.
+
+A folder is nailseg's when it holds `.nailseg.json` (the marker: tool, kind, a random id and the
+folder's own device and inode, so a copy of it is known as a copy) written by nailseg. Beside it,
+`.nailseg.journal` lists, a JSON line each, what nailseg wrote there: a file with its record (size,
+modification time, inode: an edit, a replacement or a copy changes one of them), a removal, or a
+path reserved for a library (Hydra, Lightning, a logger) before it writes there, which makes what
+lies under it nailseg's. A file is replaced or removed only while it is nailseg's by the journal;
+anything else stays and is named. Writes are atomic, never through a link, never in place into a
+file with other names (hard links). While a command works in a folder it holds the folder's lock
+(`flock` on the folder itself: it dies with the process), which `make clean` and other writers
+respect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from nailseg.io.atomic import NotOursError, refuse_non_file, write_atomic
+
+MARKER = ".nailseg.json"
+JOURNAL = ".nailseg.journal"
+OWN_NAMES = frozenset({MARKER, JOURNAL})
+VERSION = 2
+_CLOCK_SLACK_NS = 20_000_000  # file times come from the kernel's coarse clock, a tick behind
+
+
+class ForeignFolderError(NotOursError):
+    """A folder nailseg was asked to write into is not provably its own."""
+
+
+class BusyError(NotOursError):
+    """Another live process holds the folder."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What identifies a file nailseg wrote: any edit, replacement or copy changes one of them."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> Record | None:
+        """The record of the plain file at `path` (links not followed), None when there is none."""
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def below(rel: str) -> bool:
+    """Whether `rel` (a path read off disk or from a user) names something below its root: not
+    empty, not absolute, no `..`, no line separator."""
+    path = PurePosixPath(rel)
+    return (
+        bool(rel)
+        and not path.is_absolute()
+        and ".." not in path.parts
+        and not any(c in rel for c in "\n\r\0")
+    )
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of the plain file at `path`; a link, FIFO or folder there is refused (reading a
+    FIFO would wait forever), `limit`: at most that many bytes are read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotOursError(f"{path} is not a plain file: it is not read")
+        return f.read() if limit is None else f.read(limit)
+
+
+def _home(folder: Path) -> list[int]:
+    st = os.stat(folder)
+    return [st.st_dev, st.st_ino]
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The marker nailseg wrote in `folder`; None when it has none or one nailseg did not write."""
+    try:
+        content = json.loads(read_regular(folder / MARKER, 1 << 20))
+    except (OSError, ValueError):
+        return None
+    valid = (
+        isinstance(content, dict)
+        and content.get("tool") == "nailseg"
+        and content.get("version") == VERSION
+        and isinstance(content.get("kind"), str)
+        and isinstance(content.get("id"), str)
+        and isinstance(content.get("home"), list)
+    )
+    return content if valid else None
+
+
+def is_copy(folder: Path, marker: dict[str, Any]) -> bool:
+    """Whether `folder` is a copy of the nailseg folder its marker was written in (`cp -a`, a
+    restored backup): the original is the folder of that device and inode."""
+    try:
+        return marker["home"] != _home(folder)
+    except OSError:
+        return True
+
+
+def _first_foreign(folder: Path, names: Iterable[str]) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return f"{folder / names[0]}{more}"
+
+
+class Journal:
+    """What nailseg wrote in one folder: path -> Record, and the paths reserved for libraries."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, Record] = {}
+        self.reserved: set[str] = set()
+        try:
+            text = read_regular(folder / JOURNAL).decode("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            text = ""
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                self._apply(json.loads(line))
+
+    def _apply(self, entry: dict[str, Any]) -> None:
+        rel = entry["path"]
+        if not isinstance(rel, str) or not below(rel):
+            return
+        if entry["op"] == "add" and all(type(v) is int for v in entry["rec"]):
+            self.files[rel] = Record(*entry["rec"])
+        elif entry["op"] == "del":
+            self.files.pop(rel, None)
+            self.reserved.discard(rel)
+        elif entry["op"] == "reserve":
+            self.reserved.add(rel)
+
+    def append(self, entries: list[dict[str, Any]]) -> None:
+        """Journal `entries` (one `write` of whole lines, appended: workers of one command may
+        append at once)."""
+        for entry in entries:
+            self._apply(entry)
+        data = "".join(json.dumps(e, ensure_ascii=True) + "\n" for e in entries).encode()
+        path = self.folder / JOURNAL
+        refuse_non_file(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def proves(self, rel: str) -> bool:
+        """Whether the file at `rel` is nailseg's: recorded and unchanged, or under a reserved path."""
+        found = Record.of(self.folder / rel)
+        if found is None:
+            return False
+        if self.files.get(rel) == found:
+            return True
+        parts = PurePosixPath(rel).parts
+        return any(
+            PurePosixPath(*parts[:n]).as_posix() in self.reserved for n in range(1, len(parts) + 1)
+        )
+
+    def compact(self) -> None:
+        """Rewrite the journal as what holds now: the files still as recorded, the reservations."""
+        self.files = {rel: r for rel, r in self.files.items() if Record.of(self.folder / rel) == r}
+        lines = [{"op": "reserve", "path": rel} for rel in sorted(self.reserved)]
+        lines += [
+            {"op": "add", "path": rel, "rec": [r.size, r.mtime_ns, r.ino]}
+            for rel, r in sorted(self.files.items())
+        ]
+        text = "".join(json.dumps(e, ensure_ascii=True) + "\n" for e in lines)
+        write_atomic(self.folder / JOURNAL, lambda f: f.write(text.encode()))
+
+
+_claimed: dict[Path, OwnedFolder] = {}  # this process's folders, so a second claim is the same one
+
+
+class OwnedFolder:
+    """A folder nailseg claimed for `kind` (see the module docstring). Claim with `claim`; a
+    worker process of the same command attaches with `attach`."""
+
+    def __init__(self, path: Path, marker: dict[str, Any], fd: int | None) -> None:
+        self.path = path
+        self.marker = marker
+        self.kind: str = marker["kind"]
+        self.id: str = marker["id"]
+        self._fd = fd
+        self.journal = Journal(path)
+        self.kept: list[Path] = []  # files in the way that were left as the user's
+
+    @classmethod
+    def claim(
+        cls,
+        path: str | os.PathLike[str],
+        kind: str,
+        *,
+        key: str = "the output folder",
+        wait_s: float = 0.0,
+        shared: bool = False,
+    ) -> OwnedFolder:
+        """The folder at `path` as nailseg's `kind`: made and marked when missing or empty, opened
+        when it is nailseg's of that kind, and locked for this process (`shared`: a reader's lock,
+        which other readers share and writers wait for).
+
+        Raises:
+            ForeignFolderError: the folder holds files but no marker of `kind` (a user's), a link,
+                or is a copy of a nailseg folder; the message names it and `key`.
+            BusyError: another process holds it for longer than `wait_s`.
+        """
+        folder = Path(os.path.abspath(path))
+        if folder in _claimed:
+            return _claimed[folder]
+        refuse_linked(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            _lock(fd, folder, wait_s, shared, key)
+            marker = _marker_for(folder, kind, key)
+        except BaseException:
+            os.close(fd)
+            raise
+        owned = cls(folder, marker, fd)
+        _claimed[folder] = owned
+        if not shared:
+            owned.journal.compact()
+            owned._remove_temp_files()
+        return owned
+
+    @classmethod
+    def attach(cls, path: str | os.PathLike[str]) -> OwnedFolder:
+        """The folder another process of this command claimed (a worker's view: no lock)."""
+        folder = Path(os.path.abspath(path))
+        marker = read_marker(folder)
+        if marker is None:
+            raise ForeignFolderError(f"{folder} has no nailseg marker")
+        return cls(folder, marker, None)
+
+    def release(self) -> None:
+        """Drop the lock (the process's end drops it too)."""
+        _claimed.pop(self.path, None)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> OwnedFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def update_marker(self, **fields: Any) -> None:
+        """Keep `fields` (a writer's own settings or state) in the marker."""
+        identity = {k: self.marker[k] for k in ("tool", "version", "kind", "id", "home")}
+        self.marker = {**self.marker, **fields, **identity}
+        _write_marker(self.path, self.marker)
+
+    def file(self, rel: str) -> Path:
+        """The path of `rel` in the folder; refuses a path that leaves it or passes a link."""
+        if not below(rel):
+            raise NotOursError(f"{rel!r} is not a path below {self.path}")
+        path = self.path / rel
+        refuse_linked(path, self.path)
+        return path
+
+    def owns(self, rel: str) -> bool:
+        return self.journal.proves(rel)
+
+    def may_write(self, rel: str) -> bool:
+        path = self.file(rel)
+        return not os.path.lexists(path) or self.owns(rel)
+
+    def check_free(self, rels: Iterable[str]) -> None:
+        """Raise NotOursError, before any write, when a file that is not nailseg's lies at one of
+        `rels`."""
+        taken = [rel for rel in rels if not self.may_write(rel)]
+        if taken:
+            raise NotOursError(
+                f"{_first_foreign(self.path, taken)} lies where nailseg would write, and nailseg "
+                "did not write it (or it changed since), so it is not replaced: nothing was "
+                "written; move it away, or choose another folder"
+            )
+
+    def write(
+        self, rel: str, data: bytes | Callable[[BinaryIO], object], *, strict: bool = True
+    ) -> Path | None:
+        """Write `data` (bytes, or a function writing into the file) at `rel`, atomically, and
+        journal it. A file there that is not nailseg's raises NotOursError (`strict`) or is left,
+        named in `kept`, and None returned."""
+        path = self.file(rel)
+        if os.path.lexists(path) and not self.owns(rel):
+            if strict:
+                self.check_free([rel])
+            self._keep(path)
+            return None
+        write = data if callable(data) else (lambda f, data=data: f.write(data))
+        write_atomic(path, write)
+        self.record(rel)
+        return path
+
+    def record(self, rel: str) -> None:
+        """Journal the file nailseg has just written at `rel` (atomically, by its own code)."""
+        found = Record.of(self.path / rel)
+        if found is not None:
+            self.journal.append(
+                [{"op": "add", "path": rel, "rec": [found.size, found.mtime_ns, found.ino]}]
+            )
+
+    def reserve(self, rel: str) -> Path:
+        """Make `rel` (a file or folder a library is about to write) nailseg's, all that will lie
+        under it included: it must be free, or nailseg's already."""
+        path = self.file(rel)
+        if os.path.lexists(path) and not (self.owns(rel) or rel in self.journal.reserved):
+            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                pass  # an empty folder a library made first holds nothing of anyone's
+            else:
+                self.check_free([rel])
+        if rel not in self.journal.reserved:
+            self.journal.append([{"op": "reserve", "path": rel}])
+        return path
+
+    def remove(self, rel: str) -> bool:
+        """Remove the file at `rel` while it is nailseg's; False (named in `kept`) when it is not."""
+        path = self.file(rel)
+        if not os.path.lexists(path):
+            return True
+        if not self.owns(rel):
+            self._keep(path)
+            return False
+        path.unlink()
+        self.journal.append([{"op": "del", "path": rel}])
+        _remove_empty_parents(path.parent, self.path)
+        return True
+
+    def prune(self, keep: Iterable[str]) -> None:
+        """Remove every journaled file but `keep`."""
+        keep = set(keep)
+        for rel in sorted(set(self.journal.files) - keep):
+            self.remove(rel)
+
+    def open_append(self, rel: str) -> int:
+        """A descriptor appending to nailseg's file at `rel` (made when missing). A file of
+        several names (a hard-linked snapshot) is first replaced by a copy of its own, so the
+        other names keep what they hold."""
+        path = self.file(rel)
+        if os.path.lexists(path):
+            if not self.owns(rel):
+                self.check_free([rel])
+            if os.lstat(path).st_nlink > 1:
+                write_atomic(path, lambda f: f.write(path.read_bytes()))
+        else:
+            self.reserve(rel)
+        return os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+
+    def _keep(self, path: Path) -> None:
+        if path not in self.kept:
+            self.kept.append(path)
+
+    def _remove_temp_files(self) -> None:
+        """Temporary files of atomic writes killed before their rename, of nailseg's paths only."""
+        targets = set(self.journal.files) | {MARKER, JOURNAL}
+        for folder in {PurePosixPath(t).parent for t in targets}:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for entry in os.scandir(self.path / folder):
+                    name = entry.name
+                    if (
+                        name.startswith(".")
+                        and name.endswith(".tmp")
+                        and entry.is_file(follow_symlinks=False)
+                    ):
+                        target = (folder / name[1:].rsplit(".", 2)[0]).as_posix()
+                        if target in targets:
+                            os.unlink(entry.path)
+
+
+def refuse_linked(path: Path, top: Path | None = None) -> None:
+    """Raise NotOursError when `path`, or a folder between `top` and it, is a symbolic link
+    (without `top`: `path` itself): a write there would land wherever the link points."""
+    path = Path(os.path.abspath(path))
+    chain = [path] + ([p for p in path.parents if top in p.parents or p == top] if top else [])
+    for p in chain:
+        if p.is_symlink():
+            raise NotOursError(
+                f"{p} is a symbolic link (to {os.readlink(p)}) where nailseg would write: it is "
+                "neither followed nor replaced; remove it, or choose another folder"
+            )
+
+
+def _lock(fd: int, folder: Path, wait_s: float, shared: bool, key: str) -> None:
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, mode)
+            return
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() >= deadline:
+            raise BusyError(
+                f"another nailseg command is using {folder}: wait for it to finish, or choose "
+                f"another {key}"
+            )
+        time.sleep(0.2)
+
+
+def is_live(folder: Path) -> bool:
+    """Whether a live process holds `folder` (a writer's or a reader's lock)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
+    marker = read_marker(folder)
+    if marker is None:
+        names = [
+            n for n in os.listdir(folder) if n not in OWN_NAMES and not n.startswith(f"{MARKER}.")
+        ]
+        if os.path.lexists(folder / MARKER) or names:
+            what = (
+                f"its {MARKER} is not one nailseg wrote"
+                if os.path.lexists(folder / MARKER)
+                else f"it holds {_first_foreign(folder, names)}"
+            )
+            raise ForeignFolderError(
+                f"{key}={folder} is not a folder nailseg made ({what}): nothing was written; "
+                f"choose a new or empty folder"
+            )
+        marker = {
+            "tool": "nailseg",
+            "version": VERSION,
+            "kind": kind,
+            "id": secrets.token_hex(16),
+            "home": _home(folder),
+        }
+        _write_marker(folder, marker)
+        return marker
+    if marker["kind"] != kind:
+        raise ForeignFolderError(
+            f"{key}={folder} is a nailseg {marker['kind']} folder, not a {kind} one: nothing was "
+            "written; choose another folder"
+        )
+    if is_copy(folder, marker):
+        raise ForeignFolderError(
+            f"{key}={folder} is a copy of a nailseg {kind} folder (a backup, or a folder copied "
+            "with its files): nailseg writes only into the folder it made; choose a new folder"
+        )
+    return marker
+
+
+def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
+    text = json.dumps(marker, indent=1, sort_keys=True) + "\n"
+    write_atomic(folder / MARKER, lambda f: f.write(text.encode()))
+
+
+def _remove_empty_parents(folder: Path, top: Path) -> None:
+    while folder != top and top in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+@dataclass
+class Cleaned:
+    """What `clean` did: files removed, and what it left, each with why."""
+
+    removed: int = 0
+    kept: list[str] = field(default_factory=list)
+
+
+def clean(top: Path, cleaned: Cleaned | None = None) -> Cleaned:
+    """Remove, under `top`, the files nailseg's folders show as nailseg's, their journals and
+    markers, and the folders this leaves empty; a folder in use (its lock held), a copy of a
+    nailseg folder, and every file nailseg did not write stay and are named in `kept`."""
+    cleaned = cleaned or Cleaned()
+    if top.is_symlink() or not top.is_dir():
+        return cleaned
+    marker = read_marker(top)
+    if marker is not None and is_live(top):
+        cleaned.kept.append(f"{top} (in use by a running nailseg command)")
+        return cleaned
+    if marker is not None and is_copy(top, marker):
+        cleaned.kept.append(f"{top} (a copy of a nailseg folder: yours)")
+        return cleaned
+    for entry in sorted(os.scandir(top), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            clean(Path(entry.path), cleaned)
+    if marker is not None:
+        journal = Journal(top)
+        for rel in sorted(_files_below(top)):
+            if journal.proves(rel):
+                (top / rel).unlink()
+                cleaned.removed += 1
+                _remove_empty_parents((top / rel).parent, top)
+        for name in (JOURNAL, MARKER):
+            with contextlib.suppress(FileNotFoundError):
+                (top / name).unlink()
+                cleaned.removed += 1
+    with contextlib.suppress(OSError):
+        top.rmdir()
+    return cleaned
+
+
+def _files_below(folder: Path, rel: str = "") -> Iterator[str]:
+    """Paths of the plain files below `folder`, not descending into links nor into a folder with a
+    marker of its own (it is cleaned by itself)."""
+    for entry in os.scandir(folder / rel if rel else folder):
+        path = f"{rel}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            if not os.path.lexists(Path(entry.path) / MARKER):
+                yield from _files_below(folder, f"{path}/")
+        elif entry.is_file(follow_symlinks=False) and path not in OWN_NAMES:
+            yield path

@@ -1,0 +1,166 @@
+"""The one ownership mechanism: claim, write, reserve, remove, clean, as a user's files meet them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import (
+    JOURNAL,
+    MARKER,
+    BusyError,
+    ForeignFolderError,
+    OwnedFolder,
+    clean,
+    read_regular,
+)
+
+
+def _claim(path: Path, kind: str = "run") -> OwnedFolder:
+    folder = OwnedFolder.claim(path, kind)
+    return folder
+
+
+def test_a_new_folder_is_marked_and_reopened_as_the_same(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    folder.write("a/b.txt", b"x")
+    ident = folder.id
+    folder.release()
+    again = _claim(tmp_path / "out")
+    assert again.id == ident and again.owns("a/b.txt")
+    again.release()
+
+
+def test_a_users_folder_is_refused_naming_a_file(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ForeignFolderError, match="notes.txt"):
+        _claim(tmp_path / "mine")
+    assert not (tmp_path / "mine" / MARKER).exists()
+
+
+def test_another_kind_is_refused(tmp_path: Path) -> None:
+    _claim(tmp_path / "out", "predict").release()
+    with pytest.raises(ForeignFolderError, match="predict folder"):
+        _claim(tmp_path / "out", "run")
+
+
+def test_a_copy_is_not_the_original(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    folder.write("last.ckpt", b"weights")
+    folder.release()
+    shutil.copytree(tmp_path / "out", tmp_path / "backup", copy_function=shutil.copy2)
+    with pytest.raises(ForeignFolderError, match="copy"):
+        _claim(tmp_path / "backup")
+    cleaned = clean(tmp_path / "backup")
+    assert (tmp_path / "backup" / "last.ckpt").read_bytes() == b"weights"
+    assert (tmp_path / "backup" / MARKER).exists() and "copy" in cleaned.kept[0]
+
+
+def test_a_users_file_in_the_way_is_neither_replaced_nor_removed(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    folder.write("scores.csv", b"ours")
+    (tmp_path / "out" / "scores.csv").write_text("edited by the user")
+    (tmp_path / "out" / "note.txt").write_text("mine")
+    with pytest.raises(NotOursError, match="scores.csv"):
+        folder.write("scores.csv", b"again")
+    assert folder.write("scores.csv", b"again", strict=False) is None
+    assert not folder.remove("note.txt")
+    folder.release()
+    clean(tmp_path / "out")
+    assert (tmp_path / "out" / "scores.csv").read_text() == "edited by the user"
+    assert (tmp_path / "out" / "note.txt").read_text() == "mine"
+
+
+def test_no_write_through_a_link(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "csv").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(NotOursError, match="symbolic link"):
+        folder.write("csv/metrics.csv", b"x")
+    with pytest.raises(NotOursError, match="symbolic link"):
+        folder.reserve("csv")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_reserved_path_holds_what_a_library_wrote_there(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    folder.reserve("wandb")
+    (tmp_path / "out" / "wandb" / "run-1").mkdir(parents=True)
+    (tmp_path / "out" / "wandb" / "run-1" / "log.bin").write_bytes(b"x")
+    (tmp_path / "out" / "note.txt").write_text("mine, moved in meanwhile")
+    folder.release()
+    clean(tmp_path / "out")
+    assert not (tmp_path / "out" / "wandb").exists()
+    assert (tmp_path / "out" / "note.txt").exists()
+
+
+def test_names_with_line_separators_cannot_forge_the_journal(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    (tmp_path / "out" / "user.txt").write_text("mine")
+    forged = 'x\n{"op": "reserve", "path": "user.txt"}'
+    with pytest.raises(NotOursError):
+        folder.write(forged, b"x")
+    folder.write("ok.txt", b"x")
+    folder.release()
+    clean(tmp_path / "out")
+    assert (tmp_path / "out" / "user.txt").exists()
+    assert not (tmp_path / "out" / "ok.txt").exists()
+
+
+def test_a_hard_linked_snapshot_keeps_its_contents_on_append(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    fd = folder.open_append("train.log")
+    os.write(fd, b"first\n")
+    os.close(fd)
+    os.link(tmp_path / "out" / "train.log", tmp_path / "snapshot.log")
+    fd = folder.open_append("train.log")
+    os.write(fd, b"second\n")
+    os.close(fd)
+    assert (tmp_path / "snapshot.log").read_bytes() == b"first\n"
+    assert (tmp_path / "out" / "train.log").read_bytes() == b"first\nsecond\n"
+
+
+_HOLD = """
+import sys, time
+from nailseg.io.folder import OwnedFolder
+folder = OwnedFolder.claim(sys.argv[1], "run", shared=sys.argv[2] == "shared")
+folder.write("best.ckpt", b"x")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+def test_a_live_folder_is_neither_cleaned_nor_claimed(tmp_path: Path, mode: str) -> None:
+    out = tmp_path / "out"
+    if mode == "shared":
+        _claim(out).release()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(out), mode], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cleaned = clean(out)
+        assert "in use" in cleaned.kept[0] and (out / MARKER).exists()
+        with pytest.raises(BusyError, match="another nailseg command"):
+            OwnedFolder.claim(out, "run")
+    finally:
+        holder.kill()
+        holder.wait()
+    start = time.monotonic()
+    clean(out)
+    assert not out.exists() and time.monotonic() - start < 5
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / JOURNAL)
+    with pytest.raises(NotOursError, match="not a plain file"):
+        read_regular(tmp_path / JOURNAL)
