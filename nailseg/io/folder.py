@@ -493,22 +493,22 @@ class Cleaned:
     """What `clean` did: files removed, and what it left, each with why."""
 
     removed: int = 0
-    kept: list[str] = field(default_factory=list)
+    skipped: dict[Path, str] = field(default_factory=dict)  # whole folders left, and why
 
 
 def clean(top: Path, cleaned: Cleaned | None = None) -> Cleaned:
     """Remove, under `top`, the files nailseg's folders show as nailseg's, their journals and
     markers, and the folders this leaves empty; a folder in use (its lock held), a copy of a
-    nailseg folder, and every file nailseg did not write stay and are named in `kept`."""
+    nailseg folder, and every file nailseg did not write stay (the folders named in `skipped`)."""
     cleaned = cleaned or Cleaned()
     if top.is_symlink() or not top.is_dir():
         return cleaned
     marker = read_marker(top)
     if marker is not None and is_live(top):
-        cleaned.kept.append(f"{top} (in use by a running nailseg command)")
+        cleaned.skipped[top] = "in use by a running nailseg command"
         return cleaned
     if marker is not None and is_copy(top, marker):
-        cleaned.kept.append(f"{top} (a copy of a nailseg folder: yours)")
+        cleaned.skipped[top] = "a copy of a nailseg folder: yours"
         return cleaned
     for entry in sorted(os.scandir(top), key=lambda e: e.name):
         if entry.is_dir(follow_symlinks=False):
