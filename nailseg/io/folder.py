@@ -350,6 +350,7 @@ class OwnedFolder:
     def prune(self, keep: Iterable[str]) -> None:
         """Remove every journaled file but `keep`."""
         keep = set(keep)
+        self.journal = Journal(self.path)  # what worker processes journaled meanwhile too
         for rel in sorted(set(self.journal.files) - keep):
             self.remove(rel)
 

@@ -166,3 +166,11 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / JOURNAL)
     with pytest.raises(NotOursError, match="not a plain file"):
         read_regular(tmp_path / JOURNAL)
+
+
+def test_prune_sees_what_a_worker_process_wrote(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    worker = "from nailseg.io.folder import OwnedFolder as F; F.attach(__import__('sys').argv[1]).write('masks/a.png', b'x')"
+    subprocess.run([sys.executable, "-c", worker, str(tmp_path / "out")], check=True)
+    folder.prune(keep=[])
+    assert not (tmp_path / "out" / "masks").exists()
