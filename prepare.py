@@ -11,12 +11,12 @@ from nailseg.config import CONF_DIR
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="prepare")
 def main(cfg: DictConfig) -> None:
     # imported here: --help, --cfg and a config error answer before the image libraries load
-    from nailseg.io.atomic import NotOursError
-    from nailseg.prep.prepare import PrepareError, run
+    from nailseg.errors import UserError
+    from nailseg.prep.prepare import run
 
     try:
         run(cfg)
-    except (PrepareError, NotOursError) as err:
+    except UserError as err:
         sys.exit(f"prepare failed: {err}")
 
 

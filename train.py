@@ -6,17 +6,18 @@ import hydra
 from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
+from nailseg.errors import UserError, refusal
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
     # imported here: --help, --cfg and a config error answer before torch and Lightning load
-    from nailseg.training.run import USER_ERRORS, run_job
+    from nailseg.training.run import run_job
 
     try:
         return run_job(cfg)
-    except USER_ERRORS as err:  # a single run's (a sweep's job writes failed.json and goes on)
-        sys.exit(f"train.py: {type(err).__name__}: {err}")
+    except UserError as err:  # a single run's (a sweep's job writes failed.json and goes on)
+        sys.exit(refusal("train.py", err))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.device import auto_accelerator, auto_precision
+from nailseg.errors import UserError
 
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -23,7 +24,7 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 PROJECT_ROOT = str(Path(CONF_DIR).parent)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message names the key and the value."""
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
 from nailseg.data.sampling import is_weight, source_shares
+from nailseg.errors import MissingFile
 from nailseg.io.overlap import within
 from nailseg.prep.splits import read_split_file
 
@@ -38,7 +39,7 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
     (SplitFileError)."""
     path = root / f"{split}.csv"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{path} not found: prepare the data first (`python prepare.py dataset=DATASET "
             f"input_dir=RAW output_dir={root}`, RAW holding Images/<group>/ and Masks/<group>/)"
         )
@@ -107,7 +108,7 @@ def read_mix(
                 )
         if not (mix_root / "train.csv").is_file():
             raw = mix_root.parent / "raw"
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"{key}.root={mix_root} is not a prepared root (no train.csv): prepare it first; "
                 f"the synthetic photos: `python prepare.py dataset=synthetic_mix "
                 f"dataset.raw_dir={raw} dataset.root={mix_root}`, your own: "
@@ -178,7 +179,7 @@ class NailDataModule(L.LightningDataModule):
         if final_split == "auto":
             final_split = "test" if "test" in self.splits else "valid"
         if final_split not in self.splits:
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"eval_split={final_split}: {self.root} has no {final_split}.csv "
                 "(prepare it with split.test_fraction > 0, or evaluate on valid)"
             )

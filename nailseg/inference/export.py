@@ -34,9 +34,10 @@ from rich.console import Console
 from torch import nn
 
 from nailseg.config import CONF_DIR, require_model_group, require_values
+from nailseg.errors import UserError
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.io.atomic import write_bytes
-from nailseg.model.checkpoint import CheckpointError, load_net
+from nailseg.model.checkpoint import load_net
 
 FORMATS = ("onnx",)
 INPUT_NAME, OUTPUT_NAME = "image", "logits"
@@ -57,7 +58,7 @@ class ExportConfig(InferenceConfig):
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """An unknown format, or an export whose outputs disagree with PyTorch's."""
 
 
@@ -262,7 +263,7 @@ def _main(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg export")
     try:
         run(cfg)
-    except (ExportError, CheckpointError) as err:
+    except UserError as err:
         sys.exit(f"export failed: {err}")
 
 

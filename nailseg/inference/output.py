@@ -19,6 +19,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nailseg.errors import UserError
 from nailseg.io.atomic import write_bytes, write_text
 from nailseg.io.overlap import overlap
 from nailseg.io.ownership import (
@@ -45,7 +46,7 @@ PREDICT_LOCK = ".predict.lock"  # held while predict writes here (nailseg.io.loc
 _OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp|{re.escape(PREDICT_LOCK)}")
 
 
-class OutputError(RuntimeError):
+class OutputError(UserError, RuntimeError):
     """The output folder is not one predict may write into: the message says why."""
 
 

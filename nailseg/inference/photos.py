@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from nailseg.errors import MissingFile
 from nailseg.prep.imageio import UnreadableImage, binarise, read_mask_values
 from nailseg.prep.layout import (
     DUPLICATE_STEM,
@@ -109,7 +110,7 @@ def list_inputs(
         elif item.is_file():
             entries.append((item.stem, item))
         else:
-            raise FileNotFoundError(f"input {item} does not exist")
+            raise MissingFile(f"input {item} does not exist")
     photos = []
     for key, paths in sorted(_by_key(entries).items()):
         if len(paths) == 1:
@@ -146,7 +147,7 @@ class MaskIndex:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise FileNotFoundError(f"masks={self.folder} is not a folder")
+            raise MissingFile(f"masks={self.folder} is not a folder")
         masks, _ = find_images(self.folder)  # a mask in a folder it cannot list: "no mask"
         self._masks = _by_key((_key(p, self.folder), p) for p in masks)
 

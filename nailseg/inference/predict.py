@@ -23,6 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from rich.console import Console
 
 from nailseg.config import CONF_DIR, require_model_group, require_values
+from nailseg.errors import UserError
 from nailseg.inference.engine import build_engine, capture
 from nailseg.inference.graphed import GraphedNet
 from nailseg.inference.output import (
@@ -38,12 +39,11 @@ from nailseg.inference.pipeline import BatchSettings, predict_photos
 from nailseg.inference.request import PredictError, Request, check_request, choose_threshold
 from nailseg.inference.spec import InferenceConfig
 from nailseg.inference.summary import PredictSummary, print_summary, summary_report, write_scores
-from nailseg.inference.threshold import ThresholdError
 from nailseg.inference.views import input_sizes
 from nailseg.inference.worker_pool import worker_processes
 from nailseg.inference.workers import PhotoWriter
 from nailseg.io.lock import locked
-from nailseg.model.checkpoint import CheckpointError, load_net
+from nailseg.model.checkpoint import load_net
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _main(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg predict")
     try:
         run(cfg)
-    except (PredictError, CheckpointError, ThresholdError) as err:
+    except UserError as err:
         sys.exit(f"predict failed: {err}")
 
 

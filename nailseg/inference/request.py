@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from nailseg.device import resolve_device
+from nailseg.errors import UserError
 from nailseg.inference.output import OutputError, check_output
 from nailseg.inference.photos import (
     MaskIndex,
@@ -29,7 +30,7 @@ from nailseg.io.permissions import unwritable_folder
 from nailseg.prep.imageio import check_mask_threshold
 
 
-class PredictError(RuntimeError):
+class PredictError(UserError, RuntimeError):
     """A request predict refuses, or a run it cannot finish: the message says why."""
 
 

@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from nailseg.errors import UserError
 from nailseg.inference.scoring import dice_iou
 from nailseg.inference.spec import InferenceSpec, Net, image_tensors
 from nailseg.inference.views import Views, photo_probabilities
@@ -31,7 +32,7 @@ CACHE_FILE = "threshold.json"
 SPLIT = "valid"
 
 
-class ThresholdError(ValueError):
+class ThresholdError(UserError, ValueError):
     """No threshold can be chosen as asked: the message says what to pass instead."""
 
 

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from nailseg.errors import UserError
+
 TMP_SUFFIX = ".tmp"
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class NotOursError(RuntimeError):
+class NotOursError(UserError, RuntimeError):
     """A path nailseg would write, replace or remove is not provably its own: it was left as it
     was, and the message names it."""
 

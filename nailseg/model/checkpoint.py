@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nailseg.data.augment import rgb_triple
+from nailseg.errors import UserError
 from nailseg.model.net import build_net, state_dict_mismatch
 from nailseg.prep.format import SPLITS, split_file
 
@@ -46,7 +47,7 @@ _WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B names a folder after i
 _SHOWN_CHARS = 80  # of a refused value, in its one-line message
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used as asked; the message says what to pass instead."""
 
 

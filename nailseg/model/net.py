@@ -18,6 +18,7 @@ import segmentation_models_pytorch as smp
 import torch
 from torch import nn
 
+from nailseg.errors import UserError
 from nailseg.model.attention import fuse_attention
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ _HEADS = ("fc", "_fc", "head", "last_linear", "classifier", "linear")
 _SHOWN_KEYS = 3
 
 
-class EncoderWeightsError(ValueError):
+class EncoderWeightsError(UserError, ValueError):
     """`model.encoder_weights` names no usable weights for the encoder."""
 
 

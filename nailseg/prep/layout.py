@@ -22,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from nailseg.errors import MissingFile
+
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"})
 FLAT_GROUP = "all"
 
@@ -207,7 +209,7 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
     images_dir, masks_dir = root / "Images", root / "Masks"
     for folder in (images_dir, masks_dir):
         if not folder.is_dir():
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"{folder} does not exist: the input folder must hold Images/<group>/<name>.png "
                 "and Masks/<group>/<name>.png"
             )

@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from omegaconf import DictConfig
 
+from nailseg.errors import UserError
 from nailseg.io.overlap import overlap
 from nailseg.io.ownership import ForeignFolderError, require_owned
 from nailseg.io.permissions import may_write
@@ -25,7 +26,7 @@ _OURS_IN_NEW_ROOT = re.compile(
 )
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """A request refused or a run with nothing usable: the message says which and why."""
 
 

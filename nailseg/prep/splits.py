@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from nailseg.errors import UserError
 from nailseg.prep.format import CSV_COLUMNS, NUMERIC_DTYPES
 
 Unit = tuple[str, str]  # (group, subject): what is kept whole
@@ -42,7 +43,7 @@ class SplitSettings:
     holdout_groups: tuple[str | int, ...]  # groups whose every photo is "test"
 
 
-class SplitFileError(ValueError):
+class SplitFileError(UserError, ValueError):
     """A split CSV that cannot be trained on; the message names the file, row and column."""
 
 

@@ -42,6 +42,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nailseg.config import CONF_DIR, require_values
+from nailseg.errors import UserError
 from nailseg.io.atomic import NotOursError, save_figure, write_text
 from nailseg.io.ownership import claim_files, record_files
 from nailseg.training.failure import job_folders, read_failure
@@ -80,7 +81,7 @@ class CompareConfig:
 ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
 
-class CompareError(ValueError):
+class CompareError(UserError, ValueError):
     """A folder compare cannot tabulate; the message names it and what compare expected."""
 
 
@@ -359,7 +360,7 @@ def _app(cfg: DictConfig) -> None:
     sweep_dir = Path(cfg.sweep_dir)
     try:
         rows = summarise(sweep_dir)
-    except CompareError as err:
+    except UserError as err:
         sys.exit(f"nailseg compare: {err}")
     for _, row in rows[rows["status"].str.startswith("unreadable")].iterrows():
         folder = sweep_dir.parent / row["sweep"] if "sweep" in row else sweep_dir

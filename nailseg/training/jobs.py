@@ -31,7 +31,7 @@ from hydra.utils import get_original_cwd, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.config import ConfigError
-from nailseg.training.precheck import composed_jobs, leave, refusal
+from nailseg.training.precheck import composed_jobs, leave
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
 from nailseg.training.signals import ends_on_signal
 
@@ -168,15 +168,13 @@ class SlurmSweepCheck(Callback):
         request = slurm_request(config)
         for where, job in composed_jobs(config, config_name):
             if (needed := slurm_request(job)) != request:
-                sys.exit(
-                    refusal(
-                        where,
-                        ConfigError(
-                            f"hydra/launcher=slurm: this job's trainer needs {needed}, but SLURM "
-                            f"gets the sweep's one request for every job, {request}: run the "
-                            "jobs that differ as a sweep of their own"
-                        ),
-                    )
+                leave(
+                    where,
+                    ConfigError(
+                        f"hydra/launcher=slurm: this job's trainer needs {needed}, but SLURM "
+                        f"gets the sweep's one request for every job, {request}: run the "
+                        "jobs that differ as a sweep of their own"
+                    ),
                 )
 
 

@@ -20,6 +20,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import track
 
+from nailseg.errors import refusal
 from nailseg.training.private_api import (
     basic_launcher_target,
     basic_sweep_jobs,
@@ -90,10 +91,4 @@ def leave(where: str, err: Exception) -> NoReturn:
     trace and let the job's own check fail in full."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    sys.exit(refusal(where, err))
-
-
-def refusal(where: str, err: Exception) -> str:
-    """The one line a refusal prints: `train.py: job 1 of 2 (...): ConfigError: ...`."""
-    app = os.path.basename(sys.argv[0]) or "nailseg"
-    return f"{app}: {where}{type(err).__name__}: {err}"
+    sys.exit(refusal(os.path.basename(sys.argv[0]) or "nailseg", err, where))

@@ -17,11 +17,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
-from nailseg.config import ConfigError
-from nailseg.io.atomic import NotOursError, write_text
+from nailseg.io.atomic import write_text
 from nailseg.io.ownership import make_folder
-from nailseg.model.checkpoint import CheckpointError
-from nailseg.prep.splits import SplitFileError
 from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import (
@@ -247,8 +244,7 @@ def run(cfg: DictConfig) -> float | None:
         The best value of `cfg.optimized_metric` (what a sweeper ranks); None without a fit.
 
     Raises:
-        ConfigError, CheckpointError, SplitFileError, FileNotFoundError, NotOursError: a request
-            that cannot run, named in one line (`USER_ERRORS`).
+        UserError: a request that cannot run, named in one line.
     """
     start_job_clock()
     quiet_libraries()
@@ -273,9 +269,6 @@ def run(cfg: DictConfig) -> float | None:
         _finish(built, report, files)
     return report["best"]["value"] if cfg.train else None
 
-
-# what a single run refuses with its message alone: each names the key, file or value at fault
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, SplitFileError, NotOursError)
 
 
 def run_job(cfg: DictConfig) -> float | None:
