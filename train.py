@@ -16,7 +16,7 @@ def main(cfg: DictConfig) -> float | None:
 
     try:
         return run_job(cfg)
-    except UserError as err:  # a single run's (a sweep's job writes failed.json and goes on)
+    except UserError as err:  # a single run's (a sweep's job records its error and goes on)
         sys.exit(refusal("train.py", err))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nailseg.inference.output import OUTPUTS, listed_outputs
+from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.io.ownership import (
     ForeignFolderError,
     Proof,
@@ -29,7 +30,6 @@ from nailseg.io.ownership import (
     remove_file,
     stamped,
 )
-from nailseg.io.run_folder import RUN_MARKER
 from nailseg.prep.format import MANIFEST_FILE, read_table
 
 GENERATED = ("outputs", "multirun", "data/synthetic", "data/synthetic-mix")

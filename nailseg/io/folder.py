@@ -238,7 +238,9 @@ class OwnedFolder:
         owned = cls(folder, marker, fd)
         _claimed[folder] = owned
         if not shared:
-            owned.journal.compact()
+            journal = folder / JOURNAL  # a hard-linked snapshot's must not grow with this one's
+            if os.path.lexists(journal) and os.lstat(journal).st_nlink > 1:
+                owned.journal.compact()
             owned._remove_temp_files()
         return owned
 

@@ -5,7 +5,7 @@
 The columns come from the jobs' own overrides (`<job>/.hydra/overrides.yaml`): every key whose
 value differs between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study
 `optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
-job without one, or with `failed.json`, is reported as failed, with its error). Writes
+job without one, or whose marker keeps an error, is reported as failed, with it). Writes
 `compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
 the final evaluation's Dice per job) into the sweep folder. `train_img_s` / `data_wait_frac`: the
 medians over the epochs after the first two (`metrics.json` `throughput`; the last epoch's value
@@ -45,7 +45,7 @@ from nailseg.config import CONF_DIR, require_values
 from nailseg.errors import UserError
 from nailseg.io.atomic import NotOursError, save_figure, write_text
 from nailseg.io.ownership import claim_files, record_files
-from nailseg.training.failure import job_folders, read_failure
+from nailseg.training.run_folder import job_folders, read_failure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

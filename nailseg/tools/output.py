@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.io.ownership import claim_files, record_files, require_owned
-from nailseg.io.run_folder import RUN_MARKER
 
 KIND = "bench"
 # what a first run killed while writing its marker leaves in the new folder

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -30,7 +29,7 @@ from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 from nailseg.training.jobs import sweep_job
 from nailseg.training.loggers import build_loggers
-from nailseg.training.run_files import refuse_linked_folder
+from nailseg.training.run_folder import hold, inside
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 
@@ -68,8 +67,9 @@ def build(cfg: DictConfig) -> Built:
     L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, datamodule, resumed)
+    own = resumed is not None and resumed.run_id is not None
+    run_id = hold(cfg.run_dir, "ckpt_path" if own else "hydra.run.dir").id
     loggers = build_loggers(cfg, resumed)
-    run_id = resume.folder_run_id(Path(cfg.run_dir))
     callbacks = build_callbacks(cfg, datamodule, resumed, run_id)
     trainer: L.Trainer = instantiate(
         _trainer_kwargs(cfg),
@@ -137,7 +137,7 @@ def build_callbacks(
     confs = list((cfg.callbacks or {}).values())
     for conf in confs:  # a checkpoint folder, say: Lightning would follow a link there
         if conf.get("dirpath"):
-            refuse_linked_folder(Path(cfg.run_dir), Path(conf.dirpath))
+            inside(conf.dirpath)
     try:  # the callbacks group is untyped: each callback checks its own values
         callbacks = [instantiate(c) for c in confs]
     except InstantiationException as err:

@@ -19,12 +19,13 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from PIL import Image
 
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.model.step_log import logs_step
 from nailseg.training.private_api import computed_bar_values
-from nailseg.training.run_files import run_files
-from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay, save_png_atomic
+from nailseg.training.run_folder import write_file
+from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay
 
 log = logging.getLogger(__name__)
 WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, first allocations
@@ -411,7 +412,7 @@ class PredictionOverlays(L.Callback):
             ]
         )
         path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
-        run_files(path).write(path, lambda p: save_png_atomic(p, canvas))
+        write_file(path, lambda f: Image.fromarray(canvas).save(f, format="PNG"))
         self._drawn_epoch = self._batch_epoch
         self._log_to_wandb(trainer, canvas, pictures, truths, preds)
 

@@ -1,6 +1,6 @@
 """Checkpoints written as every other output is (`io.atomic`: a temporary file in the
 checkpoint's folder, fsync'd, renamed), by a background thread, and only where the path is free
-or the run's own (`run_files`): a user's file in the way is neither replaced nor removed.
+or the run's own (`run_folder`): a user's file in the way is neither replaced nor removed.
 
 Lightning's own save stages the file in `$TMPDIR` and never fsyncs it: a kill during the move
 could leave a truncated `last.ckpt`. The thread keeps saving off the training loop; the snapshot
@@ -25,8 +25,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from nailseg.io.atomic import write_atomic
-from nailseg.training.run_files import run_files
+from nailseg.training.run_folder import remove_file, write_file
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -38,10 +37,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        run_files(path).write(path, lambda p: write_atomic(p, lambda f: torch.save(checkpoint, f)))
+        write_file(path, lambda f: torch.save(checkpoint, f))
 
     def remove_checkpoint(self, path: _PATH) -> None:
-        run_files(path).remove(path)
+        remove_file(path)
 
     def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(path, *args, **kwargs)

@@ -1,5 +1,5 @@
 """What a run shows and keeps: the resolved config as a tree (also `config_tree.txt`), the
-model's parameters, the log in its folder, and no library chatter. Lightning's loggers, imported
+model's parameters, and no library chatter. Lightning's loggers, imported
 before Hydra configures logging, keep a console handler of their own and never reach Hydra's log
 file: `route_library_logs` sends them to the root logger.
 """
@@ -10,9 +10,6 @@ import io
 import logging
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -188,22 +185,3 @@ def route_library_logs() -> None:
         library = logging.getLogger(name)
         library.handlers.clear()
         library.propagate = True
-
-
-@contextmanager
-def run_log(run_dir: Path, job_log: Path | None) -> Iterator[None]:
-    """When `run_dir` is not where the job's log file `job_log` is (a resumed fit writing to its
-    earlier run's folder), the log is also appended to `run_dir`'s file of that name."""
-    root = logging.getLogger()
-    extra = None
-    if job_log is not None and job_log.parent.absolute() != run_dir.absolute():
-        extra = logging.FileHandler(run_dir / job_log.name, mode="a")
-        if root.handlers:
-            extra.setFormatter(root.handlers[0].formatter)
-        root.addHandler(extra)
-    try:
-        yield
-    finally:
-        if extra is not None:
-            root.removeHandler(extra)
-            extra.close()

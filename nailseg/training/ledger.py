@@ -14,8 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from nailseg.io.atomic import write_text
-from nailseg.training.run_files import run_files
+from nailseg.training.run_folder import write_file
 
 
 class SampleLedger(L.Callback):
@@ -48,8 +47,7 @@ class SampleLedger(L.Callback):
             f"{stage}_epoch{trainer.current_epoch:03d}_step{trainer.global_step:07d}"
             f"_rank{trainer.global_rank}.json"
         )
-        path = self.dirpath / name
-        run_files(path).write(path, lambda p: write_text(p, json.dumps(entry)))
+        write_file(self.dirpath / name, json.dumps(entry).encode())
 
     def on_train_batch_end(
         self,

@@ -1,5 +1,6 @@
-"""The `logger=` group's loggers: W&B kept inside the run folder and named for a sweep's job, and
-a CSV log that a resumed fit continues."""
+"""The `logger=` group's loggers: each one's folder reserved in the run folder before it writes
+there (a user's file or a link in the way is refused, naming it), W&B kept inside it and named
+for a sweep's job, and a CSV log that a resumed fit continues."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig
 
-from nailseg.io.atomic import NotOursError, write_text
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import read_regular
 from nailseg.training.jobs import sweep_job
 from nailseg.training.private_api import drop_unset_wandb_anonymous
 from nailseg.training.resume import Resume
-from nailseg.training.run_files import run_files
+from nailseg.training.run_folder import reserve, write_file
 
 # where W&B keeps its caches and stages tables, unless told (else under the home folder)
 WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
@@ -42,6 +44,9 @@ def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
         logger = instantiate(conf, **extra)
         if isinstance(logger, WandbLogger):
             drop_unset_wandb_anonymous(logger)
+            reserve(Path(logger.save_dir or cfg.run_dir) / "wandb")
+        elif isinstance(logger, CSVLogger | TensorBoardLogger):
+            reserve(logger.log_dir)
         loggers.append(logger)
     return loggers
 
@@ -86,10 +91,9 @@ def describe_metrics(loggers: list[Logger]) -> None:
 
 
 class ContinuedCSVLogger(CSVLogger):
-    """Lightning's CSVLogger, writing over only its own earlier files: a `metrics.csv` or
-    `hparams.yaml` in its folder that nailseg did not write is refused, named. A resumed fit
-    (`keep_steps_before`: the checkpoint's global step) keeps the rows logged before its
-    checkpoint (a crash may have logged later steps, which the fit runs again)."""
+    """Lightning's CSVLogger; a resumed fit (`keep_steps_before`: the checkpoint's global step)
+    keeps the rows logged before its checkpoint (a crash may have logged later steps, which the
+    fit runs again)."""
 
     def __init__(self, *args: Any, keep_steps_before: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,26 +107,12 @@ class ContinuedCSVLogger(CSVLogger):
             return super().experiment
         self._started = True
         metrics = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
-        files = run_files(metrics)
-        for path in (metrics, Path(self.log_dir) / ExperimentWriter.NAME_HPARAMS_FILE):
-            if os.path.lexists(path) and not files.is_ours(path):
-                raise NotOursError(
-                    f"{path} is not a CSV log nailseg wrote: it is left as it is; move it away, "
-                    "or choose another run folder"
-                )
         kept = _rows_before(metrics, self.keep_steps_before)
         writer = super().experiment  # Lightning removes the metrics.csv it finds
         if kept is not None:
             writer.metrics_keys, text = kept
-            files.write(metrics, lambda path: write_text(path, text))
+            write_file(metrics, text.encode())
         return writer
-
-    def save(self) -> None:
-        super().save()
-        for name in (ExperimentWriter.NAME_METRICS_FILE, ExperimentWriter.NAME_HPARAMS_FILE):
-            path = Path(self.log_dir) / name
-            if path.is_file():
-                run_files(path).record(path)
 
 
 def _rows_before(path: Path, step: int | None) -> tuple[list[str], str] | None:
@@ -130,12 +120,17 @@ def _rows_before(path: Path, step: int | None) -> tuple[list[str], str] | None:
     steps before `step`; None without a step or a log."""
     if step is None or not path.is_file():
         return None
-    with path.open(newline="") as file:
-        reader = csv.DictReader(file)
-        rows = list(reader)
-        columns = sorted(reader.fieldnames or [])
+    try:
+        reader = csv.DictReader(io.StringIO(read_regular(path).decode(), newline=""))
+        rows = [row for row in reader if int(row["step"]) < step]
+    except (KeyError, TypeError, ValueError) as err:  # a damaged log
+        raise NotOursError(
+            f"{path} is not a CSV log nailseg can continue ({type(err).__name__}: {err}): move "
+            "it away, or resume with logger=none"
+        ) from None
+    columns = sorted(reader.fieldnames or [])
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=columns)
     writer.writeheader()
-    writer.writerows(row for row in rows if int(row["step"]) < step)
+    writer.writerows(rows)
     return columns, text.getvalue()

@@ -3,8 +3,8 @@
 * `ckpt_path=last`: the run folder's own `last.ckpt`, else the newest among the runs beside it
   that can be resumed (each one skipped is named, with why); in a sweep, the job's own only.
 * A fit continues in its checkpoint's run folder (`<run>/checkpoints/x.ckpt`) when the folder's
-  marker id is the run id the checkpoint's card carries; any other checkpoint is only read.
-* Rank 0 holds the run folder's lock for the whole run (`hold_run_folder`).
+  marker id is the run id the checkpoint's card carries and the folder is that marker's own, not
+  a copy of it (`cp -a`, a restored backup); any other checkpoint is only read.
 * The checkpoint must fit the config: its model and input size, and for a fit its data, its
   optimizer and schedule settings and its schedule's length, all of which Lightning restores
   whatever the config says. Anything else is refused before anything is written.
@@ -13,23 +13,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.config import ConfigError
-from nailseg.io.lock import locked
-from nailseg.io.ownership import ForeignFolderError, new_marker, read_marker, write_marker
-from nailseg.io.run_folder import RUN_MARKER
+from nailseg.io.folder import is_copy, read_marker
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
     data_identity,
-    new_run_id,
     plain_model,
     read_checkpoint,
 )
@@ -38,7 +33,6 @@ from nailseg.training.evaluation import take_card
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)
-RUN_LOCK = ".train.lock"  # held by the one train.py writing the folder
 log = logging.getLogger(__name__)
 
 
@@ -128,8 +122,21 @@ def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
     own = run_dir / CHECKPOINTS / "last.ckpt"
     if own.is_file() or sweep_job:
         return [own] if own.is_file() else []
-    found = [(p.stat().st_mtime_ns, p) for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt")]
+    found = [
+        (p.stat().st_mtime_ns, p)
+        for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt")
+        if not _copied(p.parent.parent)
+    ]
     return [path for _, path in sorted(found, reverse=True)]  # the newest first
+
+
+def _copied(run: Path) -> bool:
+    """Whether `run` is a copy of a run folder: the original is the one resumed, never it."""
+    marker = read_marker(run)
+    if marker is not None and is_copy(run, marker):
+        log.info("ckpt_path=last: %s is a copy of a run folder: never resumed into", run)
+        return True
+    return False
 
 
 def _schedule_steps(checkpoint: Mapping[str, Any]) -> int | None:
@@ -142,45 +149,13 @@ def _schedule_steps(checkpoint: Mapping[str, Any]) -> int | None:
 
 def _run_folder(checkpoint: Path, run_id: str | None) -> Path | None:
     """`<run>` for a checkpoint of the run that folder holds (`<run>/checkpoints/<name>.ckpt`,
-    its card's `run_id` the one `<run>`'s marker names); None for any other."""
+    its card's `run_id` the one `<run>`'s marker names, `<run>` not a copy); None for any other."""
     folder = checkpoint.absolute().parent
     if folder.name != CHECKPOINTS or run_id is None:
         return None
-    return folder.parent if read_run_id(folder.parent) == run_id else None
-
-
-def read_run_id(run_dir: Path) -> str | None:
-    """The id of the run folder `run_dir`, from its marker; None without a marker nailseg wrote."""
-    try:
-        marker = read_marker(run_dir, RUN_MARKER, "run")
-    except ForeignFolderError:
-        return None
-    return marker["id"] if marker else None
-
-
-def folder_run_id(run_dir: Path) -> str:
-    """The run id its checkpoints' cards carry: the folder's marker's, else a new one, which
-    `hold_run_folder` writes."""
-    return read_run_id(run_dir) or new_run_id()
-
-
-@contextmanager
-def hold_run_folder(
-    run_dir: Path, run_id: str, resumed: Resume | None, hold: bool = True
-) -> Iterator[None]:
-    """Hold `run_dir` for this run: its lock (a second train.py into it fails at once) and its
-    marker, made with `run_id` if missing. `hold=False` (the other DDP ranks): nothing."""
-    if not hold:
-        yield
-        return
-    key = "ckpt_path" if resumed is not None and resumed.run_id is not None else "hydra.run.dir"
-    with locked(run_dir, RUN_LOCK, "train.py", key, ConfigError):
-        try:
-            if read_marker(run_dir, RUN_MARKER, "run") is None:
-                write_marker(run_dir, RUN_MARKER, new_marker("run", id=run_id))
-        except ForeignFolderError as err:
-            raise ConfigError(f"{err} (or another {key})") from None
-        yield
+    marker = read_marker(folder.parent)
+    own = marker is not None and marker["kind"] == "run" and marker["id"] == run_id
+    return folder.parent if own and not is_copy(folder.parent, marker) else None
 
 
 def check_matches(resume: Resume, cfg: DictConfig) -> None:

@@ -5,6 +5,7 @@ nothing keeps the earlier report's figures that only training measures (`MEASURE
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -17,8 +18,6 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.collector import frozen_heap
-from nailseg.io.atomic import write_text
-from nailseg.io.ownership import make_folder
 from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.console import (
@@ -26,13 +25,18 @@ from nailseg.training.console import (
     print_config_tree,
     quiet_libraries,
     route_library_logs,
-    run_log,
 )
-from nailseg.training.failure import clear_failure, write_failure
 from nailseg.training.jobs import isolated_job, sweep_job
 from nailseg.training.loggers import describe_metrics
-from nailseg.training.resume import hold_run_folder
-from nailseg.training.run_files import RunFiles, holding
+from nailseg.training.run_folder import (
+    hold,
+    is_ours,
+    job_log,
+    kept,
+    record_failure,
+    release,
+    write_file,
+)
 
 log = logging.getLogger(__name__)
 MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
@@ -48,18 +52,21 @@ def _choices() -> dict[str, str]:
     }
 
 
-def _job_log() -> Path | None:
+def _job_log(run_dir: Path) -> Path | None:
+    """Where a resumed fit's session log goes besides the session's own folder: its run's."""
     if not HydraConfig.initialized():
         return None
     hydra = HydraConfig.get()
-    return Path(hydra.runtime.output_dir) / f"{hydra.job.name}.log"
+    if Path(hydra.runtime.output_dir).absolute() == run_dir.absolute():
+        return None  # the session's folder: the log is there already (run_folder.RunFolders)
+    return run_dir / f"{hydra.job.name}.log"
 
 
 def _plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return {k: float(v) for k, v in sorted(metrics.items()) if k.startswith(prefix)}
 
 
-def _best(built: Built, files: RunFiles) -> dict[str, Any]:
+def _best(built: Built) -> dict[str, Any]:
     """optimized_metric's best value and checkpoint, from the checkpoint callback watching it
     (restored from the checkpoint on resume); without one (fast_dev_run), the last value."""
     cfg, trainer = built.cfg, built.trainer
@@ -80,7 +87,7 @@ def _best(built: Built, files: RunFiles) -> dict[str, Any]:
         "checkpoint": path,
         # read on rank 0, whose fit returns once its checkpoint writes are done; another DDP
         # rank could read the file before it is whole (and reports nothing)
-        "epoch": _epoch(path) if path and trainer.is_global_zero and files.is_ours(path) else None,
+        "epoch": _epoch(path) if path and trainer.is_global_zero and is_ours(path) else None,
     }
 
 
@@ -90,11 +97,14 @@ def _epoch(checkpoint: str) -> int:
     return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"])
 
 
-def _measured_before(path: Path, global_step: int, files: RunFiles) -> dict[str, Any]:
+def _measured_before(path: Path, global_step: int) -> dict[str, Any]:
     """The figures only training measures from the run's earlier report at `path`, if it is
     nailseg's and ended at `global_step` (the fit this session resumed and trained no further)."""
-    earlier = json.loads(path.read_text()) if files.is_ours(path) else {}
-    if earlier.get("global_step") != global_step:
+    try:
+        earlier = json.loads(path.read_text()) if is_ours(path) else {}
+    except ValueError:  # damaged: nothing of it is kept
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("global_step") != global_step:
         return {}
     return {key: earlier[key] for key in MEASURED if earlier.get(key)}
 
@@ -151,7 +161,7 @@ def _summary(report: dict[str, Any], run_dir: Path, built: Built, kept: list[Pat
     return "\n  ".join(["run summary", *lines, *_logger_lines(built.loggers)])
 
 
-def _fit(built: Built, files: RunFiles) -> dict[str, Any]:
+def _fit(built: Built) -> dict[str, Any]:
     """Fit; the report's fit, throughput, best and step counts."""
     trainer, run_dir = built.trainer, Path(built.cfg.run_dir)
     checkpoint = built.resume.checkpoint if built.resume else None
@@ -166,12 +176,12 @@ def _fit(built: Built, files: RunFiles) -> dict[str, Any]:
         "throughput": speed[0].summary() if speed else None,
         "world_size": trainer.world_size,
         "time_to_target": timers[0].reached if timers else None,
-        "best": _best(built, files),
+        "best": _best(built),
         "global_step": trainer.global_step,
         "epochs": trainer.current_epoch,
     }
     if built.resume is not None and trainer.global_step == built.resume.global_step:
-        report |= _measured_before(run_dir / "metrics.json", trainer.global_step, files)
+        report |= _measured_before(run_dir / "metrics.json", trainer.global_step)
     return report
 
 
@@ -188,7 +198,7 @@ def _evaluate(built: Built, checkpoint: str | Path | None) -> dict[str, Any]:
     }
 
 
-def _report(built: Built, files: RunFiles) -> dict[str, Any]:
+def _report(built: Built) -> dict[str, Any]:
     """Fit and evaluate as `cfg.train` and `cfg.test` say; what metrics.json holds."""
     cfg = built.cfg
     checkpoint = built.resume.checkpoint if built.resume else None
@@ -198,10 +208,10 @@ def _report(built: Built, files: RunFiles) -> dict[str, Any]:
         "resumed_from": str(checkpoint) if checkpoint else None,
     }
     if cfg.train:
-        report |= _fit(built, files)
+        report |= _fit(built)
         checkpoint = report["best"]["checkpoint"]
         # rank 0 wrote it, or found a user's file there: every rank follows its word
-        if checkpoint and not built.trainer.strategy.broadcast(files.is_ours(checkpoint)):
+        if checkpoint and not built.trainer.strategy.broadcast(is_ours(checkpoint)):
             log.warning("no final evaluation: the best checkpoint was not written")
             return report
     if cfg.test or not cfg.train:
@@ -217,16 +227,16 @@ def _start_loggers(built: Built) -> None:
         )
 
 
-def _finish(built: Built, report: dict[str, Any], files: RunFiles) -> None:
+def _finish(built: Built, report: dict[str, Any]) -> None:
     """Write metrics.json, close the loggers and print the summary (rank 0)."""
     run_dir, rank_zero = Path(built.cfg.run_dir), built.trainer.is_global_zero
     if rank_zero:
         text = json.dumps(report, indent=2, sort_keys=True)
-        files.write(run_dir / "metrics.json", lambda path: write_text(path, text))
-        clear_failure(run_dir)  # an earlier attempt's, now resumed
+        write_file(run_dir / "metrics.json", text.encode())
+        hold(run_dir).update_marker(failed=None)  # an earlier attempt's, now resumed
         if "final" in report:
             _log_group_table(built, report["final"]["metrics"], built.module.test_prefix)
-        summary = _summary(report, run_dir, built, files.kept)
+        summary = _summary(report, run_dir, built, kept())
     for logger in built.loggers:
         if isinstance(logger, WandbLogger):
             logger.experiment.finish()
@@ -249,32 +259,29 @@ def run(cfg: DictConfig) -> float | None:
     start_job_clock()
     quiet_libraries()
     route_library_logs()
-    built = build(cfg)
-    cfg, trainer = built.cfg, built.trainer
-    run_dir = make_folder(Path(cfg.run_dir))
-    # rank 0 holds the folder for the whole run; the job's other DDP ranks write into it too
-    rank_zero = trainer.is_global_zero
-    with (
-        hold_run_folder(run_dir, built.run_id, built.resume, hold=rank_zero),
-        holding(run_dir, persist=rank_zero) as files,
-        run_log(run_dir, _job_log()),
-    ):
-        if rank_zero:
-            tree = print_config_tree(cfg, choices=_choices())
-            files.write(run_dir / CONFIG_TREE, lambda path: write_text(path, tree))
-        if built.resume is not None:
-            log.info("checkpoint %s; writing to %s", built.resume.checkpoint, run_dir)
-        _start_loggers(built)
-        report = _report(built, files)
-        _finish(built, report, files)
+    try:
+        built = build(cfg)  # claims the run folder (run_folder.hold); other ranks attach
+        cfg = built.cfg
+        log_to = _job_log(Path(cfg.run_dir))
+        with job_log(log_to) if log_to else contextlib.nullcontext():
+            if built.trainer.is_global_zero:
+                tree = print_config_tree(cfg, choices=_choices())
+                write_file(Path(cfg.run_dir) / CONFIG_TREE, tree.encode())
+            if built.resume is not None:
+                log.info("checkpoint %s; writing to %s", built.resume.checkpoint, cfg.run_dir)
+            _start_loggers(built)
+            report = _report(built)
+            _finish(built, report)
+    finally:
+        release(cfg.run_dir)
     return report["best"]["value"] if cfg.train else None
 
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """`train.py`'s job: in a sweep (`-m`) a failing job writes `failed.json` into its run dir and
+    """`train.py`'s job: in a sweep (`-m`) a failing job's error is kept in its folder's marker and
     the sweep goes on (`python -m nailseg compare` reports it; a later run that completes in that
-    folder, such as the job resumed, removes it); a single run raises as usual."""
+    folder, such as the job resumed, clears it); a single run raises as usual."""
     try:
         # DDP ranks re-run this job only; nothing leaks into the next job
         with isolated_job():
@@ -283,5 +290,5 @@ def run_job(cfg: DictConfig) -> float | None:
         if not sweep_job():
             raise
         log.exception("job failed; the sweep continues")
-        write_failure(Path(cfg.run_dir), err)
+        record_failure(Path(HydraConfig.get().runtime.output_dir), err)
         return None

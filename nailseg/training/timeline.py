@@ -26,10 +26,9 @@ import pandas as pd
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from nailseg.io.atomic import write_text
 from nailseg.model.step_log import logs_step
 from nailseg.training.callbacks import settled
-from nailseg.training.run_files import run_files
+from nailseg.training.run_folder import write_file
 
 COLUMNS = [
     "epoch", "steps", "images", "train_ms", "steps_ms", "step_median_ms", "step_max_ms",
@@ -175,8 +174,7 @@ class GpuTimeline(L.Callback):
             "timeline.txt": table(rows, clock),
         }
         for name, text in texts.items():
-            path = Path(trainer.default_root_dir) / name
-            run_files(path).write(path, lambda p, text=text: write_text(p, text))
+            write_file(Path(trainer.default_root_dir) / name, text.encode())
 
     def _read(self, marks: list[tuple[str, Any]], steps: EpochMarks) -> EpochMarks:
         """One epoch's timestamps as ms from its start (on a GPU, this waits for the events), with

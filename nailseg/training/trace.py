@@ -24,9 +24,8 @@ import lightning as L
 import torch
 from torch.autograd.profiler import record_function
 
-from nailseg.io.atomic import write_bytes, write_text
 from nailseg.io.ownership import scratch_folder
-from nailseg.training.run_files import run_files
+from nailseg.training.run_folder import write_file
 
 log = logging.getLogger(__name__)
 PHASE = "phase:"  # the host-phase annotations' prefix
@@ -158,10 +157,8 @@ class StepTrace(L.Callback):
             profiler.export_chrome_trace(str(exported))
             data = exported.read_bytes()  # read once: a trace is large
         events = json.loads(data)["traceEvents"]
-        files = run_files(run_dir / "trace.json")
-        files.write(run_dir / "trace.json", lambda p: write_bytes(p, data))
-        text = note + summarize(events, self.stacks)
-        files.write(run_dir / "trace.txt", lambda p: write_text(p, text))
+        write_file(run_dir / "trace.json", data)
+        write_file(run_dir / "trace.txt", (note + summarize(events, self.stacks)).encode())
 
 
 def _activities() -> list[torch.profiler.ProfilerActivity]:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pytest
 import torch
 from support.train import train
 
 from nailseg.io.atomic import NotOursError
+from nailseg.training import run_folder
 from nailseg.training.checkpoint_io import AtomicCheckpointIO
-from nailseg.training.failure import read_failure, write_failure
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")
 
@@ -57,18 +58,20 @@ def test_a_link_at_metrics_json_is_never_followed_nor_replaced(prepared, tmp_pat
 def test_a_linked_checkpoint_folder_is_refused_before_the_fit(prepared, tmp_path):
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     outside.mkdir()
-    run_dir.mkdir()
+    train(prepared, run_dir, *ONE_EPOCH)
+    shutil.rmtree(run_dir / "checkpoints")
     (run_dir / "checkpoints").symlink_to(outside, target_is_directory=True)
-    with pytest.raises(NotOursError, match=rf"{run_dir / 'checkpoints'} is a link"):
+    with pytest.raises(NotOursError, match=rf"{run_dir / 'checkpoints'} is a symbolic link"):
         train(prepared, run_dir, *ONE_EPOCH)
-    assert os.listdir(outside) == [] and sorted(os.listdir(run_dir)) == ["checkpoints"]
+    assert os.listdir(outside) == []
 
 
 def test_a_users_csv_log_in_the_run_folder_is_refused_not_deleted(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    (run_dir / "csv").mkdir(parents=True)
+    train(prepared, run_dir, *ONE_EPOCH)
+    (run_dir / "csv").mkdir()
     (run_dir / "csv" / "metrics.csv").write_text("step,mine\n0,1\n")
-    with pytest.raises(NotOursError, match=r"csv/metrics\.csv is not a CSV log nailseg wrote"):
+    with pytest.raises(NotOursError, match=r"csv lies where nailseg would write"):
         train(prepared, run_dir, *ONE_EPOCH[:1], "logger=csv", *ONE_EPOCH[2:])
     assert (run_dir / "csv" / "metrics.csv").read_text() == "step,mine\n0,1\n"
 
@@ -76,19 +79,14 @@ def test_a_users_csv_log_in_the_run_folder_is_refused_not_deleted(prepared, tmp_
 def test_a_checkpoint_lightning_removes_goes_only_while_it_is_nailsegs(tmp_path):
     io = AtomicCheckpointIO()
     ours, users = tmp_path / "epoch_000.ckpt", tmp_path / "epoch_001.ckpt"
-    io.save_checkpoint({"epoch": 0}, ours)
-    users.write_bytes(b"the user's")
-    io.remove_checkpoint(users)
-    io.remove_checkpoint(ours)
-    assert not ours.exists() and users.read_bytes() == b"the user's"
-    io.save_checkpoint({"epoch": 1}, users)
-    assert users.read_bytes() == b"the user's"
-
-
-def test_a_failed_jobs_record_never_replaces_a_users_failed_json(tmp_path):
-    (tmp_path / "failed.json").write_text('{"mine": true}')
-    error = RuntimeError("the job failed")
-    write_failure(tmp_path, error)
-    assert (tmp_path / "failed.json").read_text() == '{"mine": true}'
-    write_failure(tmp_path / "job", error)
-    assert read_failure(tmp_path / "job") == "RuntimeError: the job failed"
+    run_folder.hold(tmp_path)
+    try:
+        io.save_checkpoint({"epoch": 0}, ours)
+        users.write_bytes(b"the user's")
+        io.remove_checkpoint(users)
+        io.remove_checkpoint(ours)
+        assert not ours.exists() and users.read_bytes() == b"the user's"
+        io.save_checkpoint({"epoch": 1}, users)
+        assert users.read_bytes() == b"the user's"
+    finally:
+        run_folder.release(tmp_path)

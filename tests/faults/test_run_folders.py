@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -16,10 +17,9 @@ from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import small_overrides, train
 
-from nailseg.io.ownership import new_marker, write_marker
-from nailseg.io.run_folder import RUN_MARKER
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder
 from nailseg.model.checkpoint import CARD_KEY, CheckpointError
-from nailseg.training.resume import RUN_LOCK, hold_run_folder, read_run_id
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")
 HOLD_S = 60  # the longest the first train.py holds its folder
@@ -31,7 +31,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 def _hold(run_dir: Path, held: Event, release: Event) -> None:
     """What the first train.py holds (rank 0) until `release` is set."""
-    with hold_run_folder(run_dir, "f" * 32, None):
+    with OwnedFolder.claim(run_dir, "run"):
         held.set()
         release.wait(HOLD_S)
 
@@ -53,11 +53,10 @@ def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path
     stderr = done.stderr
     assert done.returncode == 1 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == (
-        f"train.py: ConfigError: another train.py is writing {run_dir} (it holds "
-        f"{run_dir / RUN_LOCK}): wait for it to finish, or choose another hydra.run.dir"
+        f"train.py: BusyError: another nailseg command is using {run_dir}: wait for it to "
+        "finish, or choose another hydra.run.dir"
     )
-    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.json").exists()
-    assert read_run_id(run_dir) == "f" * 32  # the holder's marker stands
+    assert sorted(os.listdir(run_dir)) == [".nailseg.journal", ".nailseg.json"]
 
 
 def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path, capsys):
@@ -85,10 +84,10 @@ def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path, capsys):
 def test_a_checkpoint_outside_a_run_folder_is_only_read(prepared, tmp_path):
     train(prepared, tmp_path / "runs" / "a", *ONE_EPOCH)
     somewhere = tmp_path / "somewhere"
-    (somewhere / "checkpoints").mkdir(parents=True)
+    OwnedFolder.claim(somewhere, "run").release()  # a run folder, of another run
+    (somewhere / "checkpoints").mkdir()
     shutil.copy(tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt", somewhere / "checkpoints" / "x.ckpt")  # fmt: skip
     (somewhere / "metrics.json").write_text("the user's own")
-    write_marker(somewhere, RUN_MARKER, new_marker("run"))  # a run folder, of another run
     before = _files(somewhere)
     ckpt = somewhere / "checkpoints" / "x.ckpt"
     train(prepared, tmp_path / "runs" / "b", "trainer.max_epochs=2", *ONE_EPOCH[1:], f"ckpt_path={ckpt}")  # fmt: skip
@@ -98,21 +97,25 @@ def test_a_checkpoint_outside_a_run_folder_is_only_read(prepared, tmp_path):
     assert (tmp_path / "runs" / "b" / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_a_moved_or_copied_run_folder_keeps_its_best_score_and_checkpoint(prepared, tmp_path):
+def test_a_moved_run_folder_keeps_its_best_and_a_copy_is_never_written(prepared, tmp_path):
     # a constant metric: the first epoch stays the best, unless the resume forgets it
     constant = ("optimized_metric=val/samples", "optimized_mode=max")
+    again = ("ckpt_path=last", "trainer.max_epochs=2", *ONE_EPOCH[1:], *constant)
     train(prepared, tmp_path / "a", *ONE_EPOCH, *constant)
     shutil.copytree(tmp_path / "a", tmp_path / "copied")
     shutil.move(tmp_path / "a", tmp_path / "moved")
-    for run_dir in (tmp_path / "copied", tmp_path / "moved"):
-        train(prepared, run_dir, "ckpt_path=last", "trainer.max_epochs=2", *ONE_EPOCH[1:], *constant)  # fmt: skip
-        best = json.loads((run_dir / "metrics.json").read_text())["best"]
-        assert best["checkpoint"] == str((run_dir / "checkpoints" / "epoch_000.ckpt").resolve())
-        assert best["value"] == 5.0  # the valid split's rows
-        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-            "epoch_000.ckpt",
-            "last.ckpt",
-        ]
+    train(prepared, tmp_path / "moved", *again)
+    best = json.loads((tmp_path / "moved" / "metrics.json").read_text())["best"]
+    assert best["checkpoint"] == str(tmp_path / "moved" / "checkpoints" / "epoch_000.ckpt")
+    assert best["value"] == 5.0  # the valid split's rows
+    assert sorted(p.name for p in (tmp_path / "moved" / "checkpoints").iterdir()) == [
+        "epoch_000.ckpt",
+        "last.ckpt",
+    ]
+    before = _files(tmp_path / "copied")
+    with pytest.raises(NotOursError, match="is a copy of a nailseg run folder"):
+        train(prepared, tmp_path / "copied", *again)
+    assert _files(tmp_path / "copied") == before
 
 
 def test_resuming_on_other_data_is_refused_naming_it(prepared, tmp_path):

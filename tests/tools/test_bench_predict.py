@@ -17,7 +17,7 @@ from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
 from nailseg.io.atomic import write_atomic
-from nailseg.io.run_folder import RUN_MARKER
+from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.tools import bench_predict
 from nailseg.tools.bench_predict import MARKER, make_photos
 

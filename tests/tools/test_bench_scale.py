@@ -12,7 +12,7 @@ import pytest
 from support.cli import run_command
 from support.train import TINY_UNET
 
-from nailseg.io.run_folder import RUN_MARKER
+from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.tools.bench_scale import OUTPUTS, STAGES, ratios
 from nailseg.tools.output import claim_output
 

@@ -11,8 +11,8 @@ from support.inference import compose_cli
 
 from nailseg.io.atomic import NotOursError, write_text
 from nailseg.io.clean import clean
+from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.io.ownership import ForeignFolderError
-from nailseg.io.run_folder import RUN_MARKER
 from nailseg.tools import bench, bench_predict, bench_prepare, bench_scale
 from nailseg.tools.output import claim_output, record_outputs
 

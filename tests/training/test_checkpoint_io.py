@@ -8,8 +8,16 @@ import threading
 import pytest
 import torch
 
-from nailseg.training import checkpoint_io
+from nailseg.training import checkpoint_io, run_folder
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
+
+
+@pytest.fixture(autouse=True)
+def _run_folder(tmp_path):
+    """Checkpoints are written only into a run folder this process holds."""
+    run_folder.hold(tmp_path)
+    yield
+    run_folder.release(tmp_path)
 
 
 @pytest.fixture
@@ -46,7 +54,7 @@ def test_a_removal_waits_for_the_files_own_queued_write(tmp_path, release):
     io.remove_checkpoint(tmp_path / "epoch_000.ckpt")
     release.set()
     io.teardown()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_001.ckpt"]
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["epoch_001.ckpt"]
 
 
 def test_a_failed_write_is_raised_not_lost(tmp_path):

@@ -1,36 +1,20 @@
-"""A sweep job's failure record: only nailseg's own `failed.json` is read as one or removed."""
+"""A sweep job's failure is kept in its folder's marker: nothing else is read as one (a user's
+`failed.json` is only a file of theirs)."""
 
 from __future__ import annotations
 
-import json
-
-from nailseg.training.failure import FAILED, clear_failure, read_failure, write_failure
+from nailseg.training.run_folder import read_failure, record_failure, release
 
 
-def _record(run_dir) -> None:
-    try:
-        raise ValueError("bad value")
-    except ValueError as err:
-        write_failure(run_dir, err)
-
-
-def test_a_recorded_failure_is_read_then_cleared(tmp_path):
-    _record(tmp_path / "job")
+def test_a_recorded_failure_is_read_from_the_folders_marker(tmp_path):
+    record_failure(tmp_path / "job", ValueError("bad value"))
+    release(tmp_path / "job")
     assert read_failure(tmp_path / "job") == "ValueError: bad value"
-    assert "raise ValueError" in json.loads((tmp_path / "job" / FAILED).read_text())["traceback"]
-    clear_failure(tmp_path / "job")
-    assert not (tmp_path / "job" / FAILED).exists() and read_failure(tmp_path / "job") is None
 
 
-def test_a_users_own_failed_json_is_neither_read_nor_removed(tmp_path):
-    mine = {
-        "a": '{"error": "my note", "photos": ["x.png"]}',  # another key beside `error`
-        "b": "[1, 2]",
-        "c": "not json",
-    }
-    for name, text in mine.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / FAILED).write_text(text)
-        assert read_failure(tmp_path / name) is None
-        clear_failure(tmp_path / name)
-        assert (tmp_path / name / FAILED).read_text() == text
+def test_a_users_failed_json_is_not_read_as_a_failure(tmp_path):
+    (tmp_path / "failed.json").write_text('{"error": "my note", "traceback": ""}')
+    assert read_failure(tmp_path) is None
+    record_failure(tmp_path, RuntimeError("the job failed"))  # not nailseg's folder: refused
+    assert read_failure(tmp_path) is None
+    assert (tmp_path / "failed.json").read_text() == '{"error": "my note", "traceback": ""}'

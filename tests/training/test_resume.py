@@ -12,7 +12,7 @@ from support.train import train
 
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training import resume
-from nailseg.training.failure import FAILED, write_failure
+from nailseg.training.run_folder import read_failure, record_failure, release
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
@@ -109,7 +109,7 @@ def test_a_resumed_fit_trains_each_epoch_on_the_rows_the_uninterrupted_fit_did(p
 
 def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepared, tmp_path):
     # `python train.py hydra.run.dir=runs/a ckpt_path=last`, with a newer run beside it, after
-    # an attempt that failed (a sweep job's failed.json, which compare reports)
+    # an attempt that failed (a sweep job's error in its marker, which compare reports)
     runs = tmp_path / "runs"
     common = ["trainer.max_epochs=1", "logger=none", "test=false"]
     train(prepared, runs / "a", *common)
@@ -117,12 +117,14 @@ def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepar
     try:
         raise RuntimeError("out of memory")
     except RuntimeError as err:
-        write_failure(runs / "a", err)  # as run_job records it
+        record_failure(runs / "a", err)  # as run_job records it
+    release(runs / "a")
+    assert read_failure(runs / "a") == "RuntimeError: out of memory"
     other = _files(runs / "other")
     train(prepared, runs / "a", "ckpt_path=last", *common)
     metrics = json.loads((runs / "a" / "metrics.json").read_text())
     assert metrics["resumed_from"] == str(runs / "a" / "checkpoints" / "last.ckpt")
-    assert not (runs / "a" / FAILED).exists()
+    assert read_failure(runs / "a") is None
     assert _files(runs / "other") == other
 
 

@@ -17,6 +17,7 @@ from support.wandb_records import complete_records, history, run_id, run_record
 
 from nailseg.data.datamodule import NailDataModule
 from nailseg.tools.compare import summarise
+from nailseg.training.run_folder import read_failure
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
@@ -101,7 +102,7 @@ def _exit_code(run_file: Path) -> int:
 
 def test_each_job_gets_its_own_wandb_run_even_after_a_failed_job(failing_sweep):
     jobs = job_dirs(failing_sweep)
-    assert (jobs[1] / "failed.json").is_file()
+    assert read_failure(jobs[1]) is not None
     files = [next(job.glob("wandb/offline-run-*/run-*.wandb")) for job in jobs]
     assert len({run_id(f) for f in files}) == 3
     runs = [run_record(f) for f in files]  # one W&B group per sweep, runs named by their overrides

@@ -161,8 +161,8 @@ def test_the_values_lightning_takes_are_taken(overrides):
 def test_an_endless_fit_trains_with_a_step_limit(prepared, tmp_path):
     """trainer.max_epochs=-1 is Lightning's fit without an epoch limit: with max_steps the cosine
     schedule spans those steps."""
-    train(prepared, tmp_path, "trainer.max_epochs=-1", "trainer.max_steps=3", "logger=none")
-    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", mmap=True)
+    train(prepared, tmp_path / "run", "trainer.max_epochs=-1", "trainer.max_steps=3", "logger=none")
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", mmap=True)
     assert last["global_step"] == 3
 
 

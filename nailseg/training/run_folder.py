@@ -1,0 +1,244 @@
+"""The folders a training job writes, each claimed through `nailseg.io.folder` before the first
+byte lands there; what Hydra and the loggers write is reserved for them by name beforehand.
+
+Hydra writes nothing into them itself (conf/train.yaml: `hydra.output_subdir: null` and the
+console-only `hydra/job_logging: console`): `RunFolders` claims a single run's folder and a
+sweep's before Hydra makes them, then each job's before it starts, and writes the job's
+`.hydra/*.yaml` and appends its log through the folder. A job's first rank claims (the folder's
+lock is held for the job); its other DDP ranks attach. A sweep's jobs keep apart: a job folder
+holding a job of an earlier sweep into the same `hydra.sweep.dir` is refused unless the job
+resumes it (`ckpt_path`). A failed job's error is kept in its folder's marker (`failed`), and
+the sweep exits non-zero naming it once every job ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import ForeignFolderError, OwnedFolder, read_marker
+from nailseg.training.precheck import leave
+
+log = logging.getLogger(__name__)
+RUN, SWEEP = "run", "sweep"  # the folders' kinds
+SWEEPER_FILES = ("multirun.yaml", "optimization_results.yaml")  # Hydra's and Optuna's
+# where a DDP rank launched by Lightning, torchrun or SLURM finds its rank
+_RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+ATTACH_WAIT_S = 120.0  # how long a later rank waits for the first to claim the folder
+_held: dict[Path, OwnedFolder] = {}  # the folders this process writes, claimed or attached
+
+
+def first_rank() -> bool:
+    """Whether this process is its job's first (or only) rank: the one that claims."""
+    return all(os.environ.get(key, "0") == "0" for key in _RANK_ENV)
+
+
+def hold(path: str | os.PathLike[str], key: str = "hydra.run.dir") -> OwnedFolder:
+    """The run folder at `path`, claimed by the first rank (its lock held until `release`) and
+    attached by the others. Raises NotOursError (naming `key`) for a folder nailseg did not make,
+    a copy of one, or one another command holds."""
+    path = Path(os.path.abspath(path))
+    if path not in _held:
+        _held[path] = OwnedFolder.claim(path, RUN, key=key) if first_rank() else _attach(path)
+    return _held[path]
+
+
+def _attach(path: Path) -> OwnedFolder:
+    deadline = time.monotonic() + ATTACH_WAIT_S
+    while True:
+        try:
+            return OwnedFolder.attach(path)
+        except ForeignFolderError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def release(path: str | os.PathLike[str]) -> None:
+    folder = _held.pop(Path(os.path.abspath(path)), None)
+    if folder is not None:
+        folder.release()
+
+
+def _holder(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str]:
+    """The held folder `path` lies in (the innermost), and `path` relative to it."""
+    path = Path(os.path.abspath(path))
+    for root in sorted(_held, key=lambda p: len(p.parts), reverse=True):
+        if root in path.parents:
+            return _held[root], path.relative_to(root).as_posix()
+    raise NotOursError(
+        f"{path} lies outside the run folder: nailseg writes only into folders it made"
+    )
+
+
+def inside(path: str | os.PathLike[str]) -> Path:
+    """`path`, refused (NotOursError) where it lies outside the run folder or passes a link."""
+    folder, rel = _holder(path)
+    return folder.file(rel)
+
+
+def write_file(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], object]) -> bool:
+    """Write `data` at `path` in its run folder, atomically; False, writing nothing, where a file
+    there is not nailseg's (a user's, a link): it stays, named in `kept`."""
+    folder, rel = _holder(path)
+    if os.path.islink(path):
+        folder.kept.append(Path(path))
+        return False
+    return folder.write(rel, data, strict=False) is not None
+
+
+def remove_file(path: str | os.PathLike[str]) -> bool:
+    """Remove the file at `path` while it is nailseg's; False, leaving it, where it is not."""
+    folder, rel = _holder(path)
+    return folder.remove(rel)
+
+
+def is_ours(path: str | os.PathLike[str]) -> bool:
+    try:
+        folder, rel = _holder(path)
+    except NotOursError:
+        return False
+    return folder.owns(rel)
+
+
+def kept() -> list[Path]:
+    """The files left in the way, as not nailseg's, in every held folder."""
+    return [path for folder in _held.values() for path in folder.kept]
+
+
+def reserve(path: str | os.PathLike[str]) -> None:
+    """Make `path` (where a library is about to write) the run's; a file there that has other
+    names (a hard-linked snapshot) gets a copy of its own first, so the snapshot never changes."""
+    folder, rel = _holder(path)
+    folder.reserve(rel)
+    top = folder.path / rel
+    for file in [top] if top.is_file() else sorted(top.rglob("*")):
+        if file.is_file() and not file.is_symlink() and file.stat().st_nlink > 1:
+            folder.write(file.relative_to(folder.path).as_posix(), file.read_bytes())
+
+
+@contextmanager
+def job_log(path: Path) -> Iterator[None]:
+    """The root logger's records also appended to `path` in its run folder, as Hydra's console
+    shows them (never through a link, never into a hard-linked snapshot)."""
+    folder, rel = _holder(path)
+    handler = logging.StreamHandler(os.fdopen(folder.open_append(rel), "a", encoding="utf-8"))
+    root = logging.getLogger()
+    shown = [h.formatter for h in root.handlers if h.formatter is not None]
+    handler.setFormatter(shown[0] if shown else logging.Formatter())
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def record_failure(run_dir: Path, err: BaseException) -> None:
+    """Keep a sweep job's error in its folder's marker, for the sweep's exit and compare."""
+    try:
+        hold(run_dir, "hydra.sweep.dir").update_marker(failed=f"{type(err).__name__}: {err}")
+    except NotOursError as refused:
+        log.warning("the failure is not recorded: %s", refused)
+
+
+def read_failure(job: Path) -> str | None:
+    """The error a job folder's marker keeps; None for a job that did not fail."""
+    return (read_marker(job) or {}).get("failed")
+
+
+def job_folders(sweep_dir: Path) -> list[Path]:
+    """A sweep's job folders (those with a `.hydra/`), by job number; none if it does not exist."""
+    if not sweep_dir.is_dir():
+        return []
+    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
+    return sorted(
+        jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)
+    )
+
+
+class RunFolders(Callback):
+    """Claims the folders of a run, a sweep and each job before anything is written there, and
+    writes Hydra's files through them (see the module docstring). A refusal exits with one line
+    naming the folder: Hydra takes an exception in a callback for a warning."""
+
+    def __init__(self) -> None:
+        self._job = ExitStack()  # the job's log, closed at its end
+
+    def on_run_start(self, config: DictConfig, **_: Any) -> None:
+        _or_leave(lambda: hold(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **_: Any) -> None:
+        def claim() -> None:
+            sweep = OwnedFolder.claim(config.hydra.sweep.dir, SWEEP, key="hydra.sweep.dir")
+            sweep.update_marker(session=secrets.token_hex(8))
+            for name in SWEEPER_FILES:  # the sweepers write them in place: a new file each time
+                sweep.remove(name)
+                sweep.reserve(name)
+
+        _or_leave(claim)
+
+    def on_job_start(self, config: DictConfig, **_: Any) -> None:
+        _or_leave(lambda: self._start_job(config))
+
+    def _start_job(self, config: DictConfig) -> None:
+        hydra = config.hydra
+        sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+        folder = hold(hydra.runtime.output_dir, "hydra.sweep.dir" if sweep else "hydra.run.dir")
+        if first_rank():
+            if sweep:
+                session = (read_marker(Path(hydra.sweep.dir)) or {}).get("session")
+                earlier = folder.marker.get("session")
+                if earlier not in (None, session) and OmegaConf.select(config, "ckpt_path") is None:
+                    raise NotOursError(
+                        f"hydra.sweep.dir={hydra.sweep.dir}: {folder.path} holds a job of an "
+                        "earlier sweep: nothing was written; choose another hydra.sweep.dir (or "
+                        "hydra.sweep.subdir), or resume its jobs with ckpt_path=last"
+                    )
+                folder.update_marker(session=session, failed=None)
+            task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+            for name, content in (
+                ("config", task),
+                ("hydra", HydraConfig.instance().cfg),
+                ("overrides", hydra.overrides.task),
+            ):
+                folder.write(f".hydra/{name}.yaml", OmegaConf.to_yaml(content).encode())
+        self._job.enter_context(job_log(folder.path / f"{hydra.job.name}.log"))
+
+    def on_job_end(self, config: DictConfig, **_: Any) -> None:
+        self._job.close()
+        release(config.hydra.runtime.output_dir)
+
+    def on_multirun_end(self, config: DictConfig, **_: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        session = (read_marker(sweep_dir) or {}).get("session")
+        jobs = [
+            j for j in job_folders(sweep_dir) if (read_marker(j) or {}).get("session") == session
+        ]
+        failed = [(job, error) for job in jobs if (error := read_failure(job)) is not None]
+        if failed:
+            listed = "; ".join(f"{job} ({error})" for job, error in failed)
+            sys.exit(
+                f"{os.path.basename(sys.argv[0])}: {len(failed)} of {len(jobs)} jobs failed: "
+                f"{listed}. python -m nailseg compare sweep_dir={sweep_dir} tabulates the sweep"
+            )
+
+
+def _or_leave(claim: Callable[[], object]) -> None:
+    try:
+        claim()
+    except NotOursError as err:
+        leave("", err)
