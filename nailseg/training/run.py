@@ -277,7 +277,6 @@ def run(cfg: DictConfig) -> float | None:
     return report["best"]["value"] if cfg.train else None
 
 
-
 def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job's error is kept in its folder's marker and
     the sweep goes on (`python -m nailseg compare` reports it; a later run that completes in that
