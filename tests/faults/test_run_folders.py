@@ -8,17 +8,20 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
 import torch
 from support.cli import run_command
+from support.ddp import TIMEOUT_S, finish, start_train
 from support.prepared import write_prepared
 from support.train import small_overrides, train
 
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import OwnedFolder
+from nailseg.io.folder import OwnedFolder, clean
 from nailseg.model.checkpoint import CARD_KEY, CheckpointError
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")
@@ -149,3 +152,120 @@ def test_last_takes_the_newest_run_that_can_resume_or_names_each_it_cannot(tmp_p
     for run in ("small", "wide"):
         assert f"{runs / run / 'checkpoints' / 'last.ckpt'} was trained with another" in message
     assert "\n" not in message
+
+
+# issue #45: training's folders are claimed before Hydra, Lightning or a logger writes there
+
+
+@pytest.mark.slow
+def test_make_clean_spares_a_live_training_and_a_note_moved_into_its_folder(prepared, tmp_path):
+    """`make clean` deleted a live training's files (it lost its best checkpoint and died), and
+    afterwards a note moved into the run folder meanwhile (its ctime changed during the job)."""
+    outputs, note = tmp_path / "outputs", tmp_path / "note.txt"
+    run_dir = outputs / "train" / "run"
+    args = small_overrides(prepared, "trainer.max_epochs=30", *ONE_EPOCH[1:])
+    job = start_train(*args, f"hydra.run.dir={run_dir}")
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (run_dir / "checkpoints" / "last.ckpt").is_file():
+            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()
+            time.sleep(0.2)
+        note.write_text("mine")
+        os.rename(note, run_dir / "note.txt")  # moved in while it trains
+        cleaned = clean(outputs)
+        assert cleaned.removed == 0 and run_dir in cleaned.skipped
+        assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    finally:
+        finish(job)  # it trains to its end
+    assert json.loads((run_dir / "metrics.json").read_text())["epochs"] == 30
+    clean(outputs)
+    assert os.listdir(run_dir) == ["note.txt"] and (run_dir / "note.txt").read_text() == "mine"
+
+
+def _sweep_args(mode: str, folder: Path, tmp_path: Path) -> list[str]:
+    return {
+        "single": [f"hydra.run.dir={folder}"],
+        "sweep": ["aug=none,light", f"hydra.sweep.dir={folder}"],
+        "optuna": [
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=1",
+            f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}",
+            f"hydra.sweep.dir={folder}",
+        ],
+    }[mode]
+
+
+def _stamped(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("mode", ["single", "sweep", "optuna"])
+def test_train_refuses_a_users_folder_in_one_line_before_any_write(mode, prepared, tmp_path, capsys):  # fmt: skip
+    """Given a user's folder, train.py overwrote `.hydra/*.yaml`, `multirun.yaml` and
+    `optimization_results.yaml` there and appended to `train.log`, naming none of them."""
+    mine = tmp_path / "mine"
+    (mine / ".hydra").mkdir(parents=True)
+    for name in ("train.log", ".hydra/config.yaml", "multirun.yaml", "optimization_results.yaml"):
+        (mine / name).write_text("the user's")
+    before = _stamped(mine)
+    flag = ["-m"] if mode == "sweep" else []
+    args = [*flag, *small_overrides(prepared, *ONE_EPOCH), *_sweep_args(mode, mine, tmp_path)]
+    done = run_command(["train.py", *args], capsys)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    key = "hydra.run.dir" if mode == "single" else "hydra.sweep.dir"
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"train.py: ForeignFolderError: {key}={mine} is not a folder nailseg made")
+    )
+    assert _stamped(mine) == before and not (tmp_path / "optuna.db").exists()
+
+
+@pytest.mark.parametrize("link", ["train.log", ".hydra", "csv", "wandb", "tensorboard"])
+def test_training_never_writes_through_a_link_in_its_run_folder(link, prepared, tmp_path, capsys):
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    OwnedFolder.claim(run_dir, "run").release()  # a run folder nailseg made
+    if link == "train.log":
+        outside.write_text("the user's")
+    else:
+        outside.mkdir()
+    (run_dir / link).symlink_to(outside)
+    logger = f"logger={link}" if link in ("csv", "wandb", "tensorboard") else "logger=none"
+    args = small_overrides(prepared, *ONE_EPOCH, logger, f"hydra.run.dir={run_dir}")
+    done = run_command(["train.py", *args], capsys)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"{run_dir / link} is a symbolic link" in done.stderr.strip().splitlines()[-1]
+    if link == "train.log":
+        assert outside.read_text() == "the user's"
+    else:
+        assert os.listdir(outside) == []
+
+
+def test_last_never_resumes_into_a_copy_of_a_run(prepared, tmp_path):
+    """A `cp -a` backup ties with its run on modification time and sorts after it: it was
+    resumed, its last.ckpt replaced and its best checkpoint deleted."""
+    runs = tmp_path / "runs"
+    train(prepared, runs / "a", *ONE_EPOCH)
+    subprocess.run(["cp", "-a", str(runs / "a"), str(runs / "a-backup")], check=True)
+    before = _stamped(runs / "a-backup")
+    train(prepared, runs / "next", "trainer.max_epochs=2", *ONE_EPOCH[1:], "ckpt_path=last")
+    assert json.loads((runs / "a" / "metrics.json").read_text())["epochs"] == 2
+    assert _stamped(runs / "a-backup") == before
+
+
+def test_a_resume_leaves_a_hard_linked_snapshot_of_its_run_as_it_was(prepared, tmp_path, capsys):
+    runs, snapshot = tmp_path / "runs", tmp_path / "snapshot"
+    args = small_overrides(prepared, "logger=csv", "test=false", "scheduler=none")
+    first = run_command(["train.py", *args, "trainer.max_epochs=1", f"hydra.run.dir={runs / 'a'}"], capsys)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    subprocess.run(["cp", "-al", str(runs / "a"), str(snapshot)], check=True)
+    before = _stamped(snapshot)
+    again = [*args, "trainer.max_epochs=2", "ckpt_path=last", f"hydra.run.dir={runs / 'b'}"]
+    resumed = run_command(["train.py", *again], capsys)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((runs / "a" / "metrics.json").read_text())["epochs"] == 2
+    assert _stamped(snapshot) == before

@@ -146,3 +146,24 @@ def test_run_releases_its_loaders(prepared, tmp_path, monkeypatch):
     for loader in built:
         with pytest.raises(RuntimeError, match="closed"):
             next(iter(loader))
+
+
+def test_a_second_sweep_into_a_sweep_folder_leaves_the_first_ones_jobs(prepared, tmp_path, capsys):
+    """Two sweeps into one hydra.sweep.dir overwrote each other's jobs (compare then showed one
+    job's scores under the other's overrides)."""
+    sweep = tmp_path / "sweep"
+    args = ["train.py", "-m", *small_overrides(prepared, "trainer.max_epochs=1", "logger=none", "test=false"), f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    in_process([*args, "aug=none,light"], capsys)
+    jobs = job_dirs(sweep)
+    before = {job: (job / "metrics.json").read_bytes() for job in jobs}
+    again = run_command([*args, "aug=heavy,photo"], capsys)
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"train.py: NotOursError: hydra.sweep.dir={sweep}: {jobs[0]} holds a job of an earlier "
+        "sweep: nothing was written; choose another hydra.sweep.dir (or hydra.sweep.subdir), or "
+        "resume its jobs with ckpt_path=last"
+    )
+    assert {job: (job / "metrics.json").read_bytes() for job in jobs} == before
+    # a sweep into subfolders of its own goes beside them (make cross-source's rows)
+    in_process([*args, "aug=heavy", "hydra.sweep.subdir=row1-${hydra.job.num}"], capsys)
+    assert json.loads((sweep / "row1-0" / "metrics.json").read_text())["choices"]["aug"] == "heavy"
