@@ -21,7 +21,7 @@ import torch
 from support.loaders import Outputs, make_loader, run, spec, spec_from
 from support.prepared import write_split
 
-from nailseg.data.augment import OP_PARAMS, AugOp
+from nailseg.data.augment import OPS, AugOp
 
 BACKENDS = ("torch", "kornia", "dali")
 N_PATTERNS = 40
@@ -396,7 +396,7 @@ CASES = [
 def test_every_op_has_a_case_on_every_backend() -> None:
     for backend in BACKENDS:
         covered = sorted(case.op.name for case in CASES if backend in case.backends)
-        assert covered == sorted(OP_PARAMS), backend
+        assert covered == sorted(OPS), backend
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.op.name)

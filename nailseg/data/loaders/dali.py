@@ -14,7 +14,7 @@ DALI is imported inside functions: importing this module costs nothing until a l
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nailseg.data.augment import AugOp, AugSpec
+from nailseg.data.augment import COLOUR, GEOMETRIC, PHOTOMETRIC, AugOp, AugSpec, colour_params
 from nailseg.data.loaders.base import Batch, PlannedLoader
-from nailseg.data.loaders.spec_math import colour_params
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -186,7 +185,7 @@ def _hsv(op: AugOp, image: DataNode) -> DataNode:
     from nvidia.dali import fn
 
     key = next(iter(op.ranges), None)  # grayscale has none
-    hue, saturation = colour_params(op.name, 0.0 if key is None else _uniform(op, key))
+    hue, saturation = colour_params(op.name, _uniform(op, key) if key else 0.0)
     return fn.hsv(image, hue=hue, saturation=saturation)
 
 
@@ -233,21 +232,18 @@ def _contrast(op: AugOp, image: DataNode) -> DataNode:
     return dmath.clamp(mean + (image - mean) * _uniform(op, "factor"), lo, hi)
 
 
-_GEOMETRIC = {
+# each op of the spec (augment.OPS): geometric ones take and give (image, mask), the others an image
+_OPS: dict[str, Callable[..., Any]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
     "zoom_out": _zoom_out,
-}
-_COLOUR = {
     "hue": _hsv,
     "saturation": _hsv,
     "grayscale": _hsv,
     "gamma": _gamma,
     "jpeg": _jpeg,
-}
-_PHOTOMETRIC = {
     "gaussian_noise": _gaussian_noise,
     "gaussian_blur": _gaussian_blur,
     "brightness": _brightness,
@@ -290,26 +286,24 @@ def _build_pipeline(
         image, mask = _decode(image_path), _decode(mask_path)
         if gpu:
             image, mask, group, row = image.gpu(), mask.gpu(), group.gpu(), row.gpu()
-        ops = spec.ops if train else ()
-        for op in ops:
-            if op.geometric and _coin(op):
-                image, mask = _GEOMETRIC[op.name](op, image, mask)
+        ops = spec if train else AugSpec((), spec.mean, spec.std)
+        for op in ops.stage(GEOMETRIC):
+            if _coin(op):
+                image, mask = _OPS[op.name](op, image, mask)
         image = fn.resize(image, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_LINEAR)
         mask = fn.resize(mask, resize_x=out_w, resize_y=out_h, interp_type=types.INTERP_NN)
-        for op in ops:
-            if op.colour and _coin(op):
-                image = _COLOUR[op.name](op, image)
+        for op in ops.stage(COLOUR):
+            if _coin(op):
+                image = _OPS[op.name](op, image)
         image = _normalize(image, spec)
-        for op in ops:
-            if op.geometric or op.colour:
-                continue
+        for op in ops.stage(PHOTOMETRIC):
             if host_noise and op.name == "gaussian_noise":
                 fires, noise = noise_inputs[2 * draws], noise_inputs[2 * draws + 1]
                 draws += 1
                 if fires:
                     image = image + noise
             elif _coin(op):
-                image = _PHOTOMETRIC[op.name](op, image)
+                image = _OPS[op.name](op, image)
         mask = fn.transpose(fn.cast(mask, dtype=types.FLOAT), perm=[2, 0, 1], output_layout="CHW")
         return image, mask, group, row
 

@@ -16,7 +16,6 @@ Each batch runs under a forked torch generator seeded from (seed, rank, epoch, s
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import kornia.augmentation as K
 import numpy as np
@@ -24,9 +23,12 @@ import torch
 from kornia.enhance import jpeg_codec_differentiable
 from kornia.geometry.transform import warp_affine
 
-from nailseg.data.augment import AugOp, AugSpec
-from nailseg.data.loaders.base import Batch
-from nailseg.data.loaders.spec_math import (
+from nailseg.data.augment import (
+    COLOUR,
+    GEOMETRIC,
+    PHOTOMETRIC,
+    AugOp,
+    AugSpec,
     blur_window,
     colour_matrices,
     colour_params,
@@ -88,7 +90,7 @@ def _crop_matrices(windows: np.ndarray, canvas: np.ndarray, out_hw: tuple[int, i
     return np.stack([np.stack([sx, zero, tx], -1), np.stack([zero, sy, ty], -1)], 1)
 
 
-def _flip(op: AugOp) -> Geometric:
+def _flip(op: AugOp, _: torch.Generator) -> Geometric:
     flip = K.RandomHorizontalFlip(p=1.0) if op.name == "hflip" else K.RandomVerticalFlip(p=1.0)
     both = K.AugmentationSequential(flip, data_keys=["input", "mask"])
 
@@ -99,7 +101,7 @@ def _flip(op: AugOp) -> Geometric:
     return transform
 
 
-def _rotate(op: AugOp) -> Geometric:
+def _rotate(op: AugOp, _: torch.Generator) -> Geometric:
     def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
         degrees = _uniform(op, "degrees", len(canvas))
         matrices = rotation_matrices(degrees, canvas, (image.shape[-2], image.shape[-1]))
@@ -123,7 +125,7 @@ def _windowed(
     return transform
 
 
-def _random_resized_crop(op: AugOp) -> Geometric:
+def _random_resized_crop(op: AugOp, _: torch.Generator) -> Geometric:
     def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
         k = len(canvas)
         return crop_windows(canvas, _uniform(op, "scale", k), _uniform(op, "ratio", k), *places)
@@ -132,7 +134,7 @@ def _random_resized_crop(op: AugOp) -> Geometric:
     return _windowed(windows, padding="border")
 
 
-def _zoom_out(op: AugOp) -> Geometric:
+def _zoom_out(op: AugOp, _: torch.Generator) -> Geometric:
     def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
         return zoom_windows(canvas, _uniform(op, "scale", len(canvas)), *places)
 
@@ -144,7 +146,7 @@ def _levels(x: Tensor) -> Tensor:
     return x.round_().clamp_(0.0, 255.0)
 
 
-def _colour_matrix(op: AugOp) -> Photometric:
+def _colour_matrix(op: AugOp, _: torch.Generator) -> Photometric:
     def transform(image: Tensor) -> Tensor:
         k = len(image)
         draws = _uniform(op, next(iter(op.ranges)), k) if op.ranges else np.zeros(k)
@@ -155,7 +157,7 @@ def _colour_matrix(op: AugOp) -> Photometric:
     return transform
 
 
-def _gamma(op: AugOp) -> Photometric:
+def _gamma(op: AugOp, _: torch.Generator) -> Photometric:
     def transform(image: Tensor) -> Tensor:
         gamma = _to(_uniform(op, "gamma", len(image)), image.device).view(-1, 1, 1, 1)
         return _levels(255.0 * (image / 255.0) ** gamma)
@@ -163,7 +165,7 @@ def _gamma(op: AugOp) -> Photometric:
     return transform
 
 
-def _jpeg(op: AugOp) -> Photometric:
+def _jpeg(op: AugOp, _: torch.Generator) -> Photometric:
     lo, hi = (round(v) for v in op.ranges["quality"])
 
     def transform(image: Tensor) -> Tensor:
@@ -173,20 +175,30 @@ def _jpeg(op: AugOp) -> Photometric:
     return transform
 
 
-def _gaussian_blur(op: AugOp) -> Photometric:
+def _gaussian_blur(op: AugOp, _: torch.Generator) -> Photometric:
     """Kornia's blur; its one window (DALI's for the largest sigma) cuts smaller sigmas later."""
     lo, hi = op.ranges["sigma"]
     return K.RandomGaussianBlur(blur_window(hi), (lo, hi), border_type="reflect", p=1.0)
 
 
-def _per_sample(op: AugOp, key: str, apply: Callable[[Tensor, Tensor], Tensor]) -> Photometric:
-    """`apply(images, values)` with one draw of `key` per image, shaped k x 1 x 1 x 1."""
+def _per_sample(apply: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Photometric]:
+    """An op `apply(images, values)` with one draw of its parameter per image (k x 1 x 1 x 1)."""
 
-    def transform(image: Tensor) -> Tensor:
-        values = _to(_uniform(op, key, len(image)), image.device)
-        return apply(image, values.view(-1, 1, 1, 1))
+    def build(op: AugOp, _: torch.Generator) -> Photometric:
+        def transform(image: Tensor) -> Tensor:
+            values = _to(_uniform(op, next(iter(op.ranges)), len(image)), image.device)
+            return apply(image, values.view(-1, 1, 1, 1))
 
-    return transform
+        return transform
+
+    return build
+
+
+def _gaussian_noise(op: AugOp, noise: torch.Generator) -> Photometric:
+    def add(x: Tensor, sigma: Tensor) -> Tensor:
+        return x + sigma * torch.randn(x.shape, generator=noise, device=x.device, dtype=x.dtype)
+
+    return _per_sample(add)(op, noise)
 
 
 def _contrast(x: Tensor, factor: Tensor) -> Tensor:
@@ -196,20 +208,23 @@ def _contrast(x: Tensor, factor: Tensor) -> Tensor:
     return torch.clamp(mean + (x - mean) * factor, lo, hi)
 
 
-_GEOMETRIC: dict[str, Callable[[AugOp], Geometric]] = {
+# each op of the spec (augment.OPS), built for a batch's rows that got it: geometric ones on images,
+# masks and canvas sizes, the others on images (colour ops on their 0..255 levels)
+_OPS: dict[str, Callable[[AugOp, torch.Generator], Callable]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
     "zoom_out": _zoom_out,
-}
-# colour ops: on the images' 0..255 values, like photometric ops on the images only
-_COLOUR: dict[str, Callable[[AugOp], Photometric]] = {
     "hue": _colour_matrix,
     "saturation": _colour_matrix,
     "grayscale": _colour_matrix,
     "gamma": _gamma,
     "jpeg": _jpeg,
+    "gaussian_noise": _gaussian_noise,
+    "gaussian_blur": _gaussian_blur,
+    "brightness": _per_sample(torch.mul),
+    "contrast": _per_sample(_contrast),
 }
 
 
@@ -223,22 +238,13 @@ class KorniaAugment:
     def __init__(self, spec: AugSpec, canvas_sizes: np.ndarray, device: torch.device) -> None:
         self._canvas = canvas_sizes.astype(np.float64)  # per CSV row: height, width
         self._noise = torch.Generator(device)
-        photometric: dict[str, Callable[[AugOp], Photometric]] = {
-            "gaussian_noise": partial(_per_sample, key="sigma", apply=self._add_noise),
-            "gaussian_blur": _gaussian_blur,
-            "brightness": partial(_per_sample, key="factor", apply=torch.mul),
-            "contrast": partial(_per_sample, key="factor", apply=_contrast),
-        }
-        self._geometric = [(op, _GEOMETRIC[op.name](op)) for op in spec.geometric_ops]
-        self._colour = [(op, _COLOUR[op.name](op)) for op in spec.colour_ops]
-        self._photometric = [(op, photometric[op.name](op)) for op in spec.photometric_ops]
+        self._geometric, self._colour, self._photometric = (
+            [(op, _OPS[op.name](op, self._noise)) for op in spec.stage(stage)]
+            for stage in (GEOMETRIC, COLOUR, PHOTOMETRIC)
+        )
         std = 255 * torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
         self._scale = 1 / std  # normalising as x * scale + shift: one pass over the batch
         self._shift = -255 * torch.tensor(spec.mean, device=device).view(1, 3, 1, 1) / std
-
-    def _add_noise(self, x: Tensor, sigma: Tensor) -> Tensor:
-        noise = torch.randn(x.shape, generator=self._noise, device=x.device, dtype=x.dtype)
-        return x + sigma * noise
 
     def __call__(self, batch: Batch, rows: np.ndarray, seed: int) -> Batch:
         """Augment in place: the batch's tensors were made for this call (uint8 -> float)."""

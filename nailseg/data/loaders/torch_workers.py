@@ -1,6 +1,6 @@
 """`loader=torch`: a torch DataLoader whose worker processes apply the AugSpec with numpy and OpenCV.
 
-Each op reproduces DALI's (dali.py) pixel for pixel, through spec_math.py's numbers; the image is
+Each op reproduces DALI's (dali.py) pixel for pixel, through augment.py's numbers; the image is
 resized with torch's antialiased bilinear filter on uint8, which is what DALI's linear resize
 computes (OpenCV's filters alias or box-filter), masks with DALI's half-pixel nearest rule.
 """
@@ -8,14 +8,19 @@ computes (OpenCV's filters alias or box-filter), masks with DALI's half-pixel ne
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nailseg.data.augment import AugOp, AugSpec
-from nailseg.data.loaders.spec_math import (
+from nailseg.data.augment import (
+    COLOUR,
+    GEOMETRIC,
+    PHOTOMETRIC,
+    AugOp,
+    AugSpec,
     blur_window,
     colour_matrices,
     colour_params,
@@ -115,22 +120,19 @@ def _contrast(op: AugOp, x: np.ndarray, rng: Rng) -> np.ndarray:
     return np.clip(mean + (x - mean) * rng.uniform(*op.ranges["factor"]), x.min(), x.max())
 
 
-_GEOMETRIC: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
+# each op of the spec (augment.OPS): geometric ones on the image and its mask, colour ones on the
+# resized uint8 3xHxW image, photometric ones on the normalised image
+_OPS: dict[str, Callable[..., Any]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
     "random_resized_crop": _random_resized_crop,
     "zoom_out": _zoom_out,
-}
-# on the resized uint8 3xHxW image
-_COLOUR: dict[str, Callable[[AugOp, np.ndarray, Rng], np.ndarray]] = {
     "hue": _colour_matrix,
     "saturation": _colour_matrix,
     "grayscale": _colour_matrix,
     "gamma": _gamma,
     "jpeg": _jpeg,
-}
-_PHOTOMETRIC: dict[str, Callable[[AugOp, np.ndarray, Rng], np.ndarray]] = {
     "gaussian_noise": _gaussian_noise,
     "gaussian_blur": _gaussian_blur,
     "brightness": _brightness,
@@ -164,7 +166,7 @@ class OpenCVTransform:
     def __init__(
         self, spec: AugSpec, image_size: tuple[int, int], *, normalise: bool = True
     ) -> None:
-        if not normalise and (spec.colour_ops or spec.photometric_ops):
+        if not normalise and len(spec.stage(GEOMETRIC)) < len(spec.ops):
             raise ValueError("colour and photometric ops follow the resize: normalise=True needed")
         self.spec, self.image_size, self.normalise = spec, image_size, normalise
         self._mean = 255 * np.array(spec.mean, dtype=np.float32)[:, None, None]
@@ -179,20 +181,20 @@ class OpenCVTransform:
     def __call__(
         self, image: np.ndarray, mask: np.ndarray, rng: Rng
     ) -> tuple[np.ndarray, np.ndarray]:
-        for op in self.spec.geometric_ops:
+        for op in self.spec.stage(GEOMETRIC):
             if rng.random() < op.p:
-                image, mask = _GEOMETRIC[op.name](op, image, mask, rng)
+                image, mask = _OPS[op.name](op, image, mask, rng)
         image = resize_image(image, self.image_size)
         mask = resize_mask(mask, self.image_size)[None]
         if not self.normalise:
             return image, mask
-        for op in self.spec.colour_ops:
+        for op in self.spec.stage(COLOUR):
             if rng.random() < op.p:
-                image = _COLOUR[op.name](op, image, rng)
+                image = _OPS[op.name](op, image, rng)
         x = (image - self._mean) / self._std
-        for op in self.spec.photometric_ops:
+        for op in self.spec.stage(PHOTOMETRIC):
             if rng.random() < op.p:
-                x = _PHOTOMETRIC[op.name](op, x, rng)
+                x = _OPS[op.name](op, x, rng)
         return x, mask
 
 
