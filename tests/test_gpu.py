@@ -16,6 +16,7 @@ from support.loggers import KeptRows
 from support.train import TINY_UNET, compose_train, small_overrides, train
 
 from nailseg.data.datamodule import read_split
+from nailseg.data.loaders.base import read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
 from nailseg.model.step_log import StepValues
@@ -55,8 +56,8 @@ def _constant_samples(root: Path, n: int) -> pd.DataFrame:
 def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     records = _constant_samples(tmp_path, 30)
     mean, std = torch.tensor(PAIRING.mean).view(3, 1, 1), torch.tensor(PAIRING.std).view(3, 1, 1)
-    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
-                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
+    loader = DaliLoader(read_records(records, tmp_path, {"g": 0}), PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(32, 32), device="gpu"))  # fmt: skip
     for _ in range(3):
         rows = []
         for batch in loader:
@@ -73,8 +74,8 @@ def test_dali_gpu_pairs_and_counts_every_epoch(tmp_path):
     for world in (1, 2, 3):
         seen = []
         for rank in range(world):
-            evaluation = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=False,
-                                    batch_size=7, image_size=(32, 32), group_ids={"g": 0}, device="gpu",
+            evaluation = DaliLoader(read_records(records, tmp_path, {"g": 0}), PAIRING, **loader_settings(DaliLoader, train=False,
+                                    batch_size=7, image_size=(32, 32), device="gpu",
                                     rank=rank, world_size=world))  # fmt: skip
             seen += [i for batch in evaluation for i in batch["index"].tolist()]
             evaluation.close()
@@ -86,8 +87,8 @@ def test_taking_a_dali_batch_does_not_wait_for_queued_work(tmp_path):
     already queued there (the previous training step), or the CPU could not run ahead of the
     GPU."""
     records = _constant_samples(tmp_path, 16)
-    loader = DaliLoader(records, tmp_path, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=4,
-                        image_size=(32, 32), group_ids={"g": 0}, device="gpu"))  # fmt: skip
+    loader = DaliLoader(read_records(records, tmp_path, {"g": 0}), PAIRING, **loader_settings(DaliLoader, train=True, batch_size=4,
+                        image_size=(32, 32), device="gpu"))  # fmt: skip
     batches = iter(loader)
     taken = [next(batches)]
     time.sleep(0.5)  # the next batch, prefetched, is made meanwhile
@@ -138,8 +139,8 @@ def test_closing_a_gpu_loader_returns_its_memory(prepared):
     groups = {g: i for i, g in enumerate(sorted(set(records["group"])))}
     torch.zeros(1, device="cuda")  # the CUDA context exists before the baseline
     free_before = torch.cuda.mem_get_info()[0]
-    loader = DaliLoader(records, prepared, PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
-                        image_size=(1024, 1024), group_ids=groups, device="gpu"))  # fmt: skip
+    loader = DaliLoader(read_records(records, prepared, groups), PAIRING, **loader_settings(DaliLoader, train=True, batch_size=8,
+                        image_size=(1024, 1024), device="gpu"))  # fmt: skip
     batches = sum(1 for _ in loader)
     assert batches == len(loader) > 0
     assert torch.cuda.mem_get_info()[0] < free_before - 256 * 2**20  # the pipeline's buffers

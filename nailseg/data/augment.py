@@ -69,7 +69,7 @@ class AugOp:
             raise ValueError(f"unknown augmentation op {self.name!r}; known: {sorted(OPS)}")
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"op {self.name!r}: p={self.p} is not in [0, 1]")
-        stage, params, within = OPS[self.name]
+        _, params, within = OPS[self.name]
         if set(self.ranges) != set(params):
             raise ValueError(
                 f"op {self.name!r} takes parameters {sorted(params)}, got {sorted(self.ranges)}"

@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,10 @@ import lightning as L
 import pandas as pd
 
 from nailseg.data.augment import AugSpec
-from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
+from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT, DataError, Records, read_records
 from nailseg.data.sampling import is_weight, source_shares
 from nailseg.errors import MissingFile
+from nailseg.io.folder import below, lock_shared
 from nailseg.io.overlap import within
 from nailseg.prep.splits import read_split_file
 
@@ -35,15 +38,25 @@ log = logging.getLogger(__name__)
 
 
 def read_split(root: Path, split: str) -> pd.DataFrame:
-    """One split's rows; a clear error when the root was never prepared or the file is damaged
-    (SplitFileError)."""
+    """One split's rows; a clear error when the root was never prepared, the file is damaged
+    (SplitFileError) or a row names a file outside the root."""
     path = root / f"{split}.csv"
+    if os.path.lexists(path) and not path.is_file():  # a FIFO would never end reading
+        raise DataError(f"{path} is not a plain file, so it is not read")
     if not path.is_file():
         raise MissingFile(
             f"{path} not found: prepare the data first (`python prepare.py dataset=DATASET "
             f"input_dir=RAW output_dir={root}`, RAW holding Images/<group>/ and Masks/<group>/)"
         )
-    return read_split_file(path)  # names like `NA` stay text
+    rows = read_split_file(path)  # names like `NA` stay text
+    for column in ("images", "masks"):
+        outside = [rel for rel in rows[column] if not below(rel)]
+        if outside:
+            raise DataError(
+                f"{path}: {column} {outside[0]!r} is not a path inside {root}: a split CSV "
+                "names files below its own root; prepare the data again"
+            )
+    return rows
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,8 @@ class Source:
     name: str
     root: Path
     weight: float
-    rows: int
+    key: str = "dataset.root"  # the config key naming the root
+    rows: int = 0
 
 
 def _check_weight(key: str, weight: Any, zero: bool = False) -> float:
@@ -69,18 +83,16 @@ def _check_weight(key: str, weight: Any, zero: bool = False) -> float:
     return value
 
 
-def read_mix(
-    root: Path, weight: float, mix: Sequence[Mapping[str, Any]]
-) -> tuple[list[Source], list[pd.DataFrame]]:
-    """The sources of the train split, primary first, checked before any work, and the train
-    rows each adds (paths absolute, groups `<name>/<group>`). Each error names its key."""
-    primary = Source("", root, _check_weight("dataset.weight", weight, zero=True), 0)
+def read_mix(root: Path, weight: float, mix: Sequence[Mapping[str, Any]]) -> list[Source]:
+    """The sources of the train split, primary first, checked before any is read. Each error
+    names its key."""
+    primary = Source("", root, _check_weight("dataset.weight", weight, zero=True))
     if primary.weight == 0 and not mix:
         raise ValueError(
             "dataset.weight=0: dataset.root then only validates and tests; give dataset.mix a "
             "source to train on, or a weight > 0"
         )
-    sources, frames = [primary], []
+    sources = [primary]
     for i, entry in enumerate(mix):
         key = f"dataset.mix[{i}]"
         unknown = sorted(set(entry) - {"name", "root", "weight"})
@@ -97,35 +109,37 @@ def read_mix(
         if any(s.name == name for s in sources[1:]):
             raise ValueError(f"{key}.name={name}: two sources are named {name}; names must differ")
         mix_weight = _check_weight(f"{key}.weight", entry["weight"])
-        mix_root = Path(str(entry["root"]))
-        for j, other in enumerate(sources):
-            if within(mix_root, other.root) and within(other.root, mix_root):  # one folder
-                other_key = "dataset.root" if j == 0 else f"dataset.mix[{j - 1}].root"
-                why = "it trains already" if j == 0 else "each root is mixed in once"
+        source = Source(name, Path(str(entry["root"])), mix_weight, f"{key}.root")
+        for other in sources:
+            if within(source.root, other.root) and within(other.root, source.root):  # one folder
+                why = "it trains already" if not other.name else "each root is mixed in once"
                 raise ValueError(
-                    f"{key}.root={mix_root} is {other_key} ({other.root}): {why}; mix in "
+                    f"{source.key}={source.root} is {other.key} ({other.root}): {why}; mix in "
                     "another prepared root"
                 )
-        if not (mix_root / "train.csv").is_file():
-            raw = mix_root.parent / "raw"
+        if not (source.root / "train.csv").is_file():
+            raw = source.root.parent / "raw"
             raise MissingFile(
-                f"{key}.root={mix_root} is not a prepared root (no train.csv): prepare it first; "
-                f"the synthetic photos: `python prepare.py dataset=synthetic_mix "
-                f"dataset.raw_dir={raw} dataset.root={mix_root}`, your own: "
-                f"`python prepare.py input_dir=RAW output_dir={mix_root}`"
+                f"{source.key}={source.root} is not a prepared root (no train.csv): prepare it "
+                f"first; the synthetic photos: `python prepare.py dataset=synthetic_mix "
+                f"dataset.raw_dir={raw} dataset.root={source.root}`, your own: "
+                f"`python prepare.py input_dir=RAW output_dir={source.root}`"
             )
-        rows = read_split(mix_root, "train")
-        if rows.empty:
-            raise ValueError(f"{key}.root={mix_root}: its train split has no rows to mix in")
-        absolute = mix_root.absolute()
-        rows = rows.assign(
-            images=[str(absolute / rel) for rel in rows["images"]],
-            masks=[str(absolute / rel) for rel in rows["masks"]],
-            group=[f"{name}/{group}" for group in rows["group"]],
-        )
-        sources.append(Source(name, mix_root, mix_weight, len(rows)))
-        frames.append(rows)
-    return sources, frames
+        sources.append(source)
+    return sources
+
+
+def _mixed_rows(source: Source) -> pd.DataFrame:
+    """A mixed-in source's train rows: paths absolute, groups `<name>/<group>`."""
+    rows = read_split(source.root, "train")
+    if rows.empty:
+        raise ValueError(f"{source.key}={source.root}: its train split has no rows to mix in")
+    absolute = source.root.absolute()
+    return rows.assign(
+        images=[str(absolute / rel) for rel in rows["images"]],
+        masks=[str(absolute / rel) for rel in rows["masks"]],
+        group=[f"{source.name}/{group}" for group in rows["group"]],
+    )
 
 
 class NailDataModule(L.LightningDataModule):
@@ -149,7 +163,21 @@ class NailDataModule(L.LightningDataModule):
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.loader = loader
         self.aug = aug
-        sources, mixed = read_mix(self.root, weight, mix)  # its errors come before any reading
+        self.sources = read_mix(self.root, weight, mix)  # its errors come before any reading
+        self._loaders: dict[str, Any] = {}  # the open loader of each stage
+        self._locks: list[int] = []  # the reader's locks on the roots (`_hold`)
+        self._locked_by = os.getpid()
+        weakref.finalize(self, _unlock, self._locks, self._locked_by)
+        self._hold()
+        try:
+            self._read(final_split)
+        except BaseException:
+            self._release()
+            raise
+
+    def _read(self, final_split: str) -> None:
+        """The splits, the rows training draws from, the groups, and every split's records."""
+        mixed = [_mixed_rows(source) for source in self.sources[1:]]
         self.splits = {
             "train": read_split(self.root, "train"),
             "valid": read_split(self.root, "valid"),
@@ -161,10 +189,8 @@ class NailDataModule(L.LightningDataModule):
         clash = sorted(set(primary_groups) & set(mixed_groups))
         if clash:
             raise ValueError(f"dataset.mix: groups {clash} are also groups of {self.root}")
-        self.sources = [
-            Source(s.name, s.root, s.weight, len(self.splits["train"]) if i == 0 else s.rows)
-            for i, s in enumerate(sources)
-        ]
+        counts = [len(rows) for rows in (self.splits["train"], *mixed)]
+        self.sources = [replace(s, rows=n) for s, n in zip(self.sources, counts, strict=True)]
         if mixed and self.splits["train"].empty:
             raise ValueError(f"dataset.root={self.root}: its train split has no rows to mix with")
         # the rows training draws from: the primary's train split, then each mixed source's;
@@ -187,7 +213,32 @@ class NailDataModule(L.LightningDataModule):
         # the primary's groups keep their names and ids; mixed-in groups come after them
         self.group_names = primary_groups + mixed_groups
         self.group_ids = {name: i for i, name in enumerate(self.group_names)}
-        self._loaders: dict[str, Any] = {}  # the open loader of each stage
+        # each split's files and those training draws from, checked once, before any training
+        self.records = {
+            k: read_records(v, self.root, self.group_ids) for k, v in self.splits.items()
+        }
+        self.train_records = (
+            read_records(self.train_rows, self.root, self.group_ids)
+            if mixed
+            else self.records["train"]
+        )
+
+    def _hold(self) -> None:
+        """A reader's lock on each prepared root read, from now to `teardown` (again from
+        `setup`): prepare refuses to rewrite or prune a root meanwhile, and training refuses a
+        root prepare is writing."""
+        if self._locks:
+            return
+        self._locked_by = os.getpid()
+        for source in self.sources:
+            if source.root.is_dir():  # else read_split names what is missing
+                self._locks.append(lock_shared(source.root, source.key))
+
+    def _release(self) -> None:
+        _unlock(self._locks, self._locked_by)
+
+    def setup(self, stage: str) -> None:
+        self._hold()
 
     def _describe_mix(self) -> None:
         shares = source_shares(len(self.train_rows), [s.weight for s in self.sources])
@@ -220,19 +271,20 @@ class NailDataModule(L.LightningDataModule):
         for stage in stages:
             self._check_rows(*self._rows(stage), world_size)
 
-    def _rows(self, stage: str) -> tuple[str, pd.DataFrame]:
-        """(split, rows) a stage's loader reads: training (and validation when overfitting) the
-        rows training draws from; validation and the final evaluation the primary's own split."""
+    def _rows(self, stage: str) -> tuple[str, Records]:
+        """(split, records) a stage's loader reads: training (and validation when overfitting)
+        the rows training draws from; validation and the final evaluation the primary's own."""
         if stage == "train" or (stage == "val" and self.overfitting):
-            return "train", self.train_rows
+            return "train", self.train_records
         split = "valid" if stage == "val" else self.final_split
-        return split, self.splits[split]
+        return split, self.records[split]
 
     @staticmethod
-    def _check_rows(split: str, rows: pd.DataFrame, world: int) -> None:
-        if len(rows) < world:
+    def _check_rows(split: str, records: Records, world: int) -> None:
+        rows = len(records.images)
+        if rows < world:
             raise ValueError(
-                f"the {split} split has {len(rows)} rows for {world} ranks: every rank needs one "
+                f"the {split} split has {rows} rows for {world} ranks: every rank needs one "
                 f"to evaluate (nothing is padded); use fewer devices or more data"
             )
 
@@ -242,18 +294,16 @@ class NailDataModule(L.LightningDataModule):
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
-        split, rows = self._rows(stage)
+        split, records = self._rows(stage)
         train = stage == "train"
         if not train:
-            self._check_rows(split, rows, world)
+            self._check_rows(split, records, world)
         return self.loader(
-            records=rows,
-            root=self.root,
+            records=records,
             spec=self.aug if train and not self.overfitting else self.eval_spec,
             train=train,
             shuffle=not self.overfitting,
             image_size=self.image_size,
-            group_ids=self.group_ids,
             rank=rank,
             world_size=world,
             **extra,
@@ -293,9 +343,18 @@ class NailDataModule(L.LightningDataModule):
         return self._build("test")
 
     def teardown(self, stage: str) -> None:
-        """After fit / validate / test (Lightning calls it): release every loader now."""
+        """After fit / validate / test (Lightning calls it): release every loader and lock now."""
         for name in list(self._loaders):
             self._close(name)
+        self._release()
+
+
+def _unlock(locks: list[int], pid: int) -> None:
+    """Drop the locks `pid` took; a spawned rank inherits their numbers, not the locks."""
+    if os.getpid() == pid:
+        for fd in locks:
+            os.close(fd)
+    locks.clear()
 
 
 def _mixed_train(

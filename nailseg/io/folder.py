@@ -542,3 +542,17 @@ def _files_below(folder: Path, rel: str = "") -> Iterator[str]:
                 yield from _files_below(folder, f"{path}/")
         elif entry.is_file(follow_symlinks=False) and path not in OWN_NAMES:
             yield path
+
+
+def lock_shared(path: str | os.PathLike[str], key: str) -> int:
+    """A reader's lock on the folder at `path`, marker or none (a prepared root a training
+    reads): the descriptor holding it, until closed. A writer's claim waits for it; BusyError
+    while a writer holds the folder."""
+    folder = Path(os.path.abspath(path))
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _lock(fd, folder, 0.0, True, key)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -14,7 +14,7 @@ from support.prepared import write_split
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.datamodule import read_split
-from nailseg.data.loaders.base import npy_shape
+from nailseg.data.loaders.base import read_npy, read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.sampling import epoch_batches, num_batches
 
@@ -106,11 +106,9 @@ def test_plan_rejects_bad_rank() -> None:
 
 
 def _loader(root: Path, split: str, spec: AugSpec, **kwargs) -> DaliLoader:
-    records = read_split(root, split)
+    records = read_records(read_split(root, split), root, GROUPS)
     kwargs = {"train": split == "train", "batch_size": 4, "image_size": (32, 32), **kwargs}
-    return DaliLoader(
-        records, root, spec, **loader_settings(DaliLoader, group_ids=GROUPS, **kwargs)
-    )
+    return DaliLoader(records, spec, **loader_settings(DaliLoader, **kwargs))
 
 
 def _unnormalise(image: torch.Tensor, spec: AugSpec) -> np.ndarray:
@@ -280,7 +278,7 @@ def test_bad_npy_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.npy"
     np.save(path, np.zeros((4, 4, 3), np.float32))
     with pytest.raises(ValueError, match=r"bad\.npy"):
-        npy_shape(path, 3)
+        read_npy(str(path), 3)
 
 
 def test_missing_dali_names_the_backend(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:

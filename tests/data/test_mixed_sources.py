@@ -22,7 +22,7 @@ from support.prepared import write_prepared, write_split
 from support.train import compose_train, small_overrides
 
 from nailseg.data.datamodule import read_split
-from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT
+from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT, read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia_batch import KorniaLoader
 from nailseg.data.loaders.torch_workers import TorchLoader
@@ -217,12 +217,10 @@ def test_datamodule_trains_on_every_source_and_evaluates_on_the_primary_only(
     halves = []
     for rank in range(2):
         shard = dm.loader(
-            records=train,
-            root=dm.root,
+            records=dm.train_records,
             spec=dm.eval_spec,
             train=True,
             image_size=dm.image_size,
-            group_ids=dm.group_ids,
             rank=rank,
             world_size=2,
         )
@@ -428,9 +426,8 @@ def _samples(backend: type, root: Path, rank: int, world: int) -> list[tuple[int
         **{SOURCE: TILED_SOURCES, SOURCE_WEIGHT: np.array(TILED_WEIGHTS)[TILED_SOURCES]}
     )
     workers = {} if backend is DaliLoader else {"num_workers": 0}
-    loader = backend(records, root, NOISE, **loader_settings(
-        backend, train=True, batch_size=2, image_size=(32, 32),
-        group_ids={"a": 0, "b": 1}, seed=1, rank=rank, world_size=world, drop_last=False,
+    loader = backend(read_records(records, root, {"a": 0, "b": 1}), NOISE, **loader_settings(
+        backend, train=True, batch_size=2, image_size=(32, 32), seed=1, rank=rank, world_size=world, drop_last=False,
         **workers,
     ))  # fmt: skip
     loader.set_epoch(2)

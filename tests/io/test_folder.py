@@ -19,6 +19,8 @@ from nailseg.io.folder import (
     ForeignFolderError,
     OwnedFolder,
     clean,
+    is_live,
+    lock_shared,
     read_regular,
 )
 
@@ -174,3 +176,17 @@ def test_prune_sees_what_a_worker_process_wrote(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", worker, str(tmp_path / "out")], check=True)
     folder.prune(keep=[])
     assert not (tmp_path / "out" / "masks").exists()
+
+
+def test_a_readers_lock_is_shared_by_readers_and_refuses_writers(tmp_path: Path) -> None:
+    """`lock_shared`: a prepared root a training reads, marker or none, stays as it is."""
+    root = tmp_path / "prepared"
+    root.mkdir()
+    (root / "train.csv").write_text("the user's")
+    readers = [lock_shared(root, "dataset.root") for _ in range(2)]
+    assert is_live(root)
+    with pytest.raises(BusyError, match="another nailseg command is using"):
+        OwnedFolder.claim(root, "prepare")
+    for fd in readers:
+        os.close(fd)
+    assert not is_live(root) and sorted(os.listdir(root)) == ["train.csv"]

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from nailseg.config import CONF_DIR
 from nailseg.data.augment import AugOp, AugSpec
 from nailseg.data.datamodule import read_split
+from nailseg.data.loaders.base import read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia_batch import KorniaLoader
 from nailseg.data.loaders.torch_workers import TorchLoader
@@ -60,17 +61,12 @@ def trainer_stand_in(
 
 
 def make_loader(kind: str, root: Path, spec: AugSpec, split: str = "train", **kwargs):
-    records = read_split(root, split)
-    settings = {
-        "train": split == "train",
-        "batch_size": 20,
-        "image_size": SIZE,
-        "group_ids": GROUPS,
-    }
+    records = read_records(read_split(root, split), root, GROUPS)
+    settings = {"train": split == "train", "batch_size": 20, "image_size": SIZE}
     if kind != "dali":
         settings["num_workers"] = 2 if kind == "torch-workers" else 0
     backend = {"dali": DaliLoader, "kornia": KorniaLoader}.get(kind, TorchLoader)
-    return backend(records, root, spec, **loader_settings(backend, **{**settings, **kwargs}))
+    return backend(records, spec, **loader_settings(backend, **{**settings, **kwargs}))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What every loader backend shares: the batch contract, the split's records read and checked once,
+"""What every loader backend shares: the batch contract, a split's files read and checked once,
 this rank's epoch plan (sampling.py) and the bookkeeping of passes.
 
 Every backend is a `PlannedLoader` and follows the same plan: `len()` is exact, and evaluation
@@ -11,12 +11,16 @@ which a shuffled train plan draws each source's share of every epoch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -24,6 +28,7 @@ import torch
 
 from nailseg.data.sampling import check_sources, epoch_batches, num_batches
 from nailseg.device import resolve_device
+from nailseg.prep.splits import SplitFileError
 
 Batch = dict[str, torch.Tensor]  # the batch contract: image, mask, group, index
 SOURCE, SOURCE_WEIGHT = "source", "source_weight"  # the columns of records that mix sources
@@ -42,47 +47,103 @@ class Loader(Protocol):
     def close(self) -> None: ...
 
 
-def npy_shape(path: Path, channels: int) -> tuple[int, int]:
-    """(height, width) of a prepared .npy, after checking it is what the decoder expects."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version != (1, 0):
-            raise ValueError(f"{path}: npy format {version}, DALI's decoder reads only 1.0")
+class DataError(SplitFileError):
+    """Prepared data that is not as prepare writes it; the message names the file."""
+
+    def __init__(self, message: str) -> None:
+        # torch re-raises a worker's error as its type made from the worker's traceback, whose
+        # last line is `module.DataError: <message>`: that message alone is kept
+        if message.startswith("Caught DataError"):
+            message = message.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
+        super().__init__(message)
+
+
+@contextlib.contextmanager
+def _plain_file(path: str) -> Iterator[BinaryIO]:
+    """The plain file at `path`, open; a FIFO (reading it would wait forever), folder or device
+    is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise DataError(f"{path}: {err.strerror}; prepare the data again") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"{path} is not a plain file, so it is not read")
+        yield f
+
+
+def _header(f: BinaryIO, path: str, channels: int) -> tuple[int, ...]:
+    """The shape of the npy open as `f` (left at its data), checked to be what prepare writes:
+    npy 1.0 (what DALI decodes), a C-order uint8 HxWx`channels` array, every byte there."""
+    try:
+        if np.lib.format.read_magic(f) != (1, 0):
+            raise ValueError("another npy format version")
         shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+    except ValueError as err:
+        raise DataError(
+            f"{path}: not an npy file of format 1.0, which DALI decodes ({err})"
+        ) from None
     if dtype != np.uint8 or fortran_order or len(shape) != 3 or shape[2] != channels:
-        raise ValueError(
+        raise DataError(
             f"{path}: expected a C-order uint8 HxWx{channels} array, got dtype {dtype}, "
             f"shape {shape}, fortran_order={fortran_order}"
         )
-    return shape[0], shape[1]
+    size, expected = os.fstat(f.fileno()).st_size, f.tell() + math.prod(shape)
+    if size != expected:
+        raise DataError(f"{path}: {size} bytes where its header needs {expected}: damaged")
+    return shape
+
+
+def read_npy(path: str, channels: int) -> np.ndarray:
+    """A prepared image (3 channels) or mask (1 channel: values 0 and 1 only) read and checked."""
+    with _plain_file(path) as f:
+        shape = _header(f, path, channels)
+        array = np.fromfile(f, np.uint8).reshape(shape)
+    if channels == 1 and array.max(initial=0) > 1:
+        found = np.unique(array)[:4].tolist()
+        raise DataError(
+            f"{path}: a mask holds values {found}, not only 0 (background) and 1 (nail); "
+            "prepare the data with prepare.py, which writes them so"
+        )
+    return array
 
 
 @dataclass(frozen=True)
 class Records:
-    """The split's files, checked once up front so a bad file fails with its name, not mid-epoch."""
+    """A split's files, checked up front so that a bad file fails with its name, not mid-epoch."""
 
     images: list[str]
     masks: list[str]
     groups: np.ndarray  # int64 group id per row
     sizes: np.ndarray  # int64 (height, width) per row
+    mix: tuple[np.ndarray, list[float]] | None  # source per row and weight per source
+
+
+MASKS_SAMPLED = 16  # the masks whose values are checked up front, evenly spread over the rows
 
 
 def read_records(records: pd.DataFrame, root: Path, group_ids: Mapping[str, int]) -> Records:
+    """The rows' files under `root` (or absolute), each header checked, a sample of the masks
+    read whole (the torch backends check each mask as they read it)."""
     unknown = sorted(set(records["group"]) - set(group_ids))
     if unknown:
         raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
-    root = Path(root)
-    images, masks, sizes = [], [], []
-    for image_rel, mask_rel in zip(records["images"], records["masks"], strict=True):
-        image_path, mask_path = root / image_rel, root / mask_rel
-        size = npy_shape(image_path, 3)
-        if size != npy_shape(mask_path, 1):
-            raise ValueError(f"{image_path} and {mask_path} differ in height or width")
-        images.append(str(image_path))
-        masks.append(str(mask_path))
+    images = [str(Path(root, rel)) for rel in records["images"]]
+    masks = [str(Path(root, rel)) for rel in records["masks"]]
+    sizes = []
+    for image, mask in zip(images, masks, strict=True):
+        with _plain_file(image) as f, _plain_file(mask) as g:
+            size = _header(f, image, 3)[:2]
+            if size != _header(g, mask, 1)[:2]:
+                raise DataError(f"{image} and {mask} differ in height or width")
         sizes.append(size)
+    for row in (
+        np.unique(np.linspace(0, len(masks) - 1, MASKS_SAMPLED).astype(int)) if masks else ()
+    ):
+        read_npy(masks[row], 1)
     groups = np.array([group_ids[g] for g in records["group"]], dtype=np.int64)
-    return Records(images, masks, groups, np.array(sizes, dtype=np.int64).reshape(-1, 2))
+    sizes_ = np.array(sizes, dtype=np.int64).reshape(-1, 2)
+    return Records(images, masks, groups, sizes_, read_sources(records))
 
 
 def read_sources(records: pd.DataFrame) -> tuple[np.ndarray, list[float]] | None:
@@ -111,9 +172,7 @@ class PlannedLoader(ABC):
 
     def __init__(
         self,
-        records: pd.DataFrame,
-        root: Path,
-        group_ids: Mapping[str, int],
+        records: Records,
         *,
         train: bool,
         batch_size: int,
@@ -127,12 +186,12 @@ class PlannedLoader(ABC):
         self.train, self.batch_size, self.seed = train, batch_size, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = resolve_device(device)
-        self.records = read_records(records, root, group_ids)
-        n = len(self.records.images)
+        self.records = records
+        n = len(records.images)
         shard = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
         self._len = num_batches(n, batch_size, train=train, **shard)
         # eval sees every row once, unweighted; an unshuffled train plan its fixed rows
-        mix = read_sources(records) if train and shuffle else None
+        mix = records.mix if train and shuffle else None
         if mix is not None:
             shard |= {"sources": mix[0], "weights": mix[1]}
         # a plain function of the epoch: what holds it (a sampler) does not hold the loader

@@ -14,16 +14,14 @@ DALI is imported inside functions: importing this module costs nothing until a l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from nailseg.data.augment import COLOUR, GEOMETRIC, PHOTOMETRIC, AugOp, AugSpec, colour_params
-from nailseg.data.loaders.base import Batch, PlannedLoader
+from nailseg.data.loaders.base import Batch, PlannedLoader, Records
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -363,12 +361,10 @@ class DaliLoader(PlannedLoader):
 
     def __init__(
         self,
-        records: pd.DataFrame,
-        root: Path,
+        records: Records,
         spec: AugSpec,
         *,
         image_size: tuple[int, int],
-        group_ids: Mapping[str, int],
         num_workers: int,
         prefetch: int,
         **plan: Any,
@@ -377,7 +373,7 @@ class DaliLoader(PlannedLoader):
         self._pipe: Pipeline | None = None
         self._in_flight = False  # a pass is scheduled in the pipeline and not yet drained
         self._started_epoch: int | None = None  # the epoch of a pass started before its iter()
-        super().__init__(records, root, group_ids, **plan)
+        super().__init__(records, **plan)
         paths = [
             [np.frombuffer(path.encode(), dtype=np.uint8) for path in column]
             for column in (self.records.images, self.records.masks)

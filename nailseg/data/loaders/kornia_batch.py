@@ -36,6 +36,7 @@ from nailseg.data.augment import (
     rotation_matrices,
     zoom_windows,
 )
+from nailseg.data.loaders.base import Batch
 from nailseg.data.loaders.torch_workers import OpenCVTransform
 from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
 

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import weakref
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from nailseg.collector import frozen_heap
 from nailseg.data.augment import AugSpec
-from nailseg.data.loaders.base import Batch, PlannedLoader, Records
+from nailseg.data.loaders.base import Batch, PlannedLoader, Records, read_npy
 
 Key = tuple[int, int, int]  # (CSV row, epoch, earlier draws of the row in the epoch's plan)
 
@@ -56,8 +54,8 @@ class NpyDataset(Dataset):
 
     def __getitem__(self, key: Key) -> dict[str, torch.Tensor | int]:
         row, epoch, draw = key
-        image = np.load(self.records.images[row], allow_pickle=False)
-        mask = np.load(self.records.masks[row], allow_pickle=False)[..., 0]
+        image = read_npy(self.records.images[row], 3)
+        mask = read_npy(self.records.masks[row], 1)[..., 0]
         rng = np.random.default_rng((self.seed, epoch, row, draw))
         image, mask = self.transform(image, mask, rng)
         return {
@@ -111,12 +109,10 @@ class WorkerLoader(PlannedLoader):
 
     def __init__(
         self,
-        records: pd.DataFrame,
-        root: Path,
+        records: Records,
         spec: AugSpec,
         *,
         image_size: tuple[int, int],
-        group_ids: Mapping[str, int],
         num_workers: int,
         pin_memory: bool,
         persistent_workers: bool,
@@ -124,7 +120,7 @@ class WorkerLoader(PlannedLoader):
         **plan: Any,
     ) -> None:
         """`plan`: `PlannedLoader`'s keyword arguments."""
-        super().__init__(records, root, group_ids, **plan)
+        super().__init__(records, **plan)
         size = (int(image_size[0]), int(image_size[1]))
         sample_transform, self._batch_transform = self._transforms(spec, size)
         self._sampler = PlanSampler(self.plan, len(self))
