@@ -7,15 +7,13 @@ Each loader is closed when it is replaced or at `teardown`.
 
 Mixed sources (`dataset.mix`): the root stays the primary source (its splits train, validate and
 evaluate); each extra source adds only its train rows, after the primary's (whose `index` stays
-their CSV row), with absolute paths, groups named `<name>/<group>` and the `SOURCE` /
-`SOURCE_WEIGHT` columns the plan draws by.
+their CSV row), with absolute paths, groups named `<name>/<group>` and their source in the `SOURCE` column.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -27,7 +25,7 @@ import lightning as L
 import pandas as pd
 
 from nailseg.data.augment import AugSpec
-from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT, DataError, Records, read_records
+from nailseg.data.loaders.base import SOURCE, DataError, Records, read_records
 from nailseg.data.sampling import is_weight, source_shares
 from nailseg.errors import MissingFile
 from nailseg.io.folder import below, lock_shared
@@ -73,14 +71,11 @@ class Source:
 
 def _check_weight(key: str, weight: Any, zero: bool = False) -> float:
     """`weight` as a float; a ValueError naming `key` unless finite and > 0 (`zero`: or 0)."""
-    try:
-        value = float(weight)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(weight, bool) or not (is_weight(value) or (zero and value == 0)):
+    number = isinstance(weight, int | float) and not isinstance(weight, bool)
+    if not number or not (is_weight(weight) or (zero and weight == 0)):
         bound = ">= 0 (0: it only validates and tests)" if zero else "> 0"
         raise ValueError(f"{key}={weight}: a source's weight must be a finite number {bound}")
-    return value
+    return float(weight)
 
 
 def read_mix(root: Path, weight: float, mix: Sequence[Mapping[str, Any]]) -> list[Source]:
@@ -94,14 +89,7 @@ def read_mix(root: Path, weight: float, mix: Sequence[Mapping[str, Any]]) -> lis
         )
     sources = [primary]
     for i, entry in enumerate(mix):
-        key = f"dataset.mix[{i}]"
-        unknown = sorted(set(entry) - {"name", "root", "weight"})
-        missing = sorted({"name", "root", "weight"} - set(entry))
-        if unknown or missing:
-            raise ValueError(
-                f"{key}: a source is {{name, root, weight}}; missing {missing}, unknown {unknown}"
-            )
-        name = entry["name"]
+        key, name = f"dataset.mix[{i}]", entry["name"]  # {name, root, weight}: the schema's
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(
                 f"{key}.name={name!r}: a non-empty name without '/' (its groups are <name>/<group>)"
@@ -172,7 +160,7 @@ class NailDataModule(L.LightningDataModule):
         try:
             self._read(final_split)
         except BaseException:
-            self._release()
+            _unlock(self._locks, self._locked_by)
             raise
 
     def _read(self, final_split: str) -> None:
@@ -195,11 +183,10 @@ class NailDataModule(L.LightningDataModule):
             raise ValueError(f"dataset.root={self.root}: its train split has no rows to mix with")
         # the rows training draws from: the primary's train split, then each mixed source's;
         # `splits` stays the primary's CSVs, which every evaluation reads
-        self.train_rows = (
-            _mixed_train(self.splits["train"], mixed, self.sources)
-            if mixed
-            else self.splits["train"]
-        )
+        frames = [
+            rows.assign(**{SOURCE: k}) for k, rows in enumerate([self.splits["train"], *mixed])
+        ]
+        self.train_rows = pd.concat(frames, ignore_index=True) if mixed else self.splits["train"]
         if mixed:
             self._describe_mix()
         if final_split == "auto":
@@ -218,7 +205,9 @@ class NailDataModule(L.LightningDataModule):
             k: read_records(v, self.root, self.group_ids) for k, v in self.splits.items()
         }
         self.train_records = (
-            read_records(self.train_rows, self.root, self.group_ids)
+            read_records(
+                self.train_rows, self.root, self.group_ids, [s.weight for s in self.sources]
+            )
             if mixed
             else self.records["train"]
         )
@@ -233,9 +222,6 @@ class NailDataModule(L.LightningDataModule):
         for source in self.sources:
             if source.root.is_dir():  # else read_split names what is missing
                 self._locks.append(lock_shared(source.root, source.key))
-
-    def _release(self) -> None:
-        _unlock(self._locks, self._locked_by)
 
     def setup(self, stage: str) -> None:
         self._hold()
@@ -346,7 +332,7 @@ class NailDataModule(L.LightningDataModule):
         """After fit / validate / test (Lightning calls it): release every loader and lock now."""
         for name in list(self._loaders):
             self._close(name)
-        self._release()
+        _unlock(self._locks, self._locked_by)
 
 
 def _unlock(locks: list[int], pid: int) -> None:
@@ -355,15 +341,3 @@ def _unlock(locks: list[int], pid: int) -> None:
         for fd in locks:
             os.close(fd)
     locks.clear()
-
-
-def _mixed_train(
-    primary: pd.DataFrame, mixed: list[pd.DataFrame], sources: list[Source]
-) -> pd.DataFrame:
-    """The primary's train rows first (their CSV rows stay their index), then each source's,
-    tagged with the source id and weight the plan draws by."""
-    frames = [
-        rows.assign(**{SOURCE: k, SOURCE_WEIGHT: source.weight})
-        for k, (rows, source) in enumerate(zip([primary, *mixed], sources, strict=True))
-    ]
-    return pd.concat(frames, ignore_index=True)

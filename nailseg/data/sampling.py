@@ -44,7 +44,6 @@ def epoch_batches(
     train plan ignore them. With `draws` each batch is a 2 x B array: its rows, then each row's
     earlier draws in the epoch (see the module docstring).
     """
-    _check(n, batch_size, seed, epoch, rank, world_size)
     mixed = sources is not None or weights is not None
     if mixed:
         sources = check_sources(n, sources, weights)
@@ -123,20 +122,10 @@ def num_batches(
 ) -> int:
     """How many batches `epoch_batches` gives this rank (the same every epoch, mixed, shuffled
     or not: a mixed epoch has as many samples as rows)."""
-    _check(n, batch_size, 0, 0, rank, world_size)
     rows = n // world_size if train else len(range(rank, n, world_size))
     if train and drop_last:
         return rows // batch_size
     return -(-rows // batch_size)
-
-
-def _check(n: int, batch_size: int, seed: int, epoch: int, rank: int, world_size: int) -> None:
-    if n < 0 or batch_size < 1:
-        raise ValueError(f"need n >= 0 and batch_size >= 1, got n={n}, batch_size={batch_size}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if seed < 0 or epoch < 0:
-        raise ValueError(f"seed and epoch must be >= 0 (they seed numpy), got {seed}, {epoch}")
 
 
 def is_weight(value: float) -> bool:

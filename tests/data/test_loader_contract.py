@@ -20,7 +20,7 @@ import pytest
 import torch
 from support.loaders import EVERYTHING, Outputs, make_loader, run, spec
 
-from nailseg.data.loaders.base import Loader
+from nailseg.data.loaders.base import PlannedLoader
 from nailseg.data.loaders.torch_workers import OpenCVTransform
 from nailseg.data.sampling import epoch_batches
 
@@ -31,7 +31,7 @@ class LoaderContract:
 
     def test_keeps_the_batch_contract_and_says_when_closed(self, prepared: Path) -> None:
         loader = make_loader(self.kind, prepared, EVERYTHING, batch_size=4)
-        assert isinstance(loader, Loader)
+        assert isinstance(loader, PlannedLoader)
         batch = next(iter(loader))
         assert batch["image"].dtype == torch.float32 and batch["image"].shape == (4, 3, 32, 32)
         assert batch["mask"].dtype == torch.float32 and batch["mask"].shape == (4, 1, 32, 32)

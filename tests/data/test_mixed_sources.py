@@ -22,7 +22,7 @@ from support.prepared import write_prepared, write_split
 from support.train import compose_train, small_overrides
 
 from nailseg.data.datamodule import read_split
-from nailseg.data.loaders.base import SOURCE, SOURCE_WEIGHT, read_records
+from nailseg.data.loaders.base import SOURCE, read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia_batch import KorniaLoader
 from nailseg.data.loaders.torch_workers import TorchLoader
@@ -187,7 +187,6 @@ def test_datamodule_trains_on_every_source_and_evaluates_on_the_primary_only(
     assert [(s.name, s.rows, s.weight) for s in dm.sources] == [("", 12, 1.0), ("synth", 8, 0.5)]
     train = dm.train_rows
     assert len(train) == 20 and train[SOURCE].tolist() == [0] * 12 + [1] * N_MIX
-    assert train[SOURCE_WEIGHT].tolist() == [1.0] * 12 + [0.5] * N_MIX
     assert all(Path(p).is_absolute() and Path(p).is_file() for p in train["images"][12:])
     for split in ("train", "valid", "test"):  # the primary's CSVs, which evaluations read
         assert dm.splits[split].equals(read_table(primary / f"{split}.csv"))
@@ -422,11 +421,9 @@ def test_draws_are_counted_over_the_whole_epoch_plan():
 
 def _samples(backend: type, root: Path, rank: int, world: int) -> list[tuple[int, np.ndarray]]:
     """(row, augmented image) of each sample rank `rank` of `world` yields in epoch 2."""
-    records = read_split(root, "train").assign(
-        **{SOURCE: TILED_SOURCES, SOURCE_WEIGHT: np.array(TILED_WEIGHTS)[TILED_SOURCES]}
-    )
+    records = read_split(root, "train").assign(**{SOURCE: TILED_SOURCES})
     workers = {} if backend is DaliLoader else {"num_workers": 0}
-    loader = backend(read_records(records, root, {"a": 0, "b": 1}), NOISE, **loader_settings(
+    loader = backend(read_records(records, root, {"a": 0, "b": 1}, TILED_WEIGHTS), NOISE, **loader_settings(
         backend, train=True, batch_size=2, image_size=(32, 32), seed=1, rank=rank, world_size=world, drop_last=False,
         **workers,
     ))  # fmt: skip

@@ -5,7 +5,7 @@ Every backend is a `PlannedLoader` and follows the same plan: `len()` is exact, 
 sees every row once across ranks. Every `iter()` is one full, fresh pass, started at its first
 `next()` (Lightning probes with an unused `iter()`); starting a pass ends any unfinished one. A
 pass shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
-Records that mix sources carry the columns `SOURCE` and `SOURCE_WEIGHT` (datamodule.py), by
+Records that mix sources carry each row's source and each source's weight (datamodule.py), by
 which a shuffled train plan draws each source's share of every epoch.
 """
 
@@ -17,10 +17,10 @@ import math
 import os
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -31,20 +31,7 @@ from nailseg.device import resolve_device
 from nailseg.prep.splits import SplitFileError
 
 Batch = dict[str, torch.Tensor]  # the batch contract: image, mask, group, index
-SOURCE, SOURCE_WEIGHT = "source", "source_weight"  # the columns of records that mix sources
-
-
-@runtime_checkable
-class Loader(Protocol):
-    """The contract the datamodule and Lightning rely on, whatever the backend."""
-
-    def __iter__(self) -> Iterator[Batch]: ...
-
-    def __len__(self) -> int: ...
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-    def close(self) -> None: ...
+SOURCE = "source"  # the column of records that mix sources: each row's source id
 
 
 class DataError(SplitFileError):
@@ -122,9 +109,15 @@ class Records:
 MASKS_SAMPLED = 16  # the masks whose values are checked up front, evenly spread over the rows
 
 
-def read_records(records: pd.DataFrame, root: Path, group_ids: Mapping[str, int]) -> Records:
+def read_records(
+    records: pd.DataFrame,
+    root: Path,
+    group_ids: Mapping[str, int],
+    weights: Sequence[float] | None = None,
+) -> Records:
     """The rows' files under `root` (or absolute), each header checked, a sample of the masks
-    read whole (the torch backends check each mask as they read it)."""
+    read whole (the torch backends check each mask as they read it). Rows that mix sources
+    carry their source's id in `SOURCE`, and `weights` gives each source's."""
     unknown = sorted(set(records["group"]) - set(group_ids))
     if unknown:
         raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
@@ -143,24 +136,10 @@ def read_records(records: pd.DataFrame, root: Path, group_ids: Mapping[str, int]
         read_npy(masks[row], 1)
     groups = np.array([group_ids[g] for g in records["group"]], dtype=np.int64)
     sizes_ = np.array(sizes, dtype=np.int64).reshape(-1, 2)
-    return Records(images, masks, groups, sizes_, read_sources(records))
-
-
-def read_sources(records: pd.DataFrame) -> tuple[np.ndarray, list[float]] | None:
-    """(source id per row, weight per source) of records that mix sources, else None."""
-    if SOURCE not in records.columns:
-        return None
-    sources = records[SOURCE].to_numpy(dtype=np.int64)
-    row_weights = records[SOURCE_WEIGHT].to_numpy(dtype=np.float64)
-    weights = []
-    for k in range(int(sources.max()) + 1 if len(sources) else 0):
-        distinct = np.unique(row_weights[sources == k])
-        if len(distinct) != 1:
-            raise ValueError(
-                f"source {k} needs one {SOURCE_WEIGHT} on all its rows, got {distinct}"
-            )
-        weights.append(float(distinct[0]))
-    return check_sources(len(sources), sources, weights), weights
+    mix = None
+    if weights is not None:
+        mix = (check_sources(len(records), records[SOURCE].to_numpy(), weights), list(weights))
+    return Records(images, masks, groups, sizes_, mix)
 
 
 class PlannedLoader(ABC):

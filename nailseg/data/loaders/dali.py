@@ -8,8 +8,6 @@
   ignore a mid-epoch reset).
 * The next pass starts as soon as one ends, so its first `prefetch` batches are ready while the
   other split runs; a `set_epoch` to another epoch discards them.
-
-DALI is imported inside functions: importing this module costs nothing until a loader is built.
 """
 
 from __future__ import annotations
@@ -22,6 +20,12 @@ import torch
 
 from nailseg.data.augment import COLOUR, GEOMETRIC, PHOTOMETRIC, AugOp, AugSpec, colour_params
 from nailseg.data.loaders.base import Batch, PlannedLoader, Records
+
+try:  # a missing DALI fails when a loader is built, naming loader=dali (`_dali`)
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+except ImportError:
+    pass
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -100,29 +104,21 @@ def _coin(op: AugOp) -> Any:
     """The predicate of an op's `if`: a per-sample DALI coin, or a plain bool when p is 0 or 1."""
     if op.p in (0.0, 1.0):
         return op.p == 1.0
-    from nvidia.dali import fn, types
-
     return fn.random.coin_flip(probability=op.p, dtype=types.BOOL)
 
 
 def _uniform(op: AugOp, key: str) -> DataNode | float:
     """A per-sample draw from the op's [lo, hi]; a plain float when lo == hi (DALI rejects that)."""
-    from nvidia.dali import fn
-
     lo, hi = op.ranges[key]
     return lo if lo == hi else fn.random.uniform(range=(lo, hi))
 
 
 def _flip(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
-    from nvidia.dali import fn
-
     axes = {"horizontal": int(op.name == "hflip"), "vertical": int(op.name == "vflip")}
     return fn.flip(image, **axes), fn.flip(mask, **axes)
 
 
 def _rotate(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
-    from nvidia.dali import fn, types
-
     angle = _uniform(op, "degrees")
     common = {"angle": angle, "keep_size": True, "fill_value": 0}
     return (
@@ -133,8 +129,6 @@ def _rotate(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataN
 
 def _image_hw(image: DataNode) -> tuple[DataNode, DataNode]:
     """Each sample's height and width, as floats."""
-    from nvidia.dali import fn, types
-
     hwc = fn.cast(image.shape(), dtype=types.FLOAT)
     return hwc[0], hwc[1]
 
@@ -149,8 +143,6 @@ def _window(
 ) -> tuple[DataNode, DataNode]:
     """Image and mask cut to a win_w x win_h window placed uniformly at random over the room
     between window and image (negative for a window larger than the image: `policy` pads)."""
-    from nvidia.dali import fn
-
     h, w = hw
     x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - win_w)
     y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - win_h)
@@ -161,8 +153,6 @@ def _window(
 
 def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
     """Crop of area scale*H*W and width/height ratio, clamped to the image, at a random place."""
-    from nvidia.dali import math as dmath
-
     h, w = hw = _image_hw(image)
     area = h * w * _uniform(op, "scale")
     ratio = _uniform(op, "ratio")
@@ -180,8 +170,6 @@ def _zoom_out(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, Dat
 
 def _hsv(op: AugOp, image: DataNode) -> DataNode:
     """hue, saturation and grayscale: DALI's colour matrix op."""
-    from nvidia.dali import fn
-
     key = next(iter(op.ranges), None)  # grayscale has none
     hue, saturation = colour_params(op.name, _uniform(op, key) if key else 0.0)
     return fn.hsv(image, hue=hue, saturation=saturation)
@@ -189,16 +177,11 @@ def _hsv(op: AugOp, image: DataNode) -> DataNode:
 
 def _gamma(op: AugOp, image: DataNode) -> DataNode:
     """uint8 in and out; the cast rounds to the nearest level and saturates."""
-    from nvidia.dali import fn, types
-    from nvidia.dali import math as dmath
-
     levels = fn.cast(image, dtype=types.FLOAT) * (1.0 / 255.0)
     return fn.cast(255.0 * dmath.pow(levels, _uniform(op, "gamma")), dtype=types.UINT8)
 
 
 def _jpeg(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn, types
-
     lo, hi = op.ranges["quality"]
     qualities = [float(q) for q in range(round(lo), round(hi) + 1)]
     quality = fn.cast(fn.random.uniform(values=qualities), dtype=types.INT32)
@@ -206,14 +189,10 @@ def _jpeg(op: AugOp, image: DataNode) -> DataNode:
 
 
 def _gaussian_noise(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn
-
     return fn.noise.gaussian(image, stddev=_uniform(op, "sigma"))
 
 
 def _gaussian_blur(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn
-
     return fn.gaussian_blur(image, sigma=_uniform(op, "sigma"))
 
 
@@ -222,9 +201,6 @@ def _brightness(op: AugOp, image: DataNode) -> DataNode:
 
 
 def _contrast(op: AugOp, image: DataNode) -> DataNode:
-    from nvidia.dali import fn
-    from nvidia.dali import math as dmath
-
     mean = fn.reductions.mean(image)
     lo, hi = fn.reductions.min(image), fn.reductions.max(image)
     return dmath.clamp(mean + (image - mean) * _uniform(op, "factor"), lo, hi)
@@ -250,8 +226,6 @@ _OPS: dict[str, Callable[..., Any]] = {
 
 
 def _decode(paths: DataNode) -> DataNode:
-    from nvidia.dali import fn
-
     return fn.reshape(fn.decoders.numpy(fn.io.file.read(paths)), layout="HWC")
 
 
@@ -271,8 +245,6 @@ def _build_pipeline(
     the spec, eval only resizes and normalises. Files are read and decoded on the CPU; with a
     `device_id` everything after runs on that GPU."""
     dali = _dali()
-    from nvidia.dali import fn, types
-
     gpu = device_id is not None
     out_h, out_w = image_size
 
@@ -317,8 +289,6 @@ def _build_pipeline(
 def _feed(feeder: _Feeder, host_noise: int) -> list[DataNode]:
     """The feeder's outputs: image and mask file bytes, group, row, then a flag and a noise
     tensor for each noise op drawn on the host."""
-    from nvidia.dali import fn, types
-
     return fn.external_source(
         source=feeder,
         num_outputs=4 + 2 * host_noise,
@@ -330,8 +300,6 @@ def _feed(feeder: _Feeder, host_noise: int) -> list[DataNode]:
 
 def _normalize(image: DataNode, spec: AugSpec) -> DataNode:
     """HWC uint8 to CHW float, normalised by the spec's mean and std (given in [0, 1])."""
-    from nvidia.dali import fn, types
-
     return fn.crop_mirror_normalize(
         image,
         dtype=types.FLOAT,

@@ -1,16 +1,11 @@
-"""`loader=kornia`: workers only read and resize (uint8 out); the spec runs per batch on the device.
+"""`loader=kornia`: workers only read and resize (uint8 out); the spec runs per batch on the device,
+under a forked torch generator seeded from (seed, rank, epoch, step).
 
-* flips: Kornia's, on image and mask (a flip commutes with the resize);
-* rotate, random_resized_crop and zoom_out: per-sample affine warps (image bilinear, mask
-  nearest) following the spec, which acts on the canvas *before* the resize: rotations are
-  conjugated with that resize, crops are in canvas pixels, and each sample's canvas size is
-  tracked through the ops. zoom_out shrinks without antialiasing, unlike DALI;
-* colour ops on 0..255 values, rounded and clamped after each; jpeg through Kornia's
-  differentiable codec, a level or so off libjpeg;
-* normalise, then photometric ops: Kornia's blur; noise, brightness and contrast as tensor ops
-  (Kornia's mean something else).
-
-Each batch runs under a forked torch generator seeded from (seed, rank, epoch, step).
+The spec's geometric ops act on the canvas *before* the resize: here they are per-sample affine
+warps of the resized batch (image bilinear, mask nearest), rotations conjugated with that resize,
+crops in canvas pixels, each sample's canvas size tracked through the ops (zoom_out shrinks
+without antialiasing, unlike DALI). jpeg is Kornia's differentiable codec, a level or so off
+libjpeg; noise, brightness and contrast are tensor ops (Kornia's mean something else).
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ from nailseg.data.augment import (
     zoom_windows,
 )
 from nailseg.data.loaders.base import Batch
-from nailseg.data.loaders.torch_workers import OpenCVTransform
-from nailseg.data.loaders.workers import BatchTransform, WorkerLoader
+from nailseg.data.loaders.torch_workers import BatchTransform, OpenCVTransform, TorchLoader
 
 Tensor = torch.Tensor
 # The work of one op on the rows that got it: (images, masks, canvas sizes (k, 2): height, width
@@ -277,7 +271,7 @@ class KorniaAugment:
                 image.index_copy_(0, index, transform(image[index]))
 
 
-class KorniaLoader(WorkerLoader):
+class KorniaLoader(TorchLoader):
     """`loader=kornia`: DataLoader workers read and resize; Kornia augments on the device."""
 
     def _transforms(
