@@ -63,19 +63,19 @@ format: install  ## ruff fix and format
 	$(VENV)/bin/ruff format .
 
 bench-prepare: install  ## prepare of the real pairs, cold and rerun; synthetic generation speed
-	$(PY) -m nailseg bench-prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
+	$(PY) -m benchmarks.prepare input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/prepare $(ARGS)
 
 clean:  ## remove what nailseg provably wrote (runs, sweeps, synthetic sets) and the tool caches; names what it keeps
 	$(PY) -m nailseg.io.clean
 
 bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
-	$(PY) -m nailseg bench-predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
+	$(PY) -m benchmarks.predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg bench output_dir=$(BENCH_DIR)/loaders $(ARGS)
 
 bench-scale: install  ## generate, prepare and a loader epoch at 1k, 10k, 100k synthetic photos: photos/s and peak memory per count
-	$(PY) -m nailseg bench-scale output_dir=$(BENCH_DIR)/scale $(ARGS)
+	$(PY) -m benchmarks.scale output_dir=$(BENCH_DIR)/scale $(ARGS)
 
 ifndef COMPARE_DIR
 COMPARE_DIR := multirun/compare-$(shell date +%Y%m%d-%H%M%S)

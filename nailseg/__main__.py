@@ -16,11 +16,8 @@ import sys
 COMMANDS = {
     "predict": ("nailseg.inference.predict", "masks (and overlays) for photos, from a checkpoint"),
     "export": ("nailseg.inference.export", "a checkpoint as an ONNX model"),
-    "compare": ("nailseg.tools.compare", "a table and plot of a train.py sweep's jobs"),
-    "bench": ("nailseg.tools.bench", "loader benchmark: images/s of each loader x aug"),
-    "bench-prepare": ("nailseg.tools.bench_prepare", "prepare's speed, cold and rerun"),
-    "bench-predict": ("nailseg.tools.bench_predict", "predict's photos/s; ONNX Runtime vs torch"),
-    "bench-scale": ("nailseg.tools.bench_scale", "cost and peak memory at 1k, 10k, 100k photos"),
+    "compare": ("nailseg.compare", "a table and plot of a train.py sweep's jobs"),
+    "bench": ("nailseg.bench", "loader benchmark: images/s of each loader x aug"),
 }
 # the two commands that stay scripts at the repository's top
 SCRIPTS = {

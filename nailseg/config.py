@@ -331,62 +331,11 @@ class BenchConfig:
     repeats: int = MISSING
 
 
-@dataclass
-class BenchPrepareConfig:
-    """`python -m nailseg bench-prepare`; values in conf/bench_prepare.yaml."""
-
-    paths: PathsConfig = MISSING
-    input_dir: str = MISSING
-    output_dir: str = MISSING
-    group_regex: str | None = None
-    num_workers: int | None = None  # None: one per CPU core
-    repeats: int = MISSING
-    synthetic_n: int = MISSING
-
-
-@dataclass
-class BenchScaleConfig:
-    """`python -m nailseg bench-scale`; values in conf/bench_scale.yaml."""
-
-    paths: PathsConfig = MISSING
-    loader: LoaderConfig = MISSING
-    aug: AugConfig = MISSING
-    normalize: NormalizeConfig = MISSING
-    output_dir: str = MISSING
-    counts: list[int] = MISSING
-    image_size: list[int] = MISSING
-    num_workers: int | None = None  # None: one per CPU core
-    seed: int = MISSING
-    keep_data: bool = MISSING
-    train: list[str] = MISSING
-
-
-@dataclass
-class BenchPredictConfig:
-    """`python -m nailseg bench-predict`; values in conf/bench_predict.yaml."""
-
-    paths: PathsConfig = MISSING
-    ckpt: str = MISSING
-    input_dir: str = MISSING
-    output_dir: str = MISSING
-    jpeg_scales: list[int] = MISSING
-    jpeg_quality: int = MISSING
-    batch_size: int = MISSING
-    runs: dict[str, dict[str, Any]] = MISSING  # name -> predict overrides
-    limit: dict[str, int] = MISSING  # run name -> its first N photos only
-    onnx: bool = MISSING
-    onnx_batch: int = MISSING
-    repeats: int = MISSING
-
-
 # stored at the top, in no group: a group's options are its YAML files only
 SCHEMAS: dict[str, type] = {
     "prepare_schema": PrepareConfig,
     "train_schema": TrainConfig,
     "bench_schema": BenchConfig,
-    "bench_prepare_schema": BenchPrepareConfig,
-    "bench_scale_schema": BenchScaleConfig,
-    "bench_predict_schema": BenchPredictConfig,
     "paths_schema": PathsConfig,
     "dataset_schema": DatasetConfig,
     "aug_schema": AugConfig,

@@ -35,7 +35,7 @@ def test_an_unknown_command_is_one_line_naming_it_and_the_commands(monkeypatch):
         main()
     assert exit_.value.code == (
         "python -m nailseg: unknown command 'bench_predict'; the commands: predict, export, "
-        "compare, bench, bench-prepare, bench-predict, bench-scale"
+        "compare, bench"
     )
 
 

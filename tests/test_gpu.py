@@ -178,7 +178,7 @@ def test_training_and_validation_steps_do_not_wait_for_the_gpu(prepared, tmp_pat
     step); the timeline's CUDA events must not wait either (they are read when the fit ends)."""
     train(prepared, tmp_path, "trainer.max_epochs=2", "logger=csv", "test=false",
           "+callbacks.no_sync._target_=support.syncs.NoSyncInSteps",
-          "+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline", device="gpu")  # fmt: skip
+          "+callbacks.timeline._target_=benchmarks.timeline.GpuTimeline", device="gpu")  # fmt: skip
     assert json.loads((tmp_path / "metrics.json").read_text())["fit"]["train/samples"] == 12
     rows = pd.read_csv(tmp_path / "timeline.csv")
     assert (rows.steps == 3).all() and (rows.train_ms >= rows.steps_ms).all()
@@ -202,7 +202,7 @@ def test_fit_with_cuda_graphs(prepared, tmp_path):
 def test_bench_on_gpu(prepared, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from nailseg.tools.bench import run
+    from nailseg.bench import run
 
     with initialize_config_dir(
         config_dir=str(Path(__file__).parents[1] / "conf"), version_base="1.3"

@@ -19,10 +19,6 @@ from support.slurm import slurm_sweep
 from support.train import compose_train
 
 # each registers its schemas in Hydra's store as it is imported: before any state is saved
-import nailseg.config
-import nailseg.inference.export
-import nailseg.inference.predict
-import nailseg.tools.compare  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

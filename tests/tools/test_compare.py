@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from support.cli import run_command
 
-from nailseg.tools.compare import summarise
+from nailseg.compare import summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 

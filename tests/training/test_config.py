@@ -32,6 +32,7 @@ from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 
+import benchmarks  # noqa: F401  (the bench_* schemas are stored on its import)
 import nailseg
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import load_net
@@ -423,7 +424,7 @@ def test_every_entry_points_config_is_typed(app, key, required):
         ("nailseg predict", "nailseg predict", ["ckpt=x.ckpt"], "input=, output="),
         ("nailseg export", "nailseg export", [], "ckpt="),
         ("nailseg compare", "nailseg compare", [], "sweep_dir="),
-        ("nailseg bench-predict", "nailseg bench-predict", [], "ckpt="),
+        ("benchmarks.predict", "benchmarks.predict", [], "ckpt="),
         ("nailseg.prep.synthetic", "nailseg.prep.synthetic", [], "out="),
     ],
 )

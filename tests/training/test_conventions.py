@@ -22,6 +22,7 @@ from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train, small_overrides
 from support.wandb_records import run_record
 
+import benchmarks  # noqa: F401  (the bench_* schemas are stored on its import)
 from nailseg import config
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.run import run

@@ -15,8 +15,8 @@ from support.ddp import job_dirs
 from support.train import small_overrides, train
 from support.wandb_records import complete_records, history, run_id, run_record
 
+from nailseg.compare import summarise
 from nailseg.data.datamodule import NailDataModule
-from nailseg.tools.compare import summarise
 from nailseg.training.run_folder import read_failure
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)

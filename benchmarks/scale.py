@@ -1,7 +1,7 @@
 """Cost as the work grows: generate, prepare, one loader epoch and one training epoch at 1k, 10k,
 100k photos.
 
-    python -m nailseg bench-scale output_dir=DIR [counts=[1000,10000,100000]]
+    make bench-scale    (python -m benchmarks.scale output_dir=DIR [counts=[1000,10000,100000]])
 
 For each count, each stage runs in a process of its own, started fresh (spawn), so its peak
 resident memory (`getrusage`) is that stage's alone: the stage process's own peak and its largest
@@ -20,10 +20,10 @@ program, so the child's figure is at least the stage's size when it forked: an u
 Linear cost shows as the same photos/s at every count, flat memory as the same peak: each count's
 per-photo seconds and peaks are printed divided by the count's before it. The data of a count
 lives in a scratch folder inside `output_dir`, removed once measured (`keep_data=true`: kept in
-`data-<count>`); a count whose estimated disk need (the count before it's bytes per photo) exceeds
+`data-<count>`, reserved in the folder's journal); a count whose estimated disk need (the count before it's bytes per photo) exceeds
 the free space is refused in one line, after the counts before it are written. Writes
 `bench_scale.csv`, `bench_scale.png` and `bench_scale.json` (the config) into `output_dir`, a
-folder of its own (`nailseg.tools.output`), and prints a table.
+folder of its own (`benchmarks.output`), and prints a table.
 """
 
 from __future__ import annotations
@@ -50,16 +50,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.output import claim_output, scratch
+from benchmarks.prepare import seconds
 from nailseg.config import CONF_DIR, PROJECT_ROOT
-from nailseg.io.atomic import save_figure, write_text
-from nailseg.io.ownership import make_folder, scratch_folder
+from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
 from nailseg.prep.prepare import prepare
 from nailseg.prep.settings import PrepareSettings, compose_prepare
 from nailseg.prep.synthetic import generate, manifest_text
 from nailseg.tables import print_table
-from nailseg.tools.bench_prepare import seconds
-from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 
 OUTPUTS = ["bench_scale.csv", "bench_scale.png", "bench_scale.json"]
 STAGES = ("generate", "prepare", "loader", "train")
@@ -70,7 +69,7 @@ _RATES = {
     "loader": "loader_img_s",
     "train": "train_img_s",
 }
-COMMAND = "nailseg bench-scale"
+COMMAND = "benchmarks.scale"
 _MIB = 1024  # ru_maxrss is in KiB on Linux
 
 
@@ -213,11 +212,13 @@ def disk_refusal(count: int, before: dict[str, Any] | None, free: int, folder: P
     )
 
 
-def _data_folder(out: Path, count: int, keep: bool) -> AbstractContextManager[Path]:
+def _data_folder(folder: OwnedFolder, count: int, keep: bool) -> AbstractContextManager[Path]:
     """Where a count's photos and root go: a scratch folder removed once measured, or kept."""
     if keep:
-        return nullcontext(make_folder(out / f"data-{count}"))
-    return scratch_folder(out)
+        kept = folder.reserve(f"data-{count}")
+        kept.mkdir()
+        return nullcontext(kept)
+    return scratch(folder)
 
 
 def _measure_count(
@@ -291,7 +292,7 @@ def ratios(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _plot(frame: pd.DataFrame, path: Path) -> None:
+def _plot(frame: pd.DataFrame, folder: OwnedFolder) -> None:
     """Two panels over the count (log x): rates, and each stage's peak memory (its largest worker
     dashed)."""
     # imported here: the stage processes, which import this module, never load matplotlib
@@ -321,7 +322,7 @@ def _plot(frame: pd.DataFrame, path: Path) -> None:
         f"{first['workers']} workers, {first['cpus']} CPUs"
     )
     fig.tight_layout()
-    save_figure(path, fig)
+    folder.write("bench_scale.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -360,8 +361,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         One row per count measured.
 
     Raises:
-        NotOursError: `output_dir` or a file where an output goes is the user's.
-        SystemExit: a count refused (kept data in its folder, or a disk too small), in one line.
+        SystemExit: in one line, `output_dir` or a file where an output goes is the user's, or
+            a count is refused (kept data in its folder, or a disk too small).
     """
     out = Path(cfg.output_dir)
     if not cfg.counts or min(cfg.counts) < 1:
@@ -370,7 +371,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     if cfg.keep_data and kept:
         sys.exit(f"{COMMAND}: {kept[0]} holds data kept by an earlier run, which would be "
                  "reused, not measured: remove it or choose another output_dir")  # fmt: skip
-    claim_output(out, OUTPUTS)
+    folder = claim_output(cfg, OUTPUTS, COMMAND)
     workers = (os.cpu_count() or 1) if cfg.num_workers is None else cfg.num_workers
     settings = replace(PrepareSettings.from_config(compose_prepare()), num_workers=workers)
     console = Console()
@@ -380,14 +381,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         refusal = disk_refusal(count, rows[-1] if rows else None, shutil.disk_usage(out).free, out)
         if refusal is not None:
             break
-        with _data_folder(out, count, cfg.keep_data) as folder:
-            rows.append(_measure_count(count, folder, cfg, settings, console))
+        with _data_folder(folder, count, cfg.keep_data) as data:
+            rows.append(_measure_count(count, data, cfg, settings, console))
     frame = _frame(rows, cfg, workers)  # the first count is never refused: rows are not empty
-    write_text(out / "bench_scale.csv", frame.to_csv(index=False, float_format="%.4f"))
-    _plot(frame, out / "bench_scale.png")
+    folder.write("bench_scale.csv", frame.to_csv(index=False, float_format="%.4f").encode())
+    _plot(frame, folder)
     config = OmegaConf.to_container(cfg, resolve=True)
-    write_text(out / "bench_scale.json", json.dumps({"config": config}, indent=2))
-    record_outputs(out, OUTPUTS)
+    folder.write("bench_scale.json", json.dumps({"config": config}, indent=2).encode())
     _print(frame, console)
     console.print(f"written: {out / 'bench_scale.csv'}, bench_scale.png, bench_scale.json")
     if refusal is not None:
@@ -397,8 +397,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_scale")
 def main(cfg: DictConfig) -> None:
-    with refused_in_one_line(COMMAND):
-        run(cfg)
+    run(cfg)
 
 
 if __name__ == "__main__":

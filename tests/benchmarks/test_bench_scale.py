@@ -1,4 +1,4 @@
-"""`python -m nailseg bench-scale`: generate, prepare, a loader epoch and a train.py epoch per count,
+"""`make bench-scale` (`python -m benchmarks.scale`): generate, prepare, a loader epoch and a train.py epoch per count,
 each stage in a process of its own, its scratch data removed, a count the disk cannot hold refused
 in one line."""
 
@@ -12,9 +12,8 @@ import pytest
 from support.cli import run_command
 from support.train import TINY_UNET
 
-from nailseg.io.folder import MARKER as RUN_MARKER
-from nailseg.tools.bench_scale import OUTPUTS, STAGES, ratios
-from nailseg.tools.output import claim_output
+from benchmarks.scale import OUTPUTS, STAGES, ratios
+from nailseg.io.folder import JOURNAL, MARKER, OwnedFolder
 
 # a count no disk holds: refused from the bytes per photo of the count before it
 HUGE = 10**12
@@ -25,7 +24,7 @@ TRAIN = ["loader=torch", "loader.num_workers=0", "trainer=cpu", *TINY_UNET]  # t
 def test_each_count_is_measured_its_data_removed_and_a_count_too_big_refused(tmp_path, capfd):
     out = tmp_path / "scale"
     argv = [
-        "-m", "nailseg", "bench-scale", f"output_dir={out}", f"counts=[16,{HUGE}]",
+        "-m", "benchmarks.scale", f"output_dir={out}", f"counts=[16,{HUGE}]",
         "image_size=[32,32]", "num_workers=1", "loader=torch", "loader.num_workers=0",
         "loader.batch_size=4",
         "train=[{}]".format(",".join(f"'{o}'" for o in TRAIN)),
@@ -34,7 +33,7 @@ def test_each_count_is_measured_its_data_removed_and_a_count_too_big_refused(tmp
     # the refusal: one line naming the count and the free space, after the counts before it
     assert proc.returncode == 1
     refusal = proc.stderr.strip().splitlines()[-1]
-    assert refusal.startswith(f"nailseg bench-scale: {HUGE} photos would take about ")
+    assert refusal.startswith(f"benchmarks.scale: {HUGE} photos would take about ")
     assert f"{out} has " in refusal and " GiB free: not measured" in refusal
     for stage in STAGES:  # a line of progress before and after each stage
         assert f"16 photos: {stage} ..." in proc.stdout
@@ -53,18 +52,18 @@ def test_each_count_is_measured_its_data_removed_and_a_count_too_big_refused(tmp
     assert (rows["loader"] == "TorchLoader").all()
     assert (out / "bench_scale.png").stat().st_size > 0
     assert json.loads((out / "bench_scale.json").read_text())["config"]["counts"] == [16, HUGE]
-    # the scratch data is gone: only the outputs and the marker stay
-    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, RUN_MARKER])
+    # the scratch data is gone: only the outputs, the marker and the journal stay
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, MARKER, JOURNAL])
 
 
 def test_a_users_output_dir_is_refused_in_one_line_before_any_work(tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("the user's")
-    proc = run_command(["-m", "nailseg", "bench-scale", f"output_dir={mine}"], capsys)
+    proc = run_command(["-m", "benchmarks.scale", f"output_dir={mine}"], capsys)
     assert proc.returncode == 1
     assert proc.stderr.startswith(
-        f"nailseg bench-scale: {mine} is not empty and has no {RUN_MARKER}"
+        f"benchmarks.scale: output_dir={mine} is not a folder nailseg made"
     )
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
@@ -74,15 +73,15 @@ def test_a_file_in_a_kept_data_folder_is_left_and_the_run_refused_in_one_line(tm
     """keep_data=true writes into `data-<count>` of the bench's own folder; a folder there already
     (an earlier run's, or with a user's file in it) is refused before any stage runs."""
     out = tmp_path / "scale"
-    claim_output(out, OUTPUTS)
+    OwnedFolder.claim(out, "bench").release()
     mine = out / "data-16" / "raw" / "notes.txt"
     mine.parent.mkdir(parents=True)
     mine.write_text("the user's")
-    argv = ["-m", "nailseg", "bench-scale", f"output_dir={out}", "counts=[16]", "keep_data=true"]
+    argv = ["-m", "benchmarks.scale", f"output_dir={out}", "counts=[16]", "keep_data=true"]
     proc = run_command(argv, capsys)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == (
-        f"nailseg bench-scale: {out / 'data-16'} holds data kept by an earlier run, which would "
+        f"benchmarks.scale: {out / 'data-16'} holds data kept by an earlier run, which would "
         "be reused, not measured: remove it or choose another output_dir"
     )
     assert mine.read_text() == "the user's"

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from support.ddp import run_train
 from support.train import small_overrides, train
 
-from nailseg.training.trace import PHASE, StepTrace, summarize
+from benchmarks.trace import PHASE, StepTrace, summarize
 
 
 def _span(name: str, cat: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -56,7 +56,7 @@ def test_a_traced_fit_names_its_phases_hooks_and_stacks(prepared, tmp_path):
         prepared,
         run_dir,
         "trainer.max_epochs=3",
-        "+callbacks.trace._target_=nailseg.training.trace.StepTrace",
+        "+callbacks.trace._target_=benchmarks.trace.StepTrace",
         "+callbacks.trace.epochs=[1,2]",
         "+callbacks.trace.stacks=['aten::addmm','Optimizer.step#AdamW.step']",
     )
@@ -82,7 +82,7 @@ def test_a_fit_ending_inside_the_traced_epochs_writes_them_and_says_so(prepared,
         "test=false",
         "callbacks.time_to_target.target=0.0",  # met at epoch 0: the fit stops there
         "callbacks.time_to_target.stop=true",
-        "+callbacks.trace._target_=nailseg.training.trace.StepTrace",
+        "+callbacks.trace._target_=benchmarks.trace.StepTrace",
         "+callbacks.trace.epochs=[0,1]",
     )
     run_train(*overrides, f"hydra.run.dir={run_dir}")  # asserts a clean exit

@@ -1,12 +1,13 @@
 """Benchmark of `prepare` (cold and rerun) and of the synthetic generator; not a timed test.
 
-    python -m nailseg bench-prepare input_dir=../shared/data/nails output_dir=outputs/bench/prepare
+    make bench-prepare    (python -m benchmarks.prepare input_dir=PHOTOS output_dir=DIR)
 
-Each figure is the median of `repeats` runs; a cold run writes into a new folder (made for it
-and removed after it, so the benchmark never deletes anything it did not make; the input files sit
-in the page cache after the first read, as they would on a second epoch), a rerun into
-`<output_dir>/prepared`. Writes `<output_dir>/bench_prepare.csv` and `bench_prepare.json` (the
-config) and prints a table; `output_dir` is a folder of its own (`nailseg.tools.output`).
+Each figure is the median of `repeats` runs; a cold run writes into an empty scratch folder
+(`scratch`: removed after it; the input files sit in the page cache after the first read, as they
+would on a second epoch), a rerun into `<output_dir>/prepared`. Writes `bench_prepare.csv` and
+`bench_prepare.json` (the config) into `output_dir`, a folder of its own (an `OwnedFolder` of kind
+`bench`), and prints a table. An `output_dir` overlapping `input_dir`, or not the benchmark's, is
+refused in one line before anything is written.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.output import claim_output, scratch
 from nailseg.config import CONF_DIR
-from nailseg.io.atomic import write_text
-from nailseg.io.ownership import scratch_folder
+from nailseg.io.folder import OwnedFolder
 from nailseg.prep.prepare import prepare
 from nailseg.prep.settings import PrepareSettings, compose_prepare
 from nailseg.prep.synthetic import generate
 from nailseg.tables import print_table
-from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 
+COMMAND = "benchmarks.prepare"
 OUTPUTS = ["bench_prepare.csv", "bench_prepare.json"]
 
 
@@ -44,11 +45,11 @@ def seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> float:
-    """Median time of `fn(folder)` with a folder that does not exist yet."""
+def _cold_seconds(fn: Callable[[Path], object], folder: OwnedFolder, repeats: int) -> float:
+    """Median time of `fn(path)` with a path that does not exist yet."""
     times = []
     for _ in range(repeats):
-        with scratch_folder(scratch) as fresh:
+        with scratch(folder) as fresh:
             times.append(seconds(lambda: fn(fresh / "out")))
     return statistics.median(times)
 
@@ -56,8 +57,7 @@ def _cold_seconds(fn: Callable[[Path], object], scratch: Path, repeats: int) -> 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_prepare")
 def main(cfg: DictConfig) -> None:
     input_dir, out = Path(cfg.input_dir), Path(cfg.output_dir)
-    with refused_in_one_line("nailseg bench-prepare"):
-        claim_output(out, OUTPUTS)
+    folder = claim_output(cfg, OUTPUTS, COMMAND)
     workers = cfg.num_workers or os.cpu_count() or 1
 
     defaults = PrepareSettings.from_config(compose_prepare())  # conf/prepare.yaml's
@@ -69,13 +69,13 @@ def main(cfg: DictConfig) -> None:
 
     first = run_prepare(out / "prepared")
     n_pairs = first.written + first.up_to_date
-    cold = _cold_seconds(run_prepare, out, cfg.repeats)
+    cold = _cold_seconds(run_prepare, folder, cfg.repeats)
     rerun = statistics.median(
         seconds(lambda: run_prepare(out / "prepared")) for _ in range(cfg.repeats)
     )
     n_synth = cfg.synthetic_n
     synthetic = _cold_seconds(
-        lambda folder: generate(folder, n=n_synth, seed=0, num_workers=workers), out, cfg.repeats
+        lambda path: generate(path, n=n_synth, seed=0, num_workers=workers), folder, cfg.repeats
     )
 
     rows = pd.DataFrame(
@@ -88,10 +88,9 @@ def main(cfg: DictConfig) -> None:
     )
     rows["workers"] = workers
     rows["cpus"] = os.cpu_count()
-    write_text(out / "bench_prepare.csv", rows.to_csv(index=False, float_format="%.4f"))
+    folder.write("bench_prepare.csv", rows.to_csv(index=False, float_format="%.4f").encode())
     config = OmegaConf.to_container(cfg, resolve=True)
-    write_text(out / "bench_prepare.json", json.dumps({"config": config}, indent=2))
-    record_outputs(out, OUTPUTS)
+    folder.write("bench_prepare.json", json.dumps({"config": config}, indent=2).encode())
 
     table = Table(
         title=f"prepare benchmark ({input_dir}, {workers} workers, median of {cfg.repeats})"

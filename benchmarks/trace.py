@@ -1,7 +1,7 @@
 """Where a fit's time goes: a PyTorch-profiler trace of chosen training epochs with the host's
 phases named, summarised as when the GPU sat idle and what the host was doing then.
 
-    python train.py ... '+callbacks.trace._target_=nailseg.training.trace.StepTrace'
+    python train.py ... '+callbacks.trace._target_=benchmarks.trace.StepTrace'
         [+callbacks.trace.epochs=[4,5]] [+callbacks.trace.stacks=[cudaDeviceSynchronize]]
 
 Writes `RUN/trace.json` (Chrome trace format) and `RUN/trace.txt`: each host phase's wall and GPU
@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ import lightning as L
 import torch
 from torch.autograd.profiler import record_function
 
-from nailseg.io.ownership import scratch_folder
 from nailseg.training.run_folder import write_file
 
 log = logging.getLogger(__name__)
@@ -152,8 +152,8 @@ class StepTrace(L.Callback):
         self._wrapped.clear()
 
     def _write(self, profiler: torch.profiler.profile, run_dir: Path, note: str = "") -> None:
-        with scratch_folder() as scratch:
-            exported = scratch / "trace.json"
+        with tempfile.TemporaryDirectory() as scratch:
+            exported = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(exported))
             data = exported.read_bytes()  # read once: a trace is large
         events = json.loads(data)["traceEvents"]

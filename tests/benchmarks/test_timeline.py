@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from support.train import train
 
-from nailseg.training.timeline import (
+from benchmarks.timeline import (
     COLUMNS,
     STEP_COLUMNS,
     EpochMarks,
@@ -45,7 +45,7 @@ def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
         prepared,
         run_dir,
         "trainer.max_epochs=3",
-        "+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline",
+        "+callbacks.timeline._target_=benchmarks.timeline.GpuTimeline",
     )
     rows = pd.read_csv(run_dir / "timeline.csv")
     assert list(rows.columns) == COLUMNS and rows.epoch.tolist() == [0, 1, 2]
@@ -76,7 +76,7 @@ def test_the_steps_marked_logged_are_those_whose_loss_the_loggers_got(
 ):
     # log_every_n_steps=0 (no step logging) once failed the timeline with a division by zero
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, "trainer.max_epochs=3", f"trainer.log_every_n_steps={every}", "logger=csv", "test=false", "+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline")  # fmt: skip
+    train(prepared, run_dir, "trainer.max_epochs=3", f"trainer.log_every_n_steps={every}", "logger=csv", "test=false", "+callbacks.timeline._target_=benchmarks.timeline.GpuTimeline")  # fmt: skip
     steps = pd.read_csv(run_dir / "timeline_steps.csv")
     metrics = pd.read_csv(run_dir / "csv" / "metrics.csv")
     no_column = "train/loss_step" not in metrics  # no step was logged

@@ -23,8 +23,9 @@ For every loader backend × aug spec, in one process and one run:
 Warm-up batches are excluded; each figure is the median of `repeats` timed windows. Training is
 measured on CUDA by default only (`measure_train: auto`): on a 2-core CPU the model, not the
 loader, is the story and one window would take minutes. Writes `bench.csv`, `bench.png` and
-`bench.json` (the config) into `output_dir`, a folder of its own (`nailseg.tools.output`), and
-prints a table.
+`bench.json` (the config) into `output_dir`, a folder of its own (new or empty, or one it made
+before: a user's folder, or a user's file where an output goes, is refused in one line before
+anything is written), and prints a table.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import copy
 import itertools
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import hydra
 import matplotlib
@@ -52,12 +53,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from nailseg.config import CONF_DIR
 from nailseg.data.datamodule import NailDataModule
 from nailseg.device import resolve_device
-from nailseg.io.atomic import save_figure, write_text
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder
 from nailseg.model.losses import build_loss
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin
 from nailseg.tables import print_table
-from nailseg.tools.output import claim_output, record_outputs, refused_in_one_line
 from nailseg.training.build import use_channels_last
 
 matplotlib.use("Agg")
@@ -295,7 +296,7 @@ def _train_figures(
     }  # fmt: skip
 
 
-def _plot(rows: pd.DataFrame, path: Path) -> None:
+def _plot(rows: pd.DataFrame, folder: OwnedFolder) -> None:
     """Grouped bars per aug: loader-only and training images/s per loader, each loader's ceiling
     (at its own batch size) as a dashed line over its bars."""
     augs = list(dict.fromkeys(rows["aug"]))
@@ -317,7 +318,7 @@ def _plot(rows: pd.DataFrame, path: Path) -> None:
     first = rows.iloc[0]
     fig.suptitle(f"{first['model']}, {first['image_size']}, {first['device']}")
     fig.tight_layout()
-    save_figure(path, fig)
+    folder.write("bench.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -354,8 +355,8 @@ def _print(rows: pd.DataFrame, note: str) -> None:
 
 
 def run(cfg: DictConfig) -> pd.DataFrame:
-    out = Path(cfg.output_dir)
-    claim_output(out, OUTPUTS)
+    out = OwnedFolder.claim(cfg.output_dir, "bench", key="output_dir")
+    out.check_free(OUTPUTS)
     prepare_builtin(cfg.dataset)  # the built-in synthetic data, as train.py makes it
     device = resolve_device(cfg.device)
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
@@ -405,20 +406,21 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     frame["peak_tflops"] = float("nan") if peak is None else peak
     frame["ceiling_mfu"] = frame["ceiling_img_s"] * flops / (frame["peak_tflops"] * 1e12)
     frame["train_mfu"] = frame["train_img_s"] * flops / (frame["peak_tflops"] * 1e12)
-    write_text(out / "bench.csv", frame.to_csv(index=False, float_format="%.4f"))
-    _plot(frame, out / "bench.png")
+    out.write("bench.csv", frame.to_csv(index=False, float_format="%.4f").encode())
+    _plot(frame, out)
     config = OmegaConf.to_container(cfg, resolve=True)
-    write_text(out / "bench.json", json.dumps({"config": config}, indent=2))
-    record_outputs(out, OUTPUTS)
+    out.write("bench.json", json.dumps({"config": config}, indent=2).encode())
     _print(frame, _mfu_note(flops, peak, given=cfg.peak_tflops is not None))
-    Console().print(f"written: {out / 'bench.csv'}, bench.png, bench.json")
+    Console().print(f"written: {out.path / 'bench.csv'}, bench.png, bench.json")
     return frame
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
 def main(cfg: DictConfig) -> None:
-    with refused_in_one_line("nailseg bench"):
+    try:
         run(cfg)
+    except NotOursError as err:  # a user's folder, or a user's file where an output goes
+        sys.exit(f"nailseg bench: {err}")
 
 
 if __name__ == "__main__":

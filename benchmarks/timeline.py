@@ -1,6 +1,6 @@
 """How a fit's training epochs spend the device's time, from timestamps at the loop's hooks.
 
-    python train.py ... '+callbacks.timeline._target_=nailseg.training.timeline.GpuTimeline'
+    python train.py ... '+callbacks.timeline._target_=benchmarks.timeline.GpuTimeline'
 
 On a GPU the timestamps are CUDA events on the training stream, read once when the fit ends: the
 time from one step's end event to the next step's start is time the GPU had none of the loop's
