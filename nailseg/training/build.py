@@ -28,7 +28,7 @@ from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 from nailseg.training.jobs import sweep_job
-from nailseg.training.loggers import build_loggers
+from nailseg.training.loggers import build_loggers, reserve_folders
 from nailseg.training.run_folder import hold, inside
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -67,10 +67,8 @@ def build(cfg: DictConfig) -> Built:
     L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, datamodule, resumed)
-    own = resumed is not None and resumed.run_id is not None
-    run_id = hold(cfg.run_dir, "ckpt_path" if own else "hydra.run.dir").id
     loggers = build_loggers(cfg, resumed)
-    callbacks = build_callbacks(cfg, datamodule, resumed, run_id)
+    callbacks = build_callbacks(cfg, datamodule, resumed)
     trainer: L.Trainer = instantiate(
         _trainer_kwargs(cfg),
         callbacks=callbacks,
@@ -78,6 +76,14 @@ def build(cfg: DictConfig) -> Built:
         plugins=[BackgroundCheckpointIO()],
     )
     check_built(cfg, datamodule, module, trainer, resumed)
+    # claimed after every check, so that a refusal writes nothing (DDP's later ranks attach)
+    own = resumed is not None and resumed.run_id is not None
+    run_id = hold(cfg.run_dir, "ckpt_path" if own else "hydra.run.dir").id
+    callbacks[-1].card["run_id"] = run_id  # the CheckpointCard's: the folder's id, known now
+    for conf in (cfg.callbacks or {}).values():  # Lightning would follow a link to its folder
+        if conf.get("dirpath"):
+            inside(conf.dirpath)
+    reserve_folders(loggers, cfg.run_dir)
     if cfg.trainer.accelerator in GPU_ACCELERATORS:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path
     return Built(cfg, datamodule, module, trainer, loggers, resumed, run_id)
@@ -131,19 +137,16 @@ def build_module(
 
 
 def build_callbacks(
-    cfg: DictConfig, datamodule: NailDataModule, resumed: resume.Resume | None, run_id: str
+    cfg: DictConfig, datamodule: NailDataModule, resumed: resume.Resume | None
 ) -> list[Callback]:
-    """The `callbacks=` group's, and the card every checkpoint carries."""
+    """The `callbacks=` group's, and the card every checkpoint carries (last)."""
     confs = list((cfg.callbacks or {}).values())
-    for conf in confs:  # a checkpoint folder, say: Lightning would follow a link there
-        if conf.get("dirpath"):
-            inside(conf.dirpath)
     try:  # the callbacks group is untyped: each callback checks its own values
         callbacks = [instantiate(c) for c in confs]
     except InstantiationException as err:
         raise checks.ConfigError(f"callbacks: {err.__cause__ or err}") from None
     wandb_run_id = resumed.card.get("wandb_run_id") if resumed else None
-    card = make_card(cfg, datamodule.group_names, run_id)
+    card = make_card(cfg, datamodule.group_names)
     return [*callbacks, CheckpointCard(card, wandb_run_id)]
 
 

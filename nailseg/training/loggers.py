@@ -44,11 +44,17 @@ def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
         logger = instantiate(conf, **extra)
         if isinstance(logger, WandbLogger):
             drop_unset_wandb_anonymous(logger)
-            reserve(Path(logger.save_dir or cfg.run_dir) / "wandb")
-        elif isinstance(logger, CSVLogger | TensorBoardLogger):
-            reserve(logger.log_dir)
         loggers.append(logger)
     return loggers
+
+
+def reserve_folders(loggers: list[Logger], run_dir: str) -> None:
+    """Each logger's folder reserved in the run folder before it writes there."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            reserve(Path(logger.save_dir or run_dir) / "wandb")
+        elif isinstance(logger, CSVLogger | TensorBoardLogger):
+            reserve(logger.log_dir)
 
 
 def _wandb_run(conf: DictConfig, resumed: Resume | None) -> dict[str, Any]:

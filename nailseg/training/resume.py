@@ -95,6 +95,8 @@ def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
     step = checkpoint.get("global_step", 0)
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{path}: global_step={step!r} is not a step count")
+    if cfg is not None and cfg.train:
+        _check_restorable(path, checkpoint)
     own = _run_folder(path, card.get("run_id"))
     found = Resume(
         path,
@@ -107,6 +109,25 @@ def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
     if cfg is not None:
         check_resumable(found, cfg)
     return found
+
+
+# what Lightning restores for a fit, with its kind (missing in a weights-only checkpoint)
+_FIT_STATE = {
+    "optimizer_states": list,
+    "lr_schedulers": list,
+    "loops": Mapping,
+    "callbacks": Mapping,
+}
+
+
+def _check_restorable(path: Path, checkpoint: Mapping[str, Any]) -> None:
+    """The fit state Lightning restores is whole (else it fails deep inside with a trace)."""
+    for key, kind in _FIT_STATE.items():
+        if not isinstance(checkpoint.get(key), kind):
+            raise CheckpointError(
+                f"{path}: its {key} is missing or damaged, so a fit cannot resume from it; "
+                f"start a new run from its weights: model.encoder_weights={path}"
+            )
 
 
 def check_resumable(resume: Resume, cfg: DictConfig) -> None:

@@ -33,6 +33,7 @@ from nailseg.training.run_folder import (
     is_ours,
     job_log,
     kept,
+    rank_error,
     record_failure,
     release,
     write_file,
@@ -281,13 +282,17 @@ def run_job(cfg: DictConfig) -> float | None:
     """`train.py`'s job: in a sweep (`-m`) a failing job's error is kept in its folder's marker and
     the sweep goes on (`python -m nailseg compare` reports it; a later run that completes in that
     folder, such as the job resumed, clears it); a single run raises as usual."""
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         # DDP ranks re-run this job only; nothing leaks into the next job
         with isolated_job():
-            return run(cfg)
+            try:
+                return run(cfg)
+            except Exception as err:  # in here: the ranks' process group is still up
+                raise rank_error(job_dir, err) from err
     except Exception as err:
         if not sweep_job():
             raise
         log.exception("job failed; the sweep continues")
-        record_failure(Path(HydraConfig.get().runtime.output_dir), err)
+        record_failure(job_dir, err)
         return None

@@ -13,6 +13,7 @@ the sweep exits non-zero naming it once every job ran.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -28,6 +29,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg.errors import UserError
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import ForeignFolderError, OwnedFolder, read_marker
 from nailseg.training.precheck import leave
@@ -38,6 +40,7 @@ SWEEPER_FILES = ("multirun.yaml", "optimization_results.yaml")  # Hydra's and Op
 # where a DDP rank launched by Lightning, torchrun or SLURM finds its rank
 _RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 ATTACH_WAIT_S = 120.0  # how long a later rank waits for the first to claim the folder
+PEER_WAIT_S = 10.0  # how long the first rank waits for a failed rank's error
 _held: dict[Path, OwnedFolder] = {}  # the folders this process writes, claimed or attached
 
 
@@ -73,21 +76,26 @@ def release(path: str | os.PathLike[str]) -> None:
         folder.release()
 
 
-def _holder(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str]:
+def _within(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str] | None:
     """The held folder `path` lies in (the innermost), and `path` relative to it."""
     path = Path(os.path.abspath(path))
     for root in sorted(_held, key=lambda p: len(p.parts), reverse=True):
         if root in path.parents:
             return _held[root], path.relative_to(root).as_posix()
-    raise NotOursError(
-        f"{path} lies outside the run folder: nailseg writes only into folders it made"
-    )
+    return None
 
 
-def inside(path: str | os.PathLike[str]) -> Path:
-    """`path`, refused (NotOursError) where it lies outside the run folder or passes a link."""
-    folder, rel = _holder(path)
-    return folder.file(rel)
+def _holder(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str]:
+    """`_within`; a path outside every held folder lies in its own folder, claimed as one (a
+    callback's `dirpath` set elsewhere)."""
+    path = Path(os.path.abspath(path))
+    return _within(path) or (hold(path.parent, "its dirpath"), path.name)
+
+
+def inside(path: str | os.PathLike[str]) -> None:
+    """Raise NotOursError where a link lies between the held folder of `path` and it."""
+    if (found := _within(path)) is not None:
+        found[0].file(found[1])
 
 
 def write_file(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], object]) -> bool:
@@ -107,11 +115,8 @@ def remove_file(path: str | os.PathLike[str]) -> bool:
 
 
 def is_ours(path: str | os.PathLike[str]) -> bool:
-    try:
-        folder, rel = _holder(path)
-    except NotOursError:
-        return False
-    return folder.owns(rel)
+    found = _within(path)
+    return found is not None and found[0].owns(found[1])
 
 
 def kept() -> list[Path]:
@@ -153,6 +158,34 @@ def record_failure(run_dir: Path, err: BaseException) -> None:
         hold(run_dir, "hydra.sweep.dir").update_marker(failed=f"{type(err).__name__}: {err}")
     except NotOursError as refused:
         log.warning("the failure is not recorded: %s", refused)
+
+
+class RankFailed(UserError):
+    """A DDP rank of the job failed; the message names the rank and its error."""
+
+
+# how the first rank's collective ends when a later rank's process is gone (gloo's words)
+_PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe")
+
+
+def rank_error(job_dir: Path, err: Exception) -> Exception:
+    """The error a job's process ends with. A later DDP rank keeps its own in the job folder's
+    marker (`rank_failed`) and ends with it in one line; the first rank, whose collective then
+    fails only with its peer gone (gloo's trace of 80 lines), ends with that rank's error."""
+    if not first_rank():
+        rank = next((os.environ[k] for k in _RANK_ENV if os.environ.get(k, "0") != "0"), "?")
+        line = f"DDP rank {rank}: {type(err).__name__}: {str(err).strip().splitlines()[0]}"
+        with contextlib.suppress(NotOursError, OSError):
+            hold(job_dir).update_marker(rank_failed=line)
+        return RankFailed(line)
+    if not any(words in str(err) for words in _PEER_GONE):
+        return err
+    deadline = time.monotonic() + PEER_WAIT_S
+    while (line := (read_marker(job_dir) or {}).get("rank_failed")) is None:
+        if time.monotonic() > deadline:
+            return RankFailed(f"another DDP rank ended: {str(err).strip().splitlines()[0]}")
+        time.sleep(0.2)
+    return RankFailed(line)
 
 
 def read_failure(job: Path) -> str | None:
@@ -208,7 +241,8 @@ class RunFolders(Callback):
                         "earlier sweep: nothing was written; choose another hydra.sweep.dir (or "
                         "hydra.sweep.subdir), or resume its jobs with ckpt_path=last"
                     )
-                folder.update_marker(session=session, failed=None)
+                folder.update_marker(session=session)
+            folder.update_marker(failed=None, rank_failed=None)
             task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
             for name, content in (
                 ("config", task),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.cli import run_command
 from support.ddp import TIMEOUT_S
 from support.train import small_overrides, train
 
@@ -80,3 +81,30 @@ def test_kill_during_a_checkpoint_save_then_resume(prepared, tmp_path):
     # here epoch 1 set a new best: saved, the old best removed, then the kill at last.ckpt; the
     # best that epoch 0's last.ckpt names is gone, so the resumed fit chooses its best anew
     assert Path(metrics["best"]["checkpoint"]).is_file()
+
+
+def _weights_only(checkpoint: dict) -> None:
+    for key in ("optimizer_states", "lr_schedulers", "loops", "callbacks"):
+        del checkpoint[key]
+
+
+def _damaged_loops(checkpoint: dict) -> None:
+    checkpoint["loops"] = "damaged"
+
+
+@pytest.mark.parametrize("damage", [_weights_only, _damaged_loops], ids=["weights-only", "loops"])  # fmt: skip
+def test_a_checkpoint_a_fit_cannot_resume_from_is_refused_in_one_line(damage, prepared, tmp_path, capsys):  # fmt: skip
+    """Lightning failed deep inside the fit with a trace (KeyError: 'Trying to restore optimizer
+    state but checkpoint contains only the model', a TypeError on damaged loops)."""
+    train(prepared, tmp_path / "a", "trainer.max_epochs=1", "logger=none", "test=false")
+    checkpoint = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
+    damage(checkpoint)
+    torch.save(checkpoint, tmp_path / "damaged.ckpt")
+    args = small_overrides(prepared, "trainer.max_epochs=2", "logger=none", "test=false")
+    done = run_command(["train.py", *args, f"ckpt_path={tmp_path / 'damaged.ckpt'}", f"hydra.run.dir={tmp_path / 'b'}"], capsys)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"train.py: CheckpointError: {tmp_path / 'damaged.ckpt'}: ")
+    )

@@ -119,3 +119,17 @@ def processes_left(marker: str, grace_s: float = 30.0) -> list[int]:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+class FailOnRank(L.Callback):
+    """Rank `rank` fails at its first training batch, as a rank out of memory or data would
+    (`+callbacks.fail._target_=support.ddp.FailOnRank`)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        if trainer.global_rank == self.rank:
+            raise RuntimeError(f"rank {self.rank}'s own error")

@@ -359,3 +359,25 @@ def test_sigterm_in_a_job_raises_terminated_and_the_job_restores_the_handlers():
         time.sleep(GRACE_S)  # the handler raises at once, well before the watcher's deadline
     assert signal.getsignal(signal.SIGTERM) is handler
     assert signal.set_wakeup_fd(wakeup) == wakeup
+
+
+def test_a_ddp_rank_that_fails_is_named_in_one_line_with_its_error(tmp_path):
+    """Rank 1 failing ended train.py with rank 0's gloo trace of 80 lines ("Connection closed by
+    peer") and rank 1's own trace among them."""
+    root = write_prepared(tmp_path / "prepared", n_train=N_TRAIN, n_valid=N_VALID)
+    job = start_train(
+        *ddp_overrides(
+            root,
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            "logger=none",
+            "+callbacks.fail._target_=support.ddp.FailOnRank",
+            "+callbacks.fail.rank=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+    )
+    stderr = finish(job, returncode=1)[1]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "train.py: RankFailed: DDP rank 1: RuntimeError: rank 1's own error"
+    )
