@@ -1,9 +1,6 @@
-"""SegFormer's attention through PyTorch's fused kernel (`scaled_dot_product_attention`).
-
-smp's Mix Transformer forms each attention matrix, softmax and dropout as separate tensors; the
-fused kernel computes the same function in one pass on the GPU. `FusedAttention` holds the very
-submodules of the attention it replaces, so the parameters, their names and checkpoints are
-smp's own.
+"""SegFormer's attention through PyTorch's fused kernel (`scaled_dot_product_attention`): smp's
+Mix Transformer forms the attention matrix, softmax and dropout as separate tensors. The very
+submodules are kept, so parameters, their names and checkpoints are smp's own.
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ TIMM_PREFIX = "tu-"  # smp's timm universal encoders: tu-<a name timm lists>
 _NOT_OPTIONS = frozenset({"encoder_name", "encoder_weights", "in_channels", "classes", "kwargs"})
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B names a folder after it
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHOWN_CHARS = 80  # of a refused value, in its one-line message
+_BUILD_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, AssertionError)
 
 
 class CheckpointError(UserError, ValueError):
@@ -53,13 +55,6 @@ class CheckpointError(UserError, ValueError):
 
 class ArchitectureMismatch(CheckpointError):
     """The checkpoint's weights do not fit the net built from the model description."""
-
-
-def nailseg_version() -> str:
-    try:
-        return version("nailseg")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown"
 
 
 def new_run_id() -> str:
@@ -73,11 +68,14 @@ def make_card(
     names the run folder the checkpoints belong to (None: a new run). A model a card could not
     hold (a `tu-` encoder given timm's own arguments, say) is refused now, not when the
     checkpoint is used."""
-    model = plain_model(cfg.model, "model")
-    _check_model(model, "this run's checkpoint card")
+    model = _model(cfg.model, "this run's checkpoint card: card key ")
+    try:
+        release = version("nailseg")
+    except PackageNotFoundError:  # a source tree that was never installed
+        release = "unknown"
     return {
         "format": CARD_FORMAT,
-        "nailseg_version": nailseg_version(),
+        "nailseg_version": release,
         "run_id": run_id or new_run_id(),
         "model": model,
         "image_size": [int(v) for v in cfg.dataset.image_size],
@@ -86,20 +84,35 @@ def make_card(
         "threshold": float(cfg.module.threshold),
         "group_names": [str(g) for g in group_names],
         "data_root": str(Path(cfg.dataset.root).absolute()),
-        "data": data_identity(cfg.dataset.root),
+        "data": data_identity(cfg.dataset.root, cfg.dataset.mix),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
 
-def data_identity(root: str | Path) -> dict[str, Any]:
-    """Which prepared data a fit trains on: the root, resolved, and each split file's SHA-256
-    (None for a split it lacks), compared on resume like the model is."""
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def data_identity(root: str | Path, mix: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Which prepared data a fit trains on, compared on resume like the model is: the root,
+    resolved, each split file's SHA-256 (None for a split it lacks) and, when `dataset.mix` adds
+    sources, each one's name, weight, root and train split's SHA-256."""
     root = Path(root).expanduser().resolve()
-    splits = {}
-    for split in SPLITS:
-        path = root / split_file(split)
-        splits[split] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    return {"root": str(root), "splits": splits}
+    identity: dict[str, Any] = {
+        "root": str(root),
+        "splits": {split: _digest(root / split_file(split)) for split in SPLITS},
+    }
+    if mix:
+        identity["mix"] = [
+            {
+                "name": str(source["name"]),
+                "weight": float(source["weight"]),
+                "root": str(Path(source["root"]).expanduser().resolve()),
+                "train": _digest(Path(source["root"]).expanduser() / split_file("train")),
+            }
+            for source in mix
+        ]
+    return identity
 
 
 def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
@@ -124,29 +137,34 @@ def card_of(checkpoint: Mapping[str, Any], ckpt: str | Path) -> dict[str, Any] |
     return None if card is None else validate_card(card, str(ckpt))
 
 
-def _card_error(where: str, key: str, value: Any, problem: str) -> CheckpointError:
+def _refused(where: str, key: str, value: Any, problem: str) -> CheckpointError:
+    """`WHERE<key>=<value>: problem`, the value cut to a line's share."""
     shown = repr(value)
-    if len(shown) > _SHOWN_CHARS:
-        shown = shown[:_SHOWN_CHARS] + "…"
-    return CheckpointError(f"{where}: card key {key}={shown}: {problem}")
+    shown = shown[:_SHOWN_CHARS] + "…" if len(shown) > _SHOWN_CHARS else shown
+    return CheckpointError(f"{where}{key}={shown}: {problem}".replace("\n", " "))
 
 
 def validate_card(card: Any, where: str) -> dict[str, Any]:
     """`card` (a checkpoint's, or one made from a run folder's config) with every key checked
     before any is used; the first value that is wrong fails as one line, `WHERE: card key K=V:
     what is wrong`. Keys may be missing (older cards): the caller's default applies."""
+    where = f"{where}: card key "
     if not isinstance(card, Mapping):
-        raise _card_error(where, CARD_KEY, card, "the card is not a mapping")
+        raise _refused(where, CARD_KEY, card, "the card is not a mapping")
     unknown = sorted(str(key) for key in card if key not in _CARD_CHECKS)
     if unknown:
-        raise _card_error(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
+        raise _refused(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
     for key, check in _CARD_CHECKS.items():
-        if card.get(key) is not None:
-            problem = check(card[key])
-            if problem:
-                raise _card_error(where, key, card[key], problem)
+        problem = None if card.get(key) is None else check(card[key])
+        if problem:
+            raise _refused(where, key, card[key], problem)
     if card.get("model") is not None:
-        _check_model(card["model"], where)
+        unknown = sorted(set(card["model"]) - {"arch", "encoder_name", "options"})
+        if unknown:
+            raise _refused(
+                where, f"model.{unknown[0]}", card["model"][unknown[0]], "not a model key"
+            )
+        _model(card["model"], where)
         if card.get("image_size") is not None:
             _check_stride(card["model"], card["image_size"], where)
     return dict(card)
@@ -174,30 +192,30 @@ def _text_list(value: Any) -> bool:
     return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
 
 
-def _data_problem(value: Any) -> str | None:
-    splits = value.get("splits") if isinstance(value, Mapping) else None
-    if (
-        set(value if isinstance(value, Mapping) else ()) != {"root", "splits"}
-        or not isinstance(value["root"], str)
-        or not isinstance(splits, Mapping)
-        or not set(splits) <= set(SPLITS)
-        or not all(v is None or (isinstance(v, str) and len(v) == 64) for v in splits.values())
-    ):
-        return "must be {root: a path, splits: {split: its SHA-256 or null}}"
-    return None
+def _sha256(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and _SHA256.fullmatch(value) is not None)
 
 
-def _config_problem(value: Any) -> str | None:
-    if not isinstance(value, Mapping):
-        return "must be a mapping (the run's resolved config)"
-    try:  # compared with the config, never instantiated: its `_target_`s are text here
-        _check_plain(value, "config", allow_private=True)
-    except CheckpointError as err:
-        return str(err)
-    return None
+def _data(value: Any) -> bool:
+    """{root, splits: {split: SHA-256 or None}[, mix: [{name, weight, root, train}]]}."""
+    try:
+        sources = list(value.get("mix", []))
+        return (
+            isinstance(value["root"], str)
+            and set(value) <= {"root", "splits", "mix"}
+            and set(value["splits"]) <= set(SPLITS)
+            and all(map(_sha256, value["splits"].values()))
+            and all(set(s) == {"name", "weight", "root", "train"} for s in sources)
+            and all(
+                isinstance(s["name"] + s["root"], str) and _number(s["weight"]) for s in sources
+            )
+            and all(_sha256(s["train"]) for s in sources)
+        )
+    except (AttributeError, KeyError, TypeError):
+        return False
 
 
-def _rule(holds: Callable[[Any], bool], problem: str) -> Callable[[Any], str | None]:
+def _rule(holds: Callable[[Any], Any], problem: str) -> Callable[[Any], str | None]:
     return lambda value: None if holds(value) else problem
 
 
@@ -222,56 +240,21 @@ _CARD_CHECKS: dict[str, Callable[[Any], str | None]] = {
     ),
     "mean": lambda v: _triple_problem(v, positive=False),
     "std": lambda v: _triple_problem(v, positive=True),
-    "threshold": _rule(lambda v: _number(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+    # a pixel is foreground above it: at 0 every pixel is, at 1 none
+    "threshold": _rule(lambda v: _number(v) and 0 < v < 1, "must be a number in (0, 1)"),
     "group_names": _rule(_text_list, "must be a list of names"),
     "data_root": _rule(lambda v: isinstance(v, str) and bool(v), "must be a path"),
-    "data": _data_problem,
-    "config": _config_problem,
+    "data": _rule(
+        _data,
+        "must be {root: a path, splits: {split: its SHA-256 or null}, mix: [{name, weight, root, "
+        "train: its SHA-256 or null}]}",
+    ),
+    # compared with the config, never instantiated: its `_target_`s are text here
+    "config": _rule(
+        lambda v: isinstance(v, Mapping) and _plain_data(v),
+        "refused: must be a mapping of plain data (the run's resolved config)",
+    ),
 }
-
-
-def _check_model(model: Mapping[str, Any], where: str) -> None:
-    """A card's model: an smp architecture, an encoder of the installed smp or timm registries
-    (a `tu-` name exactly as timm lists it: no hub prefix, path or URL) and only the
-    architecture's own arguments as plain values, none that loads weights."""
-    unknown = sorted(set(model) - {"arch", "encoder_name", "options"})
-    if unknown:
-        raise _card_error(where, f"model.{unknown[0]}", model[unknown[0]], "not a model key")
-    arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
-    if not isinstance(arch, str) or arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
-        raise _card_error(
-            where,
-            "model.arch",
-            arch,
-            f"not one of smp's architectures ({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})",
-        )
-    if not isinstance(encoder, str) or not _installed_encoder(encoder):
-        raise _card_error(
-            where,
-            "model.encoder_name",
-            encoder,
-            f"refused: not an encoder smp lists, nor {TIMM_PREFIX}<a model timm lists>",
-        )
-    options = {} if options is None else options
-    if not isinstance(options, Mapping):
-        raise _card_error(where, "model.options", options, "must be a mapping")
-    taken = set(inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters)
-    for key, value in options.items():
-        if not isinstance(key, str) or key not in taken - _NOT_OPTIONS:
-            raise _card_error(
-                where,
-                f"model.options.{key}",
-                value,
-                f"refused: not an argument {arch} takes from a card",
-            )
-        items = value if isinstance(value, list | tuple) else [value]
-        if not all(isinstance(item, _PLAIN) for item in items):
-            raise _card_error(
-                where,
-                f"model.options.{key}",
-                value,
-                "refused: only plain values (numbers, text, booleans, null, lists of them)",
-            )
 
 
 def _installed_encoder(name: str) -> bool:
@@ -283,13 +266,12 @@ def _installed_encoder(name: str) -> bool:
 def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
     """An architecture that needs sides divisible by its encoder's stride gets them: the net is
     built (no weights) to ask it, as training's check does."""
-    arch = smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()]
-    if not arch.requires_divisible_input_shape:
+    if not smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()].requires_divisible_input_shape:
         return
-    net = _built(model, where)
+    net = _built(model, f"{where}model")
     stride = net.encoder.output_stride
     if net.requires_divisible_input_shape and any(side % stride for side in image_size):
-        raise _card_error(
+        raise _refused(
             where,
             "image_size",
             list(image_size),
@@ -298,16 +280,14 @@ def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: st
 
 
 def _built(model: Mapping[str, Any], where: str) -> nn.Module:
-    """The net a validated card's model describes, without weights; a value the architecture
-    itself refuses fails naming the card."""
+    """The net a plain model describes, without weights; a value only the architecture itself
+    checks (decoder_channels of another length, ...) fails naming `where`."""
     try:
         return build_net(
             model["arch"], model["encoder_name"], None, dict(model.get("options") or {})
         )
-    except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
-        raise _card_error(
-            where, "model", dict(model), f"{type(err).__name__}: {err}".replace("\n", " ")
-        ) from err
+    except _BUILD_ERRORS as err:
+        raise CheckpointError(f"{where}: {type(err).__name__}: {err}".replace("\n", " ")) from err
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
@@ -324,82 +304,80 @@ def legacy_card(run_dir: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{run_dir / RUN_CONFIG} is not a config mapping")
     where = str(run_dir / RUN_CONFIG)
-    aug = raw.get("aug") or {}
+    aug, dataset = raw.get("aug") or {}, raw.get("dataset") or {}
     card: dict[str, Any] = {
         "model": plain_model(raw.get("model"), f"model in {where}"),
-        "image_size": (raw.get("dataset") or {}).get("image_size"),
+        "image_size": dataset.get("image_size"),
         "mean": aug.get("mean"),
         "std": aug.get("std"),
         "threshold": (raw.get("module") or {}).get("threshold"),
-        "data_root": (raw.get("dataset") or {}).get("root"),
+        "data_root": dataset.get("root"),
     }
     # a key the old config lacks (or sets to null) is left out: the caller's default applies
-    card = {key: value for key, value in card.items() if value is not None and _is_plain(value)}
+    card = {
+        key: value
+        for key, value in card.items()
+        if value is not None and _plain_data(value) and "${" not in str(value)
+    }
     return validate_card(card, where)
 
 
 def plain_model(model: Any, where: str) -> dict[str, Any]:
-    """`{arch, encoder_name, options}` of a model description, refused unless `arch` is an smp
-    architecture, `encoder_name` a string and `options` plain values (no `_target_` or other
-    `_`-keys anywhere). Any `_target_` of the description itself is ignored, never called."""
+    """`{arch, encoder_name, options}` of a model description (a config's `model`, a card's), or a
+    CheckpointError naming `where` (see `_model`)."""
+    return _model(model, f"{where}: ")
+
+
+def _model(model: Any, where: str) -> dict[str, Any]:
+    """The plain form of a model description: an smp architecture, an encoder of the installed
+    smp or timm registries (a `tu-` name exactly as timm lists it: no hub prefix, path or URL),
+    and as options only the architecture's own arguments as plain values, none that loads
+    weights. Anything else in the description (`_target_`, `encoder_weights`) is ignored."""
     if isinstance(model, DictConfig):
         model = OmegaConf.to_container(model, resolve=True)
     if not isinstance(model, Mapping):
-        raise CheckpointError(f"{where}: no model description (arch, encoder_name) found")
+        raise CheckpointError(f"{where}no model description (arch, encoder_name) found")
     arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
-    if not isinstance(arch, str) or arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
-        raise CheckpointError(
-            f"{where}: arch={arch!r} is not one of smp's architectures "
-            f"({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})"
-        )
-    if not isinstance(encoder, str) or not encoder:
-        raise CheckpointError(f"{where}: encoder_name={encoder!r} is not an encoder name")
+    known = smp.MODEL_ARCHITECTURES_MAPPING
+    if not isinstance(arch, str) or arch.lower() not in known:
+        problem = f"not one of smp's architectures ({', '.join(sorted(known))})"
+        raise _refused(where, "model.arch", arch, problem)
+    if not isinstance(encoder, str) or not _installed_encoder(encoder):
+        problem = f"refused: not an encoder smp lists, nor {TIMM_PREFIX}<a model timm lists>"
+        raise _refused(where, "model.encoder_name", encoder, problem)
     options = {} if options is None else options
     if not isinstance(options, Mapping):
-        raise CheckpointError(f"{where}: options={options!r} is not a mapping")
-    _check_plain(options, f"{where}: options")
+        raise _refused(where, "model.options", options, "must be a mapping")
+    taken = set(inspect.signature(known[arch.lower()]).parameters) - _NOT_OPTIONS
+    for key, value in options.items():
+        items = value if isinstance(value, list | tuple) else [value]
+        if not isinstance(key, str) or key not in taken:
+            problem = f"refused: not an argument {arch} takes here"
+        elif not all(isinstance(item, _PLAIN) for item in items):
+            problem = "refused: only plain values (numbers, text, booleans, null, lists of them)"
+        else:
+            continue
+        raise _refused(where, f"model.options.{key}", value, problem)
     return {"arch": arch, "encoder_name": encoder, "options": dict(options)}
 
 
-def _check_plain(value: Any, where: str, allow_private: bool = False) -> None:
-    """Only mappings, lists and plain values; `allow_private`: `_`-keys too (data that is
-    compared, never instantiated)."""
+def _plain_data(value: Any) -> bool:
+    """Mappings with text keys, lists and plain values only: data to compare, never to build."""
     if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str) or (key.startswith("_") and not allow_private):
-                raise CheckpointError(
-                    f"{where}: key {key!r} is refused (only plain keyword arguments are allowed; "
-                    "nothing read from a file is instantiated)"
-                )
-            _check_plain(item, f"{where}.{key}", allow_private)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]", allow_private)
-    elif not isinstance(value, _PLAIN):
-        raise CheckpointError(f"{where}: {value!r} is not a plain value")
-
-
-def _is_plain(value: Any) -> bool:
-    try:
-        _check_plain(value, "")
-    except CheckpointError:
-        return False
-    return not (isinstance(value, str) and "${" in value)
+        return all(isinstance(key, str) and _plain_data(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return all(map(_plain_data, value))
+    return isinstance(value, _PLAIN)
 
 
 def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
     """The net `model` describes (`plain_model`'s form) with the checkpoint's weights, in eval
     mode on the CPU. Pretrained encoder weights are never downloaded here: every weight comes from
     the checkpoint."""
-    ckpt = Path(ckpt)
     state = read_checkpoint(ckpt)["state_dict"]
     weights = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
     spec = plain_model(model, f"model for {ckpt}")
-    try:
-        net = build_net(**spec, encoder_weights=None)
-    except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as err:
-        # a value only the architecture itself checks (decoder_channels of another length, ...)
-        raise CheckpointError(f"model for {ckpt}: {err}".replace("\n", " ")) from err
+    net = _built(spec, f"model for {ckpt}")
     problems = state_dict_mismatch(weights, net.state_dict())
     if problems:
         options = spec["options"]

@@ -1,6 +1,5 @@
-"""Binary segmentation losses on logits, chosen by name (`module.loss=...`): `(logits, target)`,
-both B×1×H×W (target in {0, 1}), to a scalar. Soft Dice is over the whole batch (smp's binary
-mode) and cannot penalise false positives on nail-free images, hence `dice_bce`.
+"""Binary segmentation losses on logits by name (`module.loss=...`). Soft Dice is over the whole
+batch (smp's binary mode) and cannot penalise false positives on nail-free images: `dice_bce`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Epoch-level Dice and IoU from pixel counts summed over every sample, overall and per group:
-independent of how samples fall into batches, and exactly reducible across ranks.
-
-A pixel is foreground when its probability is `> threshold`; with no true and no predicted
-foreground Dice = IoU = 1.0; a group with no samples this epoch scores NaN. No update waits for the
-device (torchmetrics' MeanMetric and SumMetric would); `compute()` syncs once, at epoch end.
+independent of how samples fall into batches, exactly reducible across ranks. A pixel is
+foreground above `threshold`; nothing to find and nothing found scores 1.0; a group without
+samples NaN. No update waits for the device (torchmetrics' MeanMetric would); `compute()` does.
 """
 
 from __future__ import annotations
@@ -15,13 +13,9 @@ _COUNTS = ("tp", "fp", "fn", "samples")
 
 
 class SegmentationScores(Metric):
-    """Accumulates TP/FP/FN pixel counts and sample counts, overall and for `num_groups` groups.
-
-    `update(probs, target, group)`: probs and target B×1×H×W (probabilities, {0, 1} mask), group
-    int64 B (indices into the caller's list of group names; ignored when `num_groups` is 0).
-    `compute()` returns a dict of `dice`, `iou`, `samples` (scalars) and `dice_group`,
-    `iou_group`, `samples_group` (tensors of length `num_groups`).
-    """
+    """TP/FP/FN pixel and sample counts, overall and per group (`update(probs, mask, group)`:
+    B×1×H×W, B×1×H×W in {0, 1}, int64 B); `compute()`: `dice`, `iou`, `samples` and each per
+    group (`dice_group`, ...: `num_groups` long)."""
 
     is_differentiable = False
     higher_is_better = True
@@ -48,10 +42,7 @@ class SegmentationScores(Metric):
             "fn": (~pred & true).sum(1),
             "samples": torch.ones(len(pred), dtype=torch.long, device=pred.device),
         }
-        if self.num_groups:
-            # ids come from the data module's name -> id map (loaders/base.py refuses unknown
-            # names up front); an id out of range still fails, in index_add_
-            group = group.to(device=pred.device, dtype=torch.long)
+        group = group.to(device=pred.device, dtype=torch.long)  # ids of the datamodule's groups
         for name, values in per_sample.items():
             setattr(self, name, getattr(self, name) + values.sum())
             if self.num_groups:
@@ -72,8 +63,8 @@ class SegmentationScores(Metric):
 
 
 class BatchMean(Metric):
-    """The mean of per-batch values weighted by their batch sizes (`update(value, n)`: value a
-    scalar tensor, n an int), summed exactly over DDP ranks; updated without a device sync."""
+    """The mean of per-batch values weighted by batch size (`update(value, n)`), summed exactly
+    over DDP ranks, updated without a device sync."""
 
     full_state_update = False
 
@@ -94,8 +85,7 @@ class BatchMean(Metric):
 def _scores(
     tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dice and IoU from counts (in float64, so large pixel sums stay exact); 1.0 in the empty
-    case (nothing to find and nothing predicted)."""
+    """Dice and IoU from counts, in float64 (large pixel sums stay exact)."""
     tp, fp, fn = (x.double() for x in (tp, fp, fn))
     empty = (tp + fp + fn) == 0
     one = torch.ones_like(tp)

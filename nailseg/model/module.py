@@ -36,14 +36,10 @@ _EVAL_STAGES = ("val", "test")
 
 
 class SegModule(L.LightningModule):
-    """Binary segmentation (one output channel, logits) trained on the batch contract.
-
-    `forward` returns logits; `predict_step` probabilities B×1×H×W. `optimizer` and `scheduler`
-    are partials (Hydra `_partial_`); `channels_last`: the net's weights and inputs in that memory
-    format; `eval_scales`: validation and test score the mean probability of the batch run at each
-    factor of its size (`model/scales.py`; None: its size alone), their loss stays the batch's
-    own. `test_prefix` names what the test stage logs (`test` only for a test split).
-    """
+    """Binary segmentation (logits) on the batch contract. `optimizer`, `scheduler`: partials;
+    `channels_last`: the net's weights and inputs in that memory format; `eval_scales`: evaluation
+    scores the mean probability over those factors of the size (`scales.py`), its loss the
+    batch's own. `test_prefix` names what the test stage logs (`test` only for a test split)."""
 
     def __init__(
         self,
@@ -57,8 +53,8 @@ class SegModule(L.LightningModule):
         eval_scales: Sequence[float] | None,
     ) -> None:
         super().__init__()
-        # plain values only, so checkpoints load with weights_only=True; the partials as
-        # descriptions under names that are not arguments, so load_from_checkpoint asks for them
+        # plain values only, so checkpoints load with weights_only=True; the net, optimizer and
+        # schedule are not kept (the card's config holds them): load_from_checkpoint asks for them
         self.group_names = [str(name) for name in group_names]
         self.eval_scales = None if eval_scales is None else [float(s) for s in eval_scales]
         self.save_hyperparameters(
@@ -68,8 +64,6 @@ class SegModule(L.LightningModule):
                 "threshold": float(threshold),
                 "channels_last": bool(channels_last),
                 "eval_scales": self.eval_scales,
-                "optimizer_spec": describe_partial(optimizer),
-                "scheduler_spec": describe_partial(scheduler) if scheduler is not None else None,
             }
         )
         self.channels_last = bool(channels_last)
@@ -144,9 +138,7 @@ class SegModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval_epoch("test", self.test_prefix)
 
-    def predict_step(
-        self, batch: Mapping[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
-    ) -> torch.Tensor:
+    def predict_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return torch.sigmoid(self(batch["image"]))
 
     def _eval_step(self, batch: Mapping[str, torch.Tensor], stage: str) -> None:
@@ -181,22 +173,15 @@ class SegModule(L.LightningModule):
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        length = schedule_length_args(self.scheduler_factory, self._total_steps)
-        scheduler = self.scheduler_factory(optimizer, **length)
+        # a fit of no finite length was refused before it started (training/checks.py)
+        fit_steps = lambda: int(self.trainer.estimated_stepping_batches)  # noqa: E731
+        scheduler = self.scheduler_factory(
+            optimizer, **schedule_length_args(self.scheduler_factory, fit_steps)
+        )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
-
-    def _total_steps(self) -> int:
-        steps = self.trainer.estimated_stepping_batches
-        if steps == float("inf") or steps < 1:
-            raise ValueError(
-                "cannot size the LR schedule: the trainer has no finite length "
-                f"(estimated_stepping_batches={steps}); set trainer.max_epochs or max_steps, "
-                "or give the scheduler's T_max/total_steps explicitly"
-            )
-        return int(steps)
 
 
 EVAL_METRICS = ("loss", "dice", "iou", "samples")  # every evaluation's; per group all but the loss
@@ -230,24 +215,3 @@ def schedule_length_args(
             value = factory.keywords.get(arg)
             return {arg: fit_steps() if value is None else value}
     return {}
-
-
-def describe_partial(factory: functools.partial) -> dict[str, Any]:
-    """A loggable, checkpoint-safe description of a partial: its target and plain-valued kwargs."""
-    return {
-        "_target_": f"{factory.func.__module__}.{factory.func.__qualname__}",
-        **({"args": _plain(factory.args)} if factory.args else {}),
-        **{key: _plain(value) for key, value in factory.keywords.items()},
-    }
-
-
-def _plain(value: Any) -> Any:
-    """`value` as built-in types only (OmegaConf containers and tuples become dicts and lists;
-    anything else its repr), so torch.load(weights_only=True) and every logger accept it."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence):
-        return [_plain(v) for v in value]
-    return repr(value)

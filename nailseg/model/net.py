@@ -48,21 +48,13 @@ def build_net(
     """A binary segmentation net (3 input channels, 1 logit channel); `encoder_weights`: None,
     smp's name of weights to download, or a local path (see the module docstring). A Mix
     Transformer's attention runs through the fused kernel (`attention.py`)."""
-    if arch.lower() not in smp.MODEL_ARCHITECTURES_MAPPING:
-        raise ValueError(
-            f"model.arch={arch!r} is not an smp architecture "
-            f"({', '.join(sorted(smp.MODEL_ARCHITECTURES_MAPPING))})"
-        )
-    _check_options(arch, encoder_name, options or {})
+    options = dict(options or {})
+    _check_options(arch, encoder_name, options)
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
+    weights = None if local is not None else encoder_weights
     try:
         net = smp.create_model(
-            arch,
-            encoder_name=encoder_name,
-            encoder_weights=None if local is not None else encoder_weights,
-            in_channels=3,
-            classes=1,
-            **dict(options or {}),
+            arch, encoder_name, encoder_weights=weights, in_channels=3, classes=1, **options
         )
     except KeyError as err:
         raise ValueError(
@@ -76,13 +68,14 @@ def build_net(
 
 
 def _check_options(arch: str, encoder_name: str, options: Mapping[str, Any]) -> None:
-    """Refuse a `model.options` key the architecture does not take: smp hands unknown keywords to
-    the encoder, and only a timm (`tu-`) encoder reads them; any other silently drops them."""
-    if encoder_name.startswith("tu-"):
-        return
-    taken = inspect.signature(smp.MODEL_ARCHITECTURES_MAPPING[arch.lower()]).parameters
+    """An smp architecture, given no `model.options` key it does not take: smp hands unknown
+    keywords to the encoder, and only a timm (`tu-`) encoder reads them; others drop them."""
+    known = smp.MODEL_ARCHITECTURES_MAPPING
+    if arch.lower() not in known:
+        raise ValueError(f"model.arch={arch!r} is not an smp architecture ({', '.join(known)})")
+    taken = inspect.signature(known[arch.lower()]).parameters
     unknown = sorted(set(options) - set(taken) - {"kwargs"})
-    if unknown:
+    if unknown and not encoder_name.startswith("tu-"):
         accepted = ", ".join(
             k for k in taken if k not in ("kwargs", "encoder_name", "encoder_weights")
         )
@@ -95,9 +88,7 @@ def _check_options(arch: str, encoder_name: str, options: Mapping[str, Any]) -> 
 def is_path(encoder_weights: str | None) -> bool:
     """Whether `model.encoder_weights` names a local file or folder rather than smp weights."""
     return isinstance(encoder_weights, str) and (
-        "/" in encoder_weights
-        or "\\" in encoder_weights
-        or encoder_weights.startswith("~")
+        any(c in encoder_weights for c in "/\\~")
         or encoder_weights.lower().endswith(WEIGHTS_SUFFIXES)
     )
 
@@ -124,14 +115,10 @@ def weights_file(encoder_weights: str, encoder_name: str) -> Path:
 
 
 def load_encoder_weights(net: nn.Module, path: str | Path, encoder_name: str) -> None:
-    """Load the weights file `path` into `net.encoder`, every tensor of it or nothing.
-
-    The file (read with `weights_only=True`) holds the encoder's state dict, as
-    `net.encoder.state_dict()` gives it, possibly under a checkpoint's `state_dict` or `model` key.
-    Also read: a whole smp net (`encoder.*`) or nailseg checkpoint (`net.encoder.*`), of which
-    only the encoder is taken, and the backbone's own torchvision / timm state dict, whose
-    classifier head is left out. Anything else that does not fit fails, naming the keys.
-    """
+    """Load the weights file `path` (read with `weights_only=True`) into `net.encoder`, every tensor
+    of it or nothing: the encoder's state dict, maybe under a checkpoint's `state_dict` or
+    `model` key; a whole smp net or nailseg checkpoint (its encoder taken); the backbone's own
+    torchvision / timm state dict (its classifier head left out). A misfit fails naming keys."""
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -182,22 +169,17 @@ def state_dict_mismatch(
 ) -> str:
     """What keeps `given` from loading strictly into a module whose state dict is `expected`:
     missing, unexpected and reshaped keys, the first few of each named ("": it fits)."""
-    missing = sorted(expected.keys() - given.keys())
-    unexpected = sorted(given.keys() - expected.keys())
     reshaped = [
         f"{k} {tuple(given[k].shape)} vs {tuple(expected[k].shape)}"
         for k in sorted(expected.keys() & given.keys())
         if given[k].shape != expected[k].shape
     ]
-    return "; ".join(
-        _listing(items, what)
-        for items, what in (
-            (missing, "missing keys"),
-            (unexpected, "unexpected keys"),
-            (reshaped, "keys of another shape (given vs expected)"),
-        )
-        if items
-    )
+    found = {
+        "missing keys": sorted(expected.keys() - given.keys()),
+        "unexpected keys": sorted(given.keys() - expected.keys()),
+        "keys of another shape (given vs expected)": reshaped,
+    }
+    return "; ".join(_listing(items, what) for what, items in found.items() if items)
 
 
 def _listing(items: list[str], what: str) -> str:

@@ -13,8 +13,8 @@ SIZE_MULTIPLE = 32  # UNet's and SegFormer's encoders halve the input five times
 
 
 def scaled_size(image_size: tuple[int, int], scale: float) -> tuple[int, int]:
-    """The size an image runs at for `scale`: the input size (factor 1), else each side times
-    `scale`, rounded to the nearest multiple of `SIZE_MULTIPLE` (halves up; at least one)."""
+    """The size an image runs at for `scale`: each side times it, rounded to the nearest multiple
+    of `SIZE_MULTIPLE` (halves up; at least one); factor 1 is the input size itself."""
     if scale == 1.0:
         return image_size
     height, width = (
@@ -25,8 +25,7 @@ def scaled_size(image_size: tuple[int, int], scale: float) -> tuple[int, int]:
 
 
 def scales_problem(key: str, scales: Sequence[float]) -> str | None:
-    """What is wrong with `scales`, given as `key`, in one line; None when it holds one factor or
-    more, each a number > 0."""
+    """What is wrong with `scales` (one factor > 0 or more), given as `key`, in one line."""
     if not scales:
         return (
             f"{key}=[]: give one factor of the input size or more, e.g. {key}=[1.0,1.5] "
@@ -44,9 +43,8 @@ def multiscale_probabilities(
     scales: Sequence[float],
     logits: torch.Tensor,
 ) -> torch.Tensor:
-    """The mean foreground probability over `scales` of a B×C×H×W batch, at its size: the batch
-    resized (bilinear, antialiased) to each scale's size, its probabilities back to H×W
-    (bilinear); `logits` are the batch's own at factor 1, reused."""
+    """The mean foreground probability over `scales` of a B×C×H×W batch at its size (resized
+    there and back, bilinear); `logits` are the batch's own at factor 1."""
     size = (batch.shape[-2], batch.shape[-1])
     total = torch.zeros_like(logits, dtype=torch.float32)
     for scale in scales:

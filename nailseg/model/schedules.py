@@ -1,7 +1,5 @@
-"""Learning-rate schedules that torch lacks, and how long a built schedule is.
-
-Every schedule here is stepped after each optimizer step, and its length is the whole fit unless
-the config fixes it (see `SegModule.configure_optimizers`).
+"""Learning-rate schedules that torch lacks (stepped after each optimizer step; as long as the
+whole fit unless the config fixes it: `SegModule.configure_optimizers`), and a schedule's length.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class WarmupCosineLR(LambdaLR):
 
 
 def schedule_length(state: Mapping[str, Any]) -> int | None:
-    """The number of steps a schedule spans, from its `state_dict()` (a live scheduler's, or the
-    one a checkpoint holds); None for one without a fixed length."""
+    """The steps a schedule spans, from its `state_dict()` (None: no fixed length)."""
     for name in LENGTH_ARGS:
         value = state.get(name)
         if isinstance(value, int):

@@ -1,9 +1,6 @@
 """Per-step values handed to the loggers without waiting for the device (Lightning's `on_step`
-logging calls `.item()`, which waits for every queued step).
-
-A logged step's values are copied to pinned host memory behind that step's work, with an event;
-the loggers get them, at their own step, once a later step finds the event done, and at the
-latest at the epoch's end.
+logging calls `.item()`, which waits for every queued step): a logged step's values are copied
+to pinned host memory behind its work, and logged once a later step finds the copy done.
 """
 
 from __future__ import annotations
@@ -18,9 +15,8 @@ from lightning.pytorch.loggers import Logger
 
 
 def logs_step(trainer: L.Trainer, step: int) -> bool:
-    """Whether Lightning logs the step values of optimizer step `step` (0-based), by its own rule
-    (`_LoggerConnector.should_update_logs`): every `log_every_n_steps`-th step, the step at which
-    the fit is told to stop, and every step of a `fast_dev_run`."""
+    """Whether Lightning logs optimizer step `step` (0-based), by its own rule
+    (`_LoggerConnector.should_update_logs`)."""
     every = trainer.log_every_n_steps
     every_nth = every > 0 and ((step + 1) % every == 0 or trainer.should_stop)
     return bool(trainer.fast_dev_run) or every_nth
@@ -41,8 +37,7 @@ class StepValues:
         self._pending: deque[_Pending] = deque()
 
     def record(self, values: Mapping[str, torch.Tensor], step: int, epoch: int) -> None:
-        """Queue scalar tensors as optimizer step `step`'s values (in epoch `epoch`): on a GPU,
-        copied to the host in stream order, so the copy waits for the step, not the host."""
+        """Queue scalar tensors as optimizer step `step`'s (on a GPU copied in stream order)."""
         device = next(iter(values.values())).device
         if device.type != "cuda":
             host = {name: value.detach() for name, value in values.items()}
@@ -59,8 +54,7 @@ class StepValues:
         self._pending.append(_Pending(step, epoch, host, copied))
 
     def hand_over(self, loggers: Iterable[Logger], wait: bool = False) -> None:
-        """Log the queued steps whose values have reached the host, oldest first, as Lightning
-        would have (with the epoch, at the step's own number); with `wait`, all of them."""
+        """Log the queued steps whose values have arrived, as Lightning would; `wait`: all."""
         loggers = list(loggers)
         while self._pending and (wait or _arrived(self._pending[0])):
             pending = self._pending.popleft()

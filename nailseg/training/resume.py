@@ -191,7 +191,7 @@ def check_matches(resume: Resume, cfg: DictConfig) -> None:
     }
     theirs = {"model": card.get("model"), "dataset.image_size": card.get("image_size")}
     if cfg.train and card.get("data") is not None:
-        ours["dataset"] = _shown_data(data_identity(cfg.dataset.root))
+        ours["dataset"] = _shown_data(data_identity(cfg.dataset.root, cfg.dataset.mix))
         theirs["dataset"] = _shown_data(card["data"])
     differ = [key for key in ours if theirs[key] is not None and theirs[key] != ours[key]]
     if differ:
@@ -207,7 +207,11 @@ def _shown_data(identity: Mapping[str, Any]) -> str:
     splits = ", ".join(
         f"{split} {digest[:12]}" for split, digest in identity["splits"].items() if digest
     )
-    return f"{identity['root']} (split files: {splits or 'none'})"
+    mixed = "".join(
+        f"; mixed in: {m['name']} {m['root']} weight {m['weight']:g} (train {str(m['train'])[:12]})"
+        for m in identity.get("mix", [])
+    )
+    return f"{identity['root']} (split files: {splits or 'none'}){mixed}"
 
 
 # what Lightning restores on a resume, whatever the config says

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from support.loaders import loader_settings, spec_from
 from support.prepared import write_prepared, write_split
-from support.train import compose_train, small_overrides
+from support.train import compose_train, small_overrides, train
 
 from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.base import SOURCE, read_records
@@ -27,6 +27,7 @@ from nailseg.data.loaders.dali import DaliLoader
 from nailseg.data.loaders.kornia_batch import KorniaLoader
 from nailseg.data.loaders.torch_workers import TorchLoader
 from nailseg.data.sampling import epoch_batches, num_batches, source_shares
+from nailseg.model.checkpoint import CheckpointError
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
 from nailseg.training.run import run
@@ -463,3 +464,18 @@ def test_a_final_evaluation_on_the_train_split_reads_the_primarys_rows_only(root
     groups = {dm.group_names[g] for b in test for g in b["group"].tolist()}
     assert sum(len(b["index"]) for b in test) == 12 and groups == {"a", "b"}
     dm.teardown("test")
+
+
+def test_a_resume_on_other_mixed_in_data_is_refused_naming_it(roots, tmp_path):
+    """`dataset.mix` was no part of the data identity: a fit resumed with another source mixed in
+    (or none, or another weight) went on silently. The checkpoint's card now records each source,
+    and a resume compares it as it compares the root's split files."""
+    primary, mix = roots
+    once = ("loader=torch", "loader.num_workers=0", "logger=none", "test=false", "scheduler=none")
+    train(primary, tmp_path / "run", *once, "trainer.max_epochs=1", _mix(("synth", mix, 0.5)))
+    again = (*once, "trainer.max_epochs=2", "ckpt_path=last")
+    for other in (_mix(("synth", mix, 2.0)), "dataset.mix=[]"):
+        with pytest.raises(CheckpointError, match=r"another dataset .*mixed in: synth") as refused:
+            train(primary, tmp_path / "run", *again, other)
+        assert "\n" not in str(refused.value)
+    train(primary, tmp_path / "run", *again, _mix(("synth", mix, 0.5)))  # the same mix resumes

@@ -69,8 +69,11 @@ def _checkpoint(path: Path, card: Any) -> Path:
 @pytest.mark.parametrize(
     ("changes", "key", "problem"),
     [
-        ({"threshold": 1.5}, "threshold", r"a number in \[0, 1\]"),
-        ({"threshold": float("nan")}, "threshold", r"a number in \[0, 1\]"),
+        ({"threshold": 1.5}, "threshold", r"a number in \(0, 1\)"),
+        ({"threshold": float("nan")}, "threshold", r"a number in \(0, 1\)"),
+        # #45: at 1.0 no pixel is foreground, at 0 every one: both were taken
+        ({"threshold": 1.0}, "threshold", r"a number in \(0, 1\)"),
+        ({"threshold": 0}, "threshold", r"a number in \(0, 1\)"),
         ({"image_size": [0, 32]}, "image_size", "positive integers"),
         ({"image_size": [32]}, "image_size", r"\[height, width\]"),
         ({"mean": [0.5, 0.5]}, "mean", "needs 3 values"),
