@@ -1,13 +1,10 @@
 """What a checkpoint carries, and from a checkpoint to a ready network, without running its config.
 
-Every checkpoint training writes holds a card under `CARD_KEY`, plain data only (model, input size,
-normalisation, threshold, groups, data, the resolved config), so it can be predicted with or
-exported on its own and `torch.load(weights_only=True)` reads it.
-
-Nothing read off disk is instantiated: the net is built by `plain_model` + `build_net` from an
-allow-list (an smp architecture, an installed encoder, plain keyword arguments), and
-`validate_card` checks every key before any is used, so no value can make nailseg read another
-file or reach the network. Checkpoints older than cards are read from their run folder's config.
+Every checkpoint training writes holds a card under `CARD_KEY`, plain data only, so it can be
+predicted with or exported on its own and `torch.load(weights_only=True)` reads it. Nothing read
+off disk is instantiated: `validate_card` checks every key before any is used, and the net is
+built from an allow-list (`plain_model`). Checkpoints older than cards are read from their run
+folder's config.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nailseg.data.augment import rgb_triple
 from nailseg.errors import UserError
 from nailseg.model.net import build_net, state_dict_mismatch
 from nailseg.prep.format import SPLITS, split_file
@@ -64,10 +60,8 @@ def new_run_id() -> str:
 def make_card(
     cfg: DictConfig, group_names: Sequence[str], run_id: str | None = None
 ) -> dict[str, Any]:
-    """The card for checkpoints of a training run composed as `cfg` (plain data only); `run_id`
-    names the run folder the checkpoints belong to (None: a new run). A model a card could not
-    hold (a `tu-` encoder given timm's own arguments, say) is refused now, not when the
-    checkpoint is used."""
+    """The card of a training run composed as `cfg`; `run_id` names its run folder (None: a new
+    run). A model a card could not hold is refused now, not when the checkpoint is used."""
     model = _model(cfg.model, "this run's checkpoint card: card key ")
     try:
         release = version("nailseg")
@@ -131,8 +125,7 @@ def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
 
 
 def card_of(checkpoint: Mapping[str, Any], ckpt: str | Path) -> dict[str, Any] | None:
-    """The checkpoint's card, every key validated (`validate_card`); None for a checkpoint older
-    than cards."""
+    """The checkpoint's card, validated; None for a checkpoint older than cards."""
     card = checkpoint.get(CARD_KEY)
     return None if card is None else validate_card(card, str(ckpt))
 
@@ -145,9 +138,8 @@ def _refused(where: str, key: str, value: Any, problem: str) -> CheckpointError:
 
 
 def validate_card(card: Any, where: str) -> dict[str, Any]:
-    """`card` (a checkpoint's, or one made from a run folder's config) with every key checked
-    before any is used; the first value that is wrong fails as one line, `WHERE: card key K=V:
-    what is wrong`. Keys may be missing (older cards): the caller's default applies."""
+    """`card` with every key checked before any is used: the first wrong value fails as one
+    line, `WHERE: card key K=V: what is wrong`. A missing key takes the caller's default."""
     where = f"{where}: card key "
     if not isinstance(card, Mapping):
         raise _refused(where, CARD_KEY, card, "the card is not a mapping")
@@ -174,18 +166,12 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _numbers(value: Any, n: int) -> bool:
+    return isinstance(value, list | tuple) and len(value) == n and all(map(_number, value))
+
+
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _triple_problem(value: Any, positive: bool) -> str | None:
-    if not isinstance(value, list | tuple) or not all(_number(v) for v in value):
-        return "must be a list of 3 numbers"
-    try:
-        rgb_triple(value, "", positive)
-    except ValueError as err:
-        return str(err).split(": ", 1)[1]
-    return None
 
 
 def _text_list(value: Any) -> bool:
@@ -235,11 +221,13 @@ _CARD_CHECKS: dict[str, Callable[[Any], str | None]] = {
         lambda v: isinstance(v, Mapping), "must be a mapping of arch, encoder_name and options"
     ),
     "image_size": _rule(
-        lambda v: isinstance(v, list | tuple) and len(v) == 2 and all(_count(x) for x in v),
+        lambda v: _numbers(v, 2) and all(_count(x) for x in v),
         "must be [height, width], both positive integers",
     ),
-    "mean": lambda v: _triple_problem(v, positive=False),
-    "std": lambda v: _triple_problem(v, positive=True),
+    "mean": _rule(lambda v: _numbers(v, 3), "must be a list of 3 numbers, one per RGB channel"),
+    "std": _rule(
+        lambda v: _numbers(v, 3) and min(v) > 0, "must be a list of 3 numbers above 0 (it divides)"
+    ),
     # a pixel is foreground above it: at 0 every pixel is, at 1 none
     "threshold": _rule(lambda v: _number(v) and 0 < v < 1, "must be a number in (0, 1)"),
     "group_names": _rule(_text_list, "must be a list of names"),
@@ -264,8 +252,8 @@ def _installed_encoder(name: str) -> bool:
 
 
 def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
-    """An architecture that needs sides divisible by its encoder's stride gets them: the net is
-    built (no weights) to ask it, as training's check does."""
+    """Sides divisible by the encoder's stride where the architecture needs it (the net, built
+    without weights, says)."""
     if not smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()].requires_divisible_input_shape:
         return
     net = _built(model, f"{where}model")
@@ -280,8 +268,8 @@ def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: st
 
 
 def _built(model: Mapping[str, Any], where: str) -> nn.Module:
-    """The net a plain model describes, without weights; a value only the architecture itself
-    checks (decoder_channels of another length, ...) fails naming `where`."""
+    """The net a plain model describes, without weights; what only the architecture checks
+    (decoder_channels of another length, ...) fails naming `where`."""
     try:
         return build_net(
             model["arch"], model["encoder_name"], None, dict(model.get("options") or {})
@@ -291,8 +279,7 @@ def _built(model: Mapping[str, Any], where: str) -> nn.Module:
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
-    """The training run a checkpoint sits in (`<run>/checkpoints/<name>.ckpt` with
-    `<run>/.hydra/config.yaml`), or None for a checkpoint kept elsewhere."""
+    """The run folder of `<run>/checkpoints/<name>.ckpt` (it holds `RUN_CONFIG`), else None."""
     run_dir = Path(ckpt).absolute().parent.parent
     return run_dir if (run_dir / RUN_CONFIG).is_file() else None
 
@@ -371,9 +358,8 @@ def _plain_data(value: Any) -> bool:
 
 
 def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
-    """The net `model` describes (`plain_model`'s form) with the checkpoint's weights, in eval
-    mode on the CPU. Pretrained encoder weights are never downloaded here: every weight comes from
-    the checkpoint."""
+    """The net `model` describes with the checkpoint's weights (never downloaded ones), in eval
+    mode on the CPU."""
     state = read_checkpoint(ckpt)["state_dict"]
     weights = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
     spec = plain_model(model, f"model for {ckpt}")

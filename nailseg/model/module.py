@@ -1,16 +1,12 @@
-"""The LightningModule: one binary segmentation net, its loss, and epoch-level metrics.
-
-It reads only the batch contract. Every epoch value comes from sums over the whole epoch, reduced
-by "sum" across ranks:
+"""The LightningModule: one binary segmentation net, its loss, and epoch-level metrics from sums
+over the whole epoch, reduced by "sum" across ranks:
 
     train/loss  train/loss_step  train/samples
     val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>  val/dice_best
     <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `test_prefix`
 
-`*/samples` counts the samples seen, so a loader that drops or repeats samples shows. Nothing in a
-step waits for the device; groups with no samples in an epoch are not logged; `val/dice_best` is
-module state, kept on resume. The scheduler steps after every optimizer step; a length the config
-leaves None is the whole fit (`trainer.estimated_stepping_batches`).
+`*/samples` shows a loader that drops or repeats samples; nothing in a step waits for the device;
+`val/dice_best` is module state, kept on resume. The scheduler steps after every optimizer step.
 """
 
 from __future__ import annotations
@@ -151,8 +147,7 @@ class SegModule(L.LightningModule):
         self.eval_scores[stage].update(probs, batch["mask"], batch["group"])
 
     def _log_eval_epoch(self, stage: str, prefix: str) -> float:
-        """Log the epoch's loss, scores and sample counts (summed over ranks by torchmetrics'
-        compute) under `prefix/`, reset for the next epoch; returns the epoch's Dice."""
+        """Log the epoch's loss, scores and sample counts under `prefix/`; returns its Dice."""
         scores = self.eval_scores[stage].compute()
         scores["loss"] = self.eval_loss[stage].compute()
         values = {f"{prefix}/{metric}": scores[metric].float() for metric in EVAL_METRICS}
@@ -191,9 +186,8 @@ TRAIN_METRICS = frozenset({"loss", "samples", "images_per_s", "data_wait_frac"})
 
 
 def monitorable(name: str) -> bool:
-    """Whether a checkpoint or a sweep can follow `name`: a value validation logs at its end
-    (`val/<metric>`, per group `val/<metric>_group_<group>`, and `val/dice_best`) or training
-    each epoch (`train/loss`, ...)."""
+    """Whether a checkpoint or a sweep can follow `name`: a value validation (`val/<metric>`,
+    `val/<metric>_group_<group>`, `val/dice_best`) or training logs each epoch."""
     stage, _, metric = name.partition("/")
     if stage == "train":
         return metric in TRAIN_METRICS
@@ -207,8 +201,7 @@ def schedule_length_args(
     factory: functools.partial, fit_steps: Callable[[], float]
 ) -> dict[str, Any]:
     """The length argument (`T_max`, `total_steps`) of the schedule `factory` builds: the config's
-    value, or when it leaves it None the whole fit (`fit_steps()`); empty for a schedule without
-    one. A resume compares it with the checkpoint's before the fit (`resume.check_schedule`)."""
+    value, else the whole fit (`fit_steps()`); empty for a schedule without one."""
     accepted = inspect.signature(factory.func).parameters
     for arg in LENGTH_ARGS:
         if arg in accepted:

@@ -45,9 +45,8 @@ def build_net(
     encoder_weights: str | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """A binary segmentation net (3 input channels, 1 logit channel); `encoder_weights`: None,
-    smp's name of weights to download, or a local path (see the module docstring). A Mix
-    Transformer's attention runs through the fused kernel (`attention.py`)."""
+    """A binary segmentation net (3 channels in, 1 logit out), a Mix Transformer's attention
+    fused (`attention.py`); `encoder_weights` as the module docstring says."""
     options = dict(options or {})
     _check_options(arch, encoder_name, options)
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
@@ -94,8 +93,8 @@ def is_path(encoder_weights: str | None) -> bool:
 
 
 def weights_file(encoder_weights: str, encoder_name: str) -> Path:
-    """The file `model.encoder_weights` names: the path itself, or `<folder>/<encoder_name>.pth`.
-    Checked when the net is built, so a wrong path fails before anything trains."""
+    """The file `model.encoder_weights` names (a path, or `<folder>/<encoder_name>.pth`), checked
+    when the net is built, before anything trains."""
     path = Path(encoder_weights).expanduser()
     if path.is_dir():
         found = path / f"{encoder_name}.pth"
@@ -167,8 +166,8 @@ def _renamed(state: Mapping[str, torch.Tensor], expected: Any) -> Mapping[str, t
 def state_dict_mismatch(
     given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
 ) -> str:
-    """What keeps `given` from loading strictly into a module whose state dict is `expected`:
-    missing, unexpected and reshaped keys, the first few of each named ("": it fits)."""
+    """The missing, unexpected and reshaped keys keeping `given` from loading strictly into
+    `expected` ("": it fits)."""
     reshaped = [
         f"{k} {tuple(given[k].shape)} vs {tuple(expected[k].shape)}"
         for k in sorted(expected.keys() & given.keys())
@@ -189,9 +188,8 @@ def _listing(items: list[str], what: str) -> str:
 
 
 def compile_net(net: nn.Module, mode: str) -> nn.Module:
-    """Compile `net`'s forward in place (`nn.Module.compile`), so its state_dict keys stay the
-    eager net's; the mode is checked now. Only the net: Lightning would also compile a compiled
-    module's steps, whose metric states CUDA graph replays would overwrite."""
+    """Compile `net`'s forward in place, so its state_dict keys stay the eager net's. Only the
+    net: Lightning would compile the steps too, whose metric states CUDA graphs overwrite."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
     net.compile(mode=mode)

@@ -76,7 +76,7 @@ def _checkpoint(path: Path, card: Any) -> Path:
         ({"threshold": 0}, "threshold", r"a number in \(0, 1\)"),
         ({"image_size": [0, 32]}, "image_size", "positive integers"),
         ({"image_size": [32]}, "image_size", r"\[height, width\]"),
-        ({"mean": [0.5, 0.5]}, "mean", "needs 3 values"),
+        ({"mean": [0.5, 0.5]}, "mean", "3 numbers"),
         ({"std": [0.2, 0.0, 0.2]}, "std", "above 0"),
         ({"std": ["0.2", 0.2, 0.2]}, "std", "3 numbers"),
         ({"format": 99}, "format", "card format"),

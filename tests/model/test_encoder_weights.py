@@ -167,7 +167,8 @@ def test_a_run_with_a_local_file_restores_from_its_checkpoint_without_it(data, t
     assert "encoder_weights" not in card["model"]  # the card's model spec needs no file
     ckpt = tmp_path / "run.ckpt"
     net_state = {f"net.{k}": v for k, v in built.module.net.state_dict().items()}
-    torch.save({"state_dict": net_state, "nailseg": card}, ckpt)
+    fit_state = {"optimizer_states": [], "lr_schedulers": [], "loops": {}, "callbacks": {}}
+    torch.save({"state_dict": net_state, "nailseg": card, **fit_state}, ckpt)
     (tmp_path / "weights.pth").unlink()
 
     _assert_holds(load_net(ckpt, card["model"]).encoder, state)  # predict / export
