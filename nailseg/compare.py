@@ -2,26 +2,29 @@
 
     python -m nailseg compare sweep_dir=multirun/<timestamp>      (or just the folder)
 
-The columns come from the jobs' own overrides (`<job>/.hydra/overrides.yaml`): every key whose
-value differs between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study
-`optimizer.lr`, `model.encoder_name`, `module.loss`. Each job's `metrics.json` gives the rest (a
-job without one, or whose marker keeps an error, is reported as failed, with it). Writes
-`compare.md` (a markdown table), `compare.csv` and `compare.png` (throughput; the best score and
-the final evaluation's Dice per job) into the sweep folder. `train_img_s` / `data_wait_frac`: the
-medians over the epochs after the first two (`metrics.json` `throughput`; the last epoch's value
-for runs written before it). `world_size`: the job's processes; `scaling`: a multi-GPU job's
-images/s ÷ (its GPUs × the one-GPU job's of the same setting); `ledger`: with `callbacks=audit`,
-whether every training row was seen once per epoch across ranks. `target_s` / `target_epoch` /
-`startup_s`: when validation first reached `callbacks.time_to_target.target`, in seconds since the
-job started (its process's start for a process's first job; empty where it never did).
+Each row is read from its job's folder alone: the overrides from `<job>/.hydra/overrides.yaml`,
+the scores from `<job>/metrics.json`, which records the overrides it was written for; a
+metrics.json of another job (an earlier sweep into the same folder) is not shown under this job's
+overrides: the job is reported as failed. The columns are every override key whose value differs
+between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study `optimizer.lr`,
+`model.encoder_name`, `module.loss`. A job without metrics.json, or with a failure record, is
+reported as failed, with its error. `train_img_s` / `data_wait_frac`: the medians over the epochs
+after the first two (`metrics.json` `throughput`; the last epoch's value for runs written before
+it). `world_size`: the job's processes; `scaling`: a multi-GPU job's images/s ÷ (its GPUs × the
+one-GPU job's of the same setting); `ledger`: with `callbacks=audit`, whether every training row
+was seen once per epoch across ranks. `target_s` / `target_epoch` / `startup_s`: when validation
+first reached `callbacks.time_to_target.target`, in seconds since the job started (its process's
+start for a process's first job; empty where it never did). An Optuna sweep's
+`optimization_results.yaml` is named in a line under the table; its storage is never opened.
 
-An Optuna study kept in a storage (`hydra.sweeper.storage`) is shown whole: the jobs of every
-sweep folder beside this one that ran trials of the same study (its reruns), with `sweep` and
-`trial` columns, and a row for each trial of the study whose job folder is not there. The printed
-table and compare.md leave out the columns that are empty or the same in every job (one line
-names the values they had) and show numbers to 4 significant digits; compare.csv keeps every
-column and value. A job folder that cannot be read (a broken metrics.json) is named in one line
-and listed as unreadable; a folder that is not a sweep is refused in one line.
+Writes `compare.md` (a markdown table), `compare.csv` (every column and value) and `compare.png`
+(throughput; the best score and the final evaluation's Dice per job) into the sweep folder, which
+it holds as nailseg's `sweep` folder while it works: a sweep still running, a folder nailseg did
+not make, or a file of the user's at one of those names is refused in one line before anything is
+written. The printed table and compare.md leave out the columns that are empty or the same in
+every job (one line names the values they had) and show numbers to 4 significant digits. A job
+folder that cannot be read (a broken metrics.json, a FIFO) is named in one line and listed as
+unreadable; a folder that is not a sweep is refused in one line.
 """
 
 from __future__ import annotations
@@ -39,38 +42,25 @@ import numpy as np
 import pandas as pd
 import yaml
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
 from nailseg.config import CONF_DIR, require_values
 from nailseg.errors import UserError
-from nailseg.io.atomic import NotOursError, save_figure, write_text
-from nailseg.io.ownership import claim_files, record_files
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder, read_regular
 from nailseg.training.run_folder import job_folders, read_failure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RESULTS = [
-    "status",
-    "train_img_s",
-    "data_wait_frac",
-    "world_size",
-    "scaling",
-    "ledger",
-    "best",
-    "final_dice",
-    "evaluated_on",
-    "epochs",
-    "target_s",
-    "target_epoch",
-    "startup_s",
-]
-
-
-# the overrides that set a job's number of processes (the rest must match for a scaling ratio)
+    "status", "train_img_s", "data_wait_frac", "world_size", "scaling", "ledger", "best",
+    "final_dice", "evaluated_on", "epochs", "target_s", "target_epoch", "startup_s",
+]  # fmt: skip
 OUTPUTS = ["compare.md", "compare.csv", "compare.png"]  # written into the sweep folder
-LEDGER = ".compare.json"  # compare's record of them there
+# the overrides that set a job's number of processes (the rest must match for a scaling ratio)
 SCALING_KEYS = frozenset({"trainer", "trainer.devices", "trainer.num_nodes", "trainer.strategy"})
+MAX_BYTES = 1 << 24  # a job's metrics.json or overrides.yaml is a few KB
 
 
 @dataclass
@@ -102,73 +92,30 @@ def _sweep_jobs(folder: Path) -> list[Path]:
     raise CompareError(f"{folder}: no job folders (subfolders with .hydra/) in it; {expected}")
 
 
-def _overrides(job: Path) -> dict[str, str]:
-    """The job's own command-line overrides, as key → value."""
-    entries = OmegaConf.load(job / ".hydra" / "overrides.yaml")
-    return dict(str(entry).split("=", 1) for entry in entries if "=" in str(entry))
+def _read(path: Path) -> Any:
+    """The YAML (`.yaml`) or JSON at `path`: a plain file only, never a link or FIFO."""
+    data = read_regular(path, MAX_BYTES)
+    return yaml.safe_load(data) if path.suffix == ".yaml" else json.loads(data)
 
 
-@dataclass(frozen=True)
-class Study:
-    """An Optuna study kept in a storage, as a job's `.hydra/hydra.yaml` names it."""
-
-    storage: str  # its URL; a relative SQLite path made absolute from the job's working folder
-    name: str
-    params: tuple[str, ...]  # the keys the sweeper sets
-
-
-def _study(job: Path) -> Study | None:
-    """The stored Optuna study `job` was a trial of; None for other sweeps and unstored studies."""
+def _results(job: Path, overrides: list[str]) -> dict:
+    """A job's columns from its own metrics.json: one written for other overrides (an earlier
+    job in this folder) or for none is not this job's."""
+    failure = read_failure(job)
+    if failure is not None:
+        return {"status": "failed: " + " ".join(failure.split())[:300]}
     try:
-        hydra_cfg = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra
-        sweeper = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
-        cwd = Path(str(hydra_cfg.runtime.cwd))
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # none, or not Hydra's
-        return None
-    storage = sweeper.get("storage")
-    if "optuna" not in str(sweeper.get("_target_", "")) or not isinstance(storage, str):
-        return None
-    path = storage.removeprefix("sqlite:///")
-    if storage.startswith("sqlite:///") and not path.startswith("/"):
-        storage = f"sqlite:///{cwd / path}"
-    return Study(storage, str(sweeper.get("study_name")), tuple(sweeper.get("params") or ()))
-
-
-def _study_jobs(sweep_dir: Path, jobs: list[Path], study: Study) -> list[Path]:
-    """The jobs of every sweep folder beside `sweep_dir` (itself included) that ran trials of
-    `study`: its reruns, each in a folder of its own."""
-    found = []
-    for folder in sorted(d for d in sweep_dir.parent.iterdir() if d.is_dir()):
-        theirs = jobs if folder == sweep_dir else job_folders(folder)
-        if theirs and (folder == sweep_dir or _study(theirs[0]) == study):
-            found += theirs
-    return found
-
-
-def _trials(study: Study) -> list | None:
-    """The study's trials from its storage; None where it cannot be read (a SQLite file is
-    never created by reading it)."""
-    import optuna  # only for a stored study
-    from sqlalchemy.exc import SQLAlchemyError
-
-    path = Path(study.storage.removeprefix("sqlite:///"))
-    if study.storage.startswith("sqlite:///") and not path.is_file():
-        return None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+        metrics = _read(job / "metrics.json")
+    except FileNotFoundError:
+        return {"status": "failed: no metrics.json"}
+    except (OSError, NotOursError, ValueError, yaml.YAMLError) as err:
+        return _unreadable("metrics.json", err)
+    if not isinstance(metrics, dict) or metrics.get("overrides") != overrides:
+        ran = metrics.get("overrides") if isinstance(metrics, dict) else None
+        return {"status": f"failed: no metrics.json of this job (the one there ran {ran})"[:300]}
     try:
-        return optuna.load_study(study_name=study.name, storage=study.storage).trials
-    except (KeyError, SQLAlchemyError):  # no such study, or a database it cannot read
-        return None
-
-
-def _results(job: Path) -> dict:
-    failure, metrics_file = read_failure(job), job / "metrics.json"
-    if failure is not None or not metrics_file.is_file():
-        reason = failure if failure is not None else "no metrics.json"
-        return {"status": "failed: " + " ".join(reason.split())[:300]}
-    try:
-        return _metrics(job, json.loads(metrics_file.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:
+        return _metrics(job, metrics)
+    except (OSError, NotOursError, ValueError, TypeError, AttributeError, KeyError) as err:
         return _unreadable("metrics.json", err)
 
 
@@ -208,76 +155,58 @@ def _metrics(job: Path, metrics: dict) -> dict:
 
 
 def _job(job: Path) -> tuple[dict[str, str], dict]:
-    """A job's overrides and results."""
+    """A job's overrides (key → value) and results, both read from its own folder."""
     try:
-        return _overrides(job), _results(job)
-    except (OSError, ValueError, yaml.YAMLError) as err:  # its .hydra/overrides.yaml
+        entries = _read(job / ".hydra" / "overrides.yaml")
+        if not isinstance(entries, list):
+            raise ValueError(f"a list of overrides expected, not {type(entries).__name__}")
+    except (OSError, NotOursError, ValueError, yaml.YAMLError) as err:
         return {}, _unreadable(".hydra/overrides.yaml", err)
+    overrides = [str(entry) for entry in entries]
+    pairs = dict(entry.split("=", 1) for entry in overrides if "=" in entry)
+    return pairs, _results(job, overrides)
+
+
+def _optuna_best(sweep_dir: Path) -> str:
+    """The line naming an Optuna sweep's best trial, from its `optimization_results.yaml`."""
+    try:
+        found = _read(sweep_dir / "optimization_results.yaml")
+        params = ", ".join(f"{k}={_cell(v)}" for k, v in found["best_params"].items())
+        return f"Optuna's best: {params} ({_cell(found['best_value'])})"
+    except (OSError, NotOursError, ValueError, yaml.YAMLError, TypeError, KeyError, AttributeError):
+        return ""
 
 
 def summarise(sweep_dir: Path) -> pd.DataFrame:
-    """The table of a sweep's jobs (of a stored Optuna study: of all its trials); also written
-    as compare.md, compare.csv and compare.png."""
+    """The table of a sweep's jobs; also written as compare.md, compare.csv and compare.png.
+
+    Raises:
+        CompareError: not a sweep's folder.
+        NotOursError: a sweep still running (BusyError), a folder nailseg did not make, or a
+            file of the user's where an output goes; nothing was written.
+    """
     sweep_dir = Path(sweep_dir)
     jobs = _sweep_jobs(sweep_dir)
-    study = _study(jobs[0])
-    if study is not None:
-        jobs = _study_jobs(sweep_dir, jobs, study)
-    read = [_job(job) for job in jobs]
-    overrides = [o for o, _ in read]
-    labels: list[dict[str, Any]] = [{"job": job.name} for job in jobs]
-    results = [r for _, r in read]
-    if len({job.parent for job in jobs}) > 1:
-        labels = [
-            {"sweep": job.parent.name} | label for job, label in zip(jobs, labels, strict=True)
-        ]
-    keys = list(dict.fromkeys(k for o in overrides for k in o))
-    varied = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
-    trials = _trials(study) if study is not None else None
-    if trials is not None:
-        _number_trials(trials, study, overrides, labels, results)
-    order = sorted(range(len(labels)), key=lambda i: labels[i].get("trial", len(labels)))
-    named = list(dict.fromkeys(k for label in labels for k in label))
-    rows = pd.DataFrame(
-        [{**labels[i], **{k: overrides[i].get(k) for k in varied}, **results[i]} for i in order],
-        columns=[*named, *varied, *RESULTS],
-    ).astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
-    if "trial" in rows:
-        rows = rows.astype({"trial": "Int64"})
-    rows["scaling"] = _scaling(rows, [overrides[i] for i in order])
-    shown, note = _shown(rows)
-    try:  # a compare.* its ledger does not record as compare's is the user's
-        claim_files(sweep_dir, LEDGER, "compare", OUTPUTS)
-    except NotOursError as err:
-        raise CompareError(str(err)) from None
-    write_text(sweep_dir / "compare.md", _markdown(shown) + (f"\n{note}\n" if note else ""))
-    write_text(sweep_dir / "compare.csv", rows.to_csv(index=False, lineterminator="\n"))
-    ok = rows[rows["status"] == "ok"]
-    if not ok.empty:
-        _plot(ok, varied, sweep_dir / "compare.png")
-    record_files(sweep_dir, LEDGER, "compare", OUTPUTS)
+    with OwnedFolder.claim(sweep_dir, "sweep", key="sweep_dir") as folder:
+        folder.check_free(OUTPUTS)
+        read = [_job(job) for job in jobs]
+        overrides = [o for o, _ in read]
+        keys = list(dict.fromkeys(k for o in overrides for k in o))
+        varied = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
+        rows = pd.DataFrame(
+            [
+                {"job": job.name, **{k: o.get(k) for k in varied}, **r}
+                for job, (o, r) in zip(jobs, read, strict=True)
+            ],
+            columns=["job", *varied, *RESULTS],
+        ).astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
+        rows["scaling"] = _scaling(rows, overrides)
+        folder.write("compare.md", table(rows, sweep_dir).encode())
+        folder.write("compare.csv", rows.to_csv(index=False, lineterminator="\n").encode())
+        ok = rows[rows["status"] == "ok"]
+        if not ok.empty:
+            _plot(ok, varied, folder)
     return rows
-
-
-def _number_trials(
-    trials: list, study: Study, overrides: list[dict[str, str]], labels: list[dict], results: list
-) -> None:
-    """Give each job the number of the study's trial whose parameters it ran (the sweeper's
-    overrides are `key=str(value)`), and add a row for each trial no job folder here ran."""
-    unmatched = list(trials)
-    for override, label in zip(overrides, labels, strict=True):
-        ran = {k: override.get(k) for k in study.params}
-        trial = next(
-            (t for t in unmatched if {k: str(v) for k, v in t.params.items()} == ran), None
-        )
-        if trial is not None:
-            unmatched.remove(trial)
-            label["trial"] = trial.number
-    for trial in unmatched:
-        overrides.append({k: str(v) for k, v in trial.params.items()})
-        labels.append({"trial": trial.number})
-        status = f"no job folder here (trial {trial.state.name.lower()})"
-        results.append({"status": status, "best": trial.value})
 
 
 def _scaling(rows: pd.DataFrame, overrides: list[dict[str, str]]) -> list[float | None]:
@@ -326,6 +255,14 @@ def _shown(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return rows.drop(columns=empty + same), f"same in every row: {note}" if same else ""
 
 
+def table(rows: pd.DataFrame, sweep_dir: Path) -> str:
+    """compare.md, as printed: the table of what differs, the line naming what does not, and an
+    Optuna sweep's best trial."""
+    shown, note = _shown(rows)
+    notes = [line for line in (note, _optuna_best(sweep_dir)) if line]
+    return _markdown(shown) + "".join(f"\n{line}\n" for line in notes)
+
+
 def _markdown(rows: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
     lines += [
@@ -334,7 +271,7 @@ def _markdown(rows: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
+def _plot(rows: pd.DataFrame, varied: list[str], folder: OwnedFolder) -> None:
     labels = ["\n".join(f"{k}={row[k]}" for k in varied) for _, row in rows.iterrows()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4.5))
     left.bar(labels, rows["train_img_s"].astype(float))
@@ -350,7 +287,7 @@ def _plot(rows: pd.DataFrame, varied: list[str], path: Path) -> None:
     for ax in (left, right):
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    save_figure(path, fig)
+    folder.write("compare.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -360,15 +297,11 @@ def _app(cfg: DictConfig) -> None:
     sweep_dir = Path(cfg.sweep_dir)
     try:
         rows = summarise(sweep_dir)
-    except UserError as err:
+    except UserError as err:  # not a sweep, a sweep still running, a user's folder or file
         sys.exit(f"nailseg compare: {err}")
     for _, row in rows[rows["status"].str.startswith("unreadable")].iterrows():
-        folder = sweep_dir.parent / row["sweep"] if "sweep" in row else sweep_dir
-        print(f"nailseg compare: {folder / row['job']}: {row['status']}", file=sys.stderr)
-    shown, note = _shown(rows)
-    print(_markdown(shown))
-    if note:
-        print(note)
+        print(f"nailseg compare: {sweep_dir / row['job']}: {row['status']}", file=sys.stderr)
+    print(table(rows, sweep_dir))
     print(f"written: {sweep_dir / 'compare.md'}, compare.csv, compare.png")
 
 

@@ -95,7 +95,7 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     """The marker nailseg wrote in `folder`; None when it has none or one nailseg did not write."""
     try:
         content = json.loads(read_regular(folder / MARKER, 1 << 20))
-    except (OSError, ValueError):
+    except (OSError, ValueError, NotOursError):  # none, not JSON, or not a plain file
         return None
     valid = (
         isinstance(content, dict)

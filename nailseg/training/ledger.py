@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from nailseg.io.folder import read_regular
 from nailseg.training.run_folder import write_file
 
 
@@ -95,7 +96,7 @@ def train_rows_once(dirpath: Path) -> str | None:
     """The ledger's verdict on training: "every row once in each of N epochs", or the first epoch
     where a rank is missing or a row was seen twice; None without training entries. Rows a
     `drop_last` pass leaves out are no error: the `*/samples` counts say how many were seen."""
-    entries = [json.loads(p.read_text()) for p in sorted(Path(dirpath).glob("train_*.json"))]
+    entries = [json.loads(read_regular(p)) for p in sorted(Path(dirpath).glob("train_*.json"))]
     if not entries:
         return None
     epochs: dict[int, list[dict[str, Any]]] = {}

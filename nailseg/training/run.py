@@ -53,6 +53,12 @@ def _choices() -> dict[str, str]:
     }
 
 
+def _overrides() -> list[str]:
+    """The job's own command-line overrides, as Hydra keeps them: metrics.json records them, so
+    compare never shows its scores under another job's overrides."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def _job_log(run_dir: Path) -> Path | None:
     """Where a resumed fit's session log goes besides the session's own folder: its run's."""
     if not HydraConfig.initialized():
@@ -205,6 +211,7 @@ def _report(built: Built) -> dict[str, Any]:
     checkpoint = built.resume.checkpoint if built.resume else None
     report: dict[str, Any] = {
         "choices": _choices(),
+        "overrides": _overrides(),
         "tags": list(cfg.tags),
         "resumed_from": str(checkpoint) if checkpoint else None,
     }

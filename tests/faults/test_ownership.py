@@ -16,6 +16,8 @@ from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import prepare
 
+from nailseg.io.folder import OwnedFolder
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -190,9 +192,10 @@ def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name
 
 def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path, command):
     """Before, compare wrote its compare.md, compare.csv and compare.png over the user's files of
-    those names; now one its sweep's marker does not record is refused, named, and nothing is
-    written."""
+    those names; now one its sweep folder's journal does not record is refused, named, and
+    nothing is written."""
     sweep = tmp_path / "sweep"
+    OwnedFolder.claim(sweep, "sweep").release()  # as train.py -m leaves it
     for name, aug in (("0", "light"), ("1", "heavy")):
         job = sweep / name
         (job / ".hydra").mkdir(parents=True)
@@ -201,6 +204,6 @@ def test_compare_never_replaces_a_users_compare_md_in_the_sweep_folder(tmp_path,
     (sweep / "compare.md").write_text("my own notes on this sweep\n")
     done = command("-m", "nailseg", "compare", str(sweep))
     assert done.returncode == 1
-    assert f"{sweep / 'compare.md'} is not a file nailseg wrote there" in done.stderr
+    assert f"{sweep / 'compare.md'} lies where nailseg would write" in done.stderr
     assert (sweep / "compare.md").read_text() == "my own notes on this sweep\n"
     assert not (sweep / "compare.csv").exists()

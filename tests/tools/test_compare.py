@@ -1,9 +1,15 @@
-"""`python -m nailseg compare` on a real sweep of train.py with a failing job."""
+"""`python -m nailseg compare` on a real sweep of train.py with a failing job, and on sweep folders
+as train.py leaves them: two sweeps into one folder, an Optuna sweep, FIFOs, a live sweep."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import signal
+import sqlite3
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +17,7 @@ import pytest
 from support.cli import run_command
 
 from nailseg.compare import summarise
+from nailseg.io.folder import OwnedFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +49,13 @@ def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep, cap
 
 
 def _job(sweep: Path, name: str, overrides: list[str], metrics: dict) -> Path:
-    """A job folder as train.py leaves it: its overrides and metrics.json."""
+    """A job folder as train.py leaves it in its sweep's folder: its overrides and its
+    metrics.json, which records them."""
+    OwnedFolder.claim(sweep, "sweep").release()
     job = sweep / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    (job / "metrics.json").write_text(json.dumps(metrics))
+    (job / "metrics.json").write_text(json.dumps({"overrides": overrides, **metrics}))
     return job
 
 
@@ -132,3 +141,104 @@ def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes
     (broken,) = [line for line in proc.stdout.splitlines() if line.startswith("| 2 | 0.01 | ")]
     assert "| unreadable: metrics.json: JSONDecodeError: " in broken
     assert "| 1 | 0.001 | ok | 98765 | 0.125 | 1 | 0.5 | 3 |" in proc.stdout
+
+
+def test_scores_are_shown_only_under_the_overrides_they_were_measured_with(tmp_path, capsys):
+    """#45: a second sweep into the same hydra.sweep.dir rewrote job 0's overrides and died before
+    its metrics.json: compare showed the first sweep's scores under the second sweep's overrides."""
+    report = {"throughput": {"images_per_s": 50.0, "data_wait_frac": 0.1}, "best": {"value": 0.9}}
+    first = _job(tmp_path, "0", ["aug=light"], report)
+    _job(tmp_path, "1", ["aug=heavy"], report)
+    (first / ".hydra" / "overrides.yaml").write_text("- aug=geometric\n")  # the second sweep's
+    rows = summarise(tmp_path).set_index("job")
+    assert rows.loc["0", "aug"] == "geometric" and pd.isna(rows.loc["0", "best"])
+    assert rows.loc["0", "status"] == (
+        "failed: no metrics.json of this job (the one there ran ['aug=light'])"
+    )
+    assert rows.loc["1", "aug"] == "heavy" and rows.loc["1", "best"] == 0.9
+    shown = compare(tmp_path, capsys).stdout
+    assert "| 0 | geometric | failed: no metrics.json of this job" in shown
+
+
+def test_compare_never_opens_the_optuna_storage_a_job_names(tmp_path, capsys):
+    """#45: compare opened the storage a job's .hydra/hydra.yaml named: it created Optuna's tables
+    in a user's SQLite database (other URLs load a driver and connect). It reads the jobs' files
+    and optimization_results.yaml only."""
+    database = tmp_path / "mine.db"
+    with sqlite3.connect(database) as db:
+        db.execute("CREATE TABLE notes (text)")
+    before = database.read_bytes()
+    sweep = tmp_path / "sweep"
+    for name, lr in (("0", "0.01"), ("1", "0.001")):
+        job = _job(sweep, name, [f"optimizer.lr={lr}"], {"best": {"value": float(lr)}})
+        (job / ".hydra" / "hydra.yaml").write_text(
+            "hydra:\n  runtime:\n    cwd: /\n  sweeper:\n"
+            "    _target_: hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n"
+            f"    storage: sqlite:///{database}\n    study_name: nailseg\n"
+            "    params: {optimizer.lr: choice(0.01, 0.001)}\n"
+        )
+    (sweep / "optimization_results.yaml").write_text(
+        "name: optuna\nbest_params:\n  optimizer.lr: 0.01\nbest_value: 0.01\n"
+    )
+    proc = compare(sweep, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert database.read_bytes() == before
+    assert "Optuna's best: optimizer.lr=0.01 (0.01)" in proc.stdout
+    assert "Optuna's best: optimizer.lr=0.01 (0.01)" in (sweep / "compare.md").read_text()
+    assert "trial" not in pd.read_csv(sweep / "compare.csv")
+
+
+class Hung(BaseException):
+    """Raised in a command that waited too long (no `except Exception` of its catches it)."""
+
+
+@pytest.fixture
+def deadline() -> Iterator[None]:
+    """A test that would hang fails after 30 s instead."""
+
+    def expire(*_: object) -> None:
+        raise Hung("compare waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(
+    "name", ["metrics.json", ".hydra/overrides.yaml", ".nailseg.json", "ledger/train_epoch000.json"]
+)
+def test_a_fifo_at_a_name_compare_reads_is_named_not_waited_on(tmp_path, deadline, name, capsys):
+    """#45: a FIFO at a name compare reads in a job folder hung it."""
+    report = {"throughput": {"images_per_s": 50.0, "data_wait_frac": 0.1}}
+    job = _job(tmp_path, "0", ["aug=light"], report)
+    _job(tmp_path, "1", ["aug=heavy"], report)
+    (job / name).unlink(missing_ok=True)
+    (job / name).parent.mkdir(exist_ok=True)
+    os.mkfifo(job / name)
+    proc = compare(tmp_path, capsys)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 0 |"))
+    unreadable = name != ".nailseg.json"  # a marker nailseg did not write holds no failure
+    assert ("unreadable" in row) == unreadable and ("is not a plain file" in row) == unreadable
+    assert "| 1 | heavy |" in proc.stdout and "unreadable" not in proc.stdout.split("| 1 |")[1]
+
+
+def test_a_sweep_still_running_is_refused_in_one_line(tmp_path, capsys):
+    """The sweep's folder is held by train.py while its jobs run; compare does not read it
+    half-written nor write into it."""
+    _job(tmp_path, "0", ["aug=light"], {})
+    _job(tmp_path, "1", ["aug=heavy"], {})
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the running sweep holds it
+        proc = compare(tmp_path, capsys)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (
+        f"nailseg compare: another nailseg command is using {tmp_path}: wait for it to finish, "
+        "or choose another sweep_dir\n"
+    )
+    assert not (tmp_path / "compare.md").exists()
