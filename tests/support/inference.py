@@ -20,9 +20,9 @@ def make_run(root: Path, run_dir: Path) -> Path:
     cfg = compose_train(
         small_overrides(root, "logger=none", "trainer.max_epochs=1", "test=false"), run_dir
     )
+    train_run(cfg)  # first: it claims run_dir, which must be new or nailseg's
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    train_run(cfg)
     return run_dir / "checkpoints" / "last.ckpt"
 
 
