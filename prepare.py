@@ -18,6 +18,11 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except UserError as err:
         sys.exit(f"prepare failed: {err}")
+    except KeyboardInterrupt:
+        sys.exit(
+            f"prepare interrupted: {cfg.output_dir} keeps the pairs converted so far; run the "
+            "same command again to finish"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from benchmarks.output import claim_output, scratch
 from nailseg.config import CONF_DIR
 from nailseg.io.folder import OwnedFolder
 from nailseg.prep.prepare import prepare
-from nailseg.prep.settings import PrepareSettings, compose_prepare
-from nailseg.prep.synthetic import generate
+from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.synth.scene import generate
 from nailseg.tables import print_table
 
 COMMAND = "benchmarks.prepare"

@@ -9,7 +9,7 @@ child's (`RUSAGE_CHILDREN`: generate's and prepare's pools, the torch loader's w
 counts a forked child's pages shared with its parent at the fork, even when it then runs another
 program, so the child's figure is at least the stage's size when it forked: an upper bound.
 
-1. `generate`: the synthetic photos (`nailseg.prep.synthetic`), photos/s;
+1. `generate`: the synthetic photos (`nailseg.synth`), photos/s;
 2. `prepare`: them into a prepared root with conf/prepare.yaml's settings, photos/s, and the bytes
    on disk per photo of photos and root together;
 3. `loader`: one epoch of the configured loader over the train split, no model, images/s;
@@ -56,8 +56,8 @@ from nailseg.config import CONF_DIR, PROJECT_ROOT
 from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
 from nailseg.prep.prepare import prepare
-from nailseg.prep.settings import PrepareSettings, compose_prepare
-from nailseg.prep.synthetic import generate, manifest_text
+from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.synth.scene import generate, manifest
 from nailseg.tables import print_table
 
 OUTPUTS = ["bench_scale.csv", "bench_scale.png", "bench_scale.json"]
@@ -126,7 +126,7 @@ def generate_stage(raw: Path, count: int, seed: int, workers: int) -> dict[str, 
     return {"seconds": seconds(lambda: generate(raw, count, seed, num_workers=workers))}
 
 
-def prepare_stage(raw: Path, root: Path, settings: PrepareSettings, source: str) -> dict[str, Any]:
+def prepare_stage(raw: Path, root: Path, settings: PrepareSettings, source: dict) -> dict[str, Any]:
     """Stage 2: `raw` prepared into `root`."""
     return {"seconds": seconds(lambda: prepare(raw, root, settings, source))}
 
@@ -234,7 +234,7 @@ def _measure_count(
     ]  # fmt: skip
     runs = {
         "generate": (generate_stage, raw, count, cfg.seed, settings.num_workers),
-        "prepare": (prepare_stage, raw, root, settings, manifest_text(count, cfg.seed)),
+        "prepare": (prepare_stage, raw, root, settings, manifest(count, cfg.seed)),
         "loader": (
             loader_stage, root, list(cfg.image_size), loader,
             OmegaConf.to_container(cfg.aug, resolve=True),

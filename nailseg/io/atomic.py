@@ -48,10 +48,14 @@ def temp_path(path: Path) -> Path:
 
 
 def write_atomic(
-    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], mtime_ns: int | None = None
+    path: str | os.PathLike[str],
+    write: Callable[[BinaryIO], object],
+    mtime_ns: int | None = None,
+    before_rename: Callable[[Path], object] | None = None,
 ) -> Path:
     """`write(file)` into a temporary sibling, fsync, then rename; `mtime_ns` stamps the file
-    first. The folder is fsync'd after the rename so the new name itself is durable."""
+    first, `before_rename(temporary)` is called just before the rename (a kill after the rename
+    then finds it done). The folder is fsync'd after the rename so the new name is durable."""
     path = Path(path)
     refuse_non_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,6 +67,8 @@ def write_atomic(
             os.fsync(f.fileno())
         if mtime_ns is not None:
             os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        if before_rename is not None:
+            before_rename(tmp)
         os.replace(tmp, path)
         _fsync_folder(path.parent)
     finally:

@@ -311,13 +311,14 @@ class OwnedFolder:
             self._keep(path)
             return None
         write = data if callable(data) else (lambda f, data=data: f.write(data))
-        write_atomic(path, write)
-        self.record(rel)
+        # journaled before its rename: a kill right after the rename leaves it nailseg's
+        write_atomic(path, write, before_rename=lambda tmp: self.record(rel, tmp))
         return path
 
-    def record(self, rel: str) -> None:
-        """Journal the file nailseg has just written at `rel` (atomically, by its own code)."""
-        found = Record.of(self.path / rel)
+    def record(self, rel: str, at: Path | None = None) -> None:
+        """Journal the file nailseg has just written at `rel` (atomically, by its own code), or
+        is about to rename from `at` to `rel` (a rename keeps size, times and inode)."""
+        found = Record.of(at or self.path / rel)
         if found is not None:
             self.journal.append(
                 [{"op": "add", "path": rel, "rec": [found.size, found.mtime_ns, found.ino]}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -14,9 +15,9 @@ import numpy as np
 from rich.progress import Progress
 
 from nailseg.collector import frozen_heap
-from nailseg.io.atomic import write_atomic
+from nailseg.io.folder import Journal, OwnedFolder
 from nailseg.lifetime import die_with_parent
-from nailseg.prep.format import JOURNAL_FILE, output_paths
+from nailseg.prep.format import output_paths
 from nailseg.prep.imageio import (
     UnreadableImage,
     binarise,
@@ -33,12 +34,13 @@ from nailseg.prep.layout import (
     Exclusion,
     Pair,
 )
-from nailseg.prep.ledger import Journal, Owned, Record, conversion_settings
+from nailseg.prep.ledger import PairJournal, Record, Source, conversion_settings, digest
 from nailseg.prep.report import Summary
-from nailseg.prep.settings import PrepareSettings
+from nailseg.prep.request import PrepareSettings
 
 IN_FLIGHT_PER_WORKER = 4  # pairs queued per worker: enough to keep each busy, few to hold
 _READ_ATTEMPTS = 3  # reads of a pair whose sources keep changing while they are decoded
+_worker_folder: OwnedFolder | None = None  # a pool worker's view of the root
 
 
 @dataclass(frozen=True)
@@ -52,42 +54,49 @@ class Outcome:
     image_bits: int = 8
 
 
-def _save_npy(path: Path, array: np.ndarray, mtime_ns: int) -> None:
-    write_atomic(
-        path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False), mtime_ns
-    )
+def _save_npy(folder: OwnedFolder, rel: str, array: np.ndarray) -> None:
+    folder.write(rel, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False))
 
 
-def _signature(path: Path) -> tuple[int, int, int, int]:
-    """What changes when a file is saved: its identity, size and modification time."""
+def _stat(path: Path) -> os.stat_result:
     try:
-        stat = path.stat()
+        return os.stat(path)
     except OSError as err:  # vanished since the scan, or a link to nothing
         raise UnreadableImage(path, f"cannot read it: {err.strerror or err}") from err
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def _read_sources(pair: Pair) -> tuple[np.ndarray, int, np.ndarray, tuple[int, int]]:
-    """The decoded image, its bit depth, the mask's values, and the sources' modification times
-    of that content: a source saved while it was decoded is read again, so the outputs never
-    carry a newer time than their content's."""
+def _read_sources(pair: Pair) -> tuple[np.ndarray, int, np.ndarray, tuple[Source, Source]]:
+    """The decoded image, its bit depth, the mask's values, and the sources' identities of that
+    content: a source saved while it was read is read again."""
     for _ in range(_READ_ATTEMPTS):
-        before = _signature(pair.image), _signature(pair.mask)
+        before = _stat(pair.image), _stat(pair.mask)
         image, bits = decode_rgb(pair.image)
         values = read_mask_values(pair.mask)
-        after = _signature(pair.image), _signature(pair.mask)
+        try:
+            digests = digest(pair.image), digest(pair.mask)
+        except OSError as err:
+            raise UnreadableImage(
+                Path(err.filename or pair.image), f"cannot read it: {err}"
+            ) from err
+        after = _stat(pair.image), _stat(pair.mask)
         if before == after:
-            return image, bits, values, (before[0][3], before[1][3])
+            return (
+                image,
+                bits,
+                values,
+                (Source.of(before[0], digests[0]), Source.of(before[1], digests[1])),
+            )
     changed = pair.image if before[0] != after[0] else pair.mask
     raise UnreadableImage(
         changed, f"it changed while being read, {_READ_ATTEMPTS} times: rerun once it is saved"
     )
 
 
-def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> Outcome:
-    """Decode, check and write one pair (runs in a worker process)."""
+def convert_pair(pair: Pair, folder: OwnedFolder | None, threshold: int, settings: str) -> Outcome:
+    """Decode, check and write one pair (`folder` None: in a pool worker, its own view)."""
+    folder = folder or _worker_folder
     try:
-        image, bits, values, mtimes = _read_sources(pair)
+        image, bits, values, sources = _read_sources(pair)
     except UnreadableImage as err:
         return Outcome(exclusion=Exclusion(err.path, UNREADABLE, err.reason))
     turned = orientation_mismatch(pair.image, pair.mask, image.shape, values.shape)
@@ -107,40 +116,49 @@ def convert_pair(pair: Pair, out_root: Path, threshold: int, settings: str) -> O
         return Outcome(exclusion=exclusion, nonbinary_values=nonbinary, image_bits=bits)
     rel_image, rel_mask = output_paths(pair.key)
     try:
-        _save_npy(out_root / rel_image, image, mtimes[0])
-        _save_npy(out_root / rel_mask, mask[..., None], mtimes[1])
+        _save_npy(folder, rel_image, image)
+        _save_npy(folder, rel_mask, mask[..., None])
     except OSError as err:  # both outputs end in one name: the first write fails, nothing is left
         if err.errno != errno.ENAMETOOLONG:
             raise
         name = PurePosixPath(rel_image).name
         detail = f"{err.strerror}: {rel_image}, written as .{name}.<pid>.tmp first; shorten it"
         return Outcome(exclusion=Exclusion(pair.image, NAME_TOO_LONG, detail), image_bits=bits)
+    shape, identities = mask.shape, (str(source) for source in sources)
     record = Record(
-        pair.group, pair.stem, rel_image, rel_mask, *mask.shape, fg / mask.size, *mtimes, settings
+        pair.group, pair.stem, rel_image, rel_mask, *shape, fg / mask.size, *identities, settings
     )
     return Outcome(record=record, nonbinary_values=nonbinary, image_bits=bits)
 
 
+def _init_worker(path: str) -> None:
+    global _worker_folder
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to answer
+    _worker_folder = OwnedFolder.attach(path)
+
+
 def _convert_all(
-    pairs: list[Pair], out_root: Path, threshold: int, settings: str, workers: int
+    pairs: list[Pair], folder: OwnedFolder, threshold: int, settings: str, workers: int
 ) -> Iterator[Outcome]:
     """Outcomes as they complete, with a progress bar."""
     with Progress(transient=True) as progress:
         task = progress.add_task("preparing", total=len(pairs))
         if workers <= 1:
             for pair in pairs:
-                yield convert_pair(pair, out_root, threshold, settings)
+                yield convert_pair(pair, folder, threshold, settings)
                 progress.advance(task)
             return
         waiting = iter(pairs)
 
         def submit(count: int) -> set[Future[Outcome]]:
             return {
-                pool.submit(convert_pair, p, out_root, threshold, settings)
+                pool.submit(convert_pair, p, None, threshold, settings)
                 for p in itertools.islice(waiting, count)
             }
 
-        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent) as pool:
+        pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(str(folder.path),))
+        try:
             # a bounded window of pairs in flight: memory does not grow with the photo count
             with frozen_heap():  # the pool forks its processes at the first submit
                 running = submit(IN_FLIGHT_PER_WORKER * workers)
@@ -150,24 +168,24 @@ def _convert_all(
                     yield future.result()
                     progress.advance(task)
                 running |= submit(len(done))
+        finally:
+            pool.shutdown(cancel_futures=True)
+            folder.journal = Journal(folder.path)  # with what the workers wrote
 
 
 def convert(
-    pairs: list[Pair], out_root: Path, owned: Owned, settings: PrepareSettings, summary: Summary
+    pairs: list[Pair], folder: OwnedFolder, settings: PrepareSettings, summary: Summary
 ) -> list[Record]:
-    """Claim the pairs' output paths in the journal, then convert and journal each pair."""
+    """Void the pairs in the pair journal, then convert and journal each pair."""
     if not pairs:
         return []
-    claim = [p for pair in pairs for p in output_paths(pair.key)]
-    owned.paths.update(claim)
-    owned.claims.update(claim)
     workers = settings.num_workers if settings.num_workers is not None else os.cpu_count() or 1
     threshold, recorded = settings.mask_threshold, conversion_settings(settings.mask_threshold)
     records = []
-    journal = Journal(out_root / JOURNAL_FILE)
+    journal = PairJournal(folder)
     try:
-        journal.append({"claim": claim})
-        for outcome in _convert_all(pairs, out_root, threshold, recorded, min(workers, len(pairs))):
+        journal.append({"void": [pair.key for pair in pairs]})
+        for outcome in _convert_all(pairs, folder, threshold, recorded, min(workers, len(pairs))):
             summary.add(outcome)
             if outcome.record is not None:
                 journal.append({"record": asdict(outcome.record)})

@@ -1,5 +1,6 @@
 """The prepared root's on-disk contract: file names, CSV columns, the one CSV reader and writer, and
-the modification-time stamps outputs carry (ownership itself lives in `nailseg.io.ownership`).
+the modification-time stamps predict's outputs carry. A prepared root is nailseg's folder of kind
+`KIND` (`nailseg.io.folder`); its marker holds `complete` and, for a synthetic set, `synthetic`.
 
 Every CSV is read with `keep_default_na=False` and every column but the numeric ones as text, so a
 group or file stem named `NA`, `null`, `None` or `nan` stays that string through a rerun and into
@@ -19,32 +20,12 @@ from nailseg.io.atomic import write_bytes
 
 CSV_COLUMNS = ["images", "masks", "group", "height", "width", "fg_fraction"]
 SPLITS = ("train", "valid", "test")
-MARKER_FILE = "prepare.json"  # marks a folder as a prepared root: nailseg writes only into those
-MARKER_KIND = "prepare"
-MANIFEST_FILE = "manifest.csv"  # every pair whose outputs nailseg wrote and still owns
-JOURNAL_FILE = "manifest.journal"  # pairs claimed and converted since the last complete run
+KIND = "prepare"  # the kind of a prepared root's folder (`nailseg.io.folder`)
+MANIFEST_FILE = "manifest.csv"  # every pair of the last complete run, with what it was made from
+JOURNAL_FILE = "manifest.journal"  # pairs voided and converted since the last complete run
 EXCLUDED_FILE = "excluded.csv"
-LOCK_FILE = ".prepare.lock"
-BUILTIN_LOCK_FILE = ".builtin.lock"  # held while a built-in dataset is generated and prepared
-SOURCE_FILE = "synthetic_source.json"  # the synthetic set (n, seed, version) the root was made of
-ROOT_FILES = frozenset(
-    {
-        MARKER_FILE,
-        MANIFEST_FILE,
-        JOURNAL_FILE,
-        EXCLUDED_FILE,
-        SOURCE_FILE,
-        *(f"{s}.csv" for s in SPLITS),
-    }
-)
-NUMERIC_DTYPES = {
-    "height": "int64",
-    "width": "int64",
-    "fg_fraction": "float64",
-    "image_mtime_ns": "int64",
-    "mask_mtime_ns": "int64",
-    "listed": "int64",
-}
+ROOT_FILES = frozenset({MANIFEST_FILE, JOURNAL_FILE, EXCLUDED_FILE, *(f"{s}.csv" for s in SPLITS)})
+NUMERIC_DTYPES = {"height": "int64", "width": "int64", "fg_fraction": "float64"}
 
 
 def split_file(split: str) -> str:
@@ -66,10 +47,14 @@ def read_table(path: Path, required: Sequence[str] = ()) -> pd.DataFrame:
     return rows
 
 
-def write_table(path: Path, rows: pd.DataFrame) -> None:
-    """Atomically; a name that is not valid Unicode (only ever in a detail) is backslash-escaped."""
+def table_bytes(rows: pd.DataFrame) -> bytes:
+    """The CSV; a name that is not valid Unicode (only ever in a detail) is backslash-escaped."""
     text = rows.to_csv(index=False, float_format="%.6f", lineterminator="\n")
-    write_bytes(path, text.encode("utf-8", "backslashreplace"))
+    return text.encode("utf-8", "backslashreplace")
+
+
+def write_table(path: Path, rows: pd.DataFrame) -> None:
+    write_bytes(path, table_bytes(rows))
 
 
 def new_stamp() -> int:

@@ -1,49 +1,74 @@
-"""What prepare wrote into a root, so reruns redo only what changed and delete only its own files.
+"""What prepare made of which sources, so a rerun converts only the pairs whose sources changed.
 
-The manifest lists every pair of the last complete run with its sources' modification times and
-conversion settings; the journal, appended and fsync'd as a run goes, claims the outputs a run is
-about to write and records each pair once both outputs are written, so a killed run resumes and
-a claimed output is never taken as current before a later record.
+The manifest lists the pairs of the last complete run: each source's identity (size, modification
+time, inode, change time, content digest) and the conversion settings. The pair journal, appended
+and fsync'd as a run goes, voids the pairs a run is about to convert and records each once both
+outputs are written, so a killed run resumes where it stopped. Whether an output is still the
+file prepare wrote is the folder's journal's business (`nailseg.io.folder`), not this ledger's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
-from functools import cached_property
 from pathlib import Path, PurePosixPath
 
-from nailseg.io.atomic import refuse_non_file
-from nailseg.io.ownership import (
-    ForeignFolderError,
-    Proof,
-    below,
-    new_marker,
-    open_append,
-    read_marker,
-    recorded,
-    replaceable,
-    stamped,
-    write_marker,
-)
-from nailseg.prep.format import (
-    JOURNAL_FILE,
-    MANIFEST_FILE,
-    MARKER_FILE,
-    MARKER_KIND,
-    ROOT_FILES,
-    output_paths,
-    read_table,
-)
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder, below, read_regular
+from nailseg.prep.format import JOURNAL_FILE, MANIFEST_FILE, output_paths, read_table
 from nailseg.prep.layout import OUTPUT_CLASH, OUTPUT_TAKEN, Exclusion, Pair
 from nailseg.prep.request import PrepareError
 
-FORMAT_VERSION = 2  # bump when the outputs of one source change: every pair is then reconverted
+FORMAT_VERSION = 3  # bump when the outputs of one source change: every pair is then reconverted
 MAX_VANISHED_SHARE = 0.10  # a rerun missing more of its prepared pairs fails (unless prune=true)
-NO_SETTINGS = ""  # a record's settings when its outputs' are unknown: never up to date
-_LEGACY_COLUMNS = {"settings": NO_SETTINGS, "listed": 1}  # manifests of format 1 lack them
+
+
+@dataclass(frozen=True)
+class Source:
+    """What identifies a source file's content. Equal size, modification time, inode and change
+    time mean unchanged content (a rename, a copy or `touch -d` changes the inode or the change
+    time, which no user can set); when only those two differ, the digest decides."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+    ctime_ns: int
+    digest: str
+
+    def __str__(self) -> str:
+        return f"{self.size} {self.mtime_ns} {self.ino} {self.ctime_ns} {self.digest}"
+
+    @classmethod
+    def parse(cls, text: str) -> Source | None:
+        try:
+            size, mtime, ino, ctime, digest = text.split(" ")
+            return cls(int(size), int(mtime), int(ino), int(ctime), digest)
+        except ValueError:
+            return None
+
+    @classmethod
+    def of(cls, st: os.stat_result, digest: str) -> Source:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, digest)
+
+    def current(self, path: Path) -> Source | None:
+        """This identity as `path` has it now (refreshed when only its inode or change time
+        moved), None when its content changed or it cannot be read."""
+        try:
+            st = os.stat(path)
+            if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+                return None
+            if (st.st_ino, st.st_ctime_ns) == (self.ino, self.ctime_ns):
+                return self
+            return Source.of(st, self.digest) if digest(path) == self.digest else None
+        except OSError:
+            return None
+
+
+def digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,9 @@ class Record:
     height: int
     width: int
     fg_fraction: float
-    image_mtime_ns: int  # of the source files: what the outputs were made from
-    mask_mtime_ns: int
+    image_source: str  # `Source` of the files the outputs were made from
+    mask_source: str
     settings: str  # the conversion settings the outputs were made under
-    listed: bool = True  # in the split CSVs; False: kept on disk for a pair gone from the input
 
     @property
     def key(self) -> str:
@@ -79,117 +103,61 @@ def conversion_settings(mask_threshold: int) -> str:
     return json.dumps({"format": FORMAT_VERSION, "mask_threshold": mask_threshold})
 
 
-@dataclass
-class Owned:
-    """What nailseg wrote into the root: the pairs it recorded and every output path it claimed."""
-
-    records: dict[str, Record]
-    paths: set[str]
-    claims: set[str]  # claimed by a run since the last complete one: whatever it left is its own
-
-    def proof(self, rel: str) -> Proof | None:
-        """What shows that the file at output path `rel` is still the one prepare wrote: any plain
-        file on a claimed path, else its record's stamp (the source's modification time)."""
-        if rel in self.claims:
-            return lambda _: True
-        stamp = self._stamps.get(rel)
-        return None if stamp is None else stamped(stamp)
-
-    @cached_property
-    def _stamps(self) -> dict[str, int]:
-        stamps = {r.images: r.image_mtime_ns for r in self.records.values()}
-        return stamps | {r.masks: r.mask_mtime_ns for r in self.records.values()}
-
-
-def claim_root(out_root: Path, settings: str) -> tuple[dict, bool]:
-    """The root's marker and whether the root is new (its marker then written: the first write).
-    Raises PrepareError, before any write, when a file of the root's names is not the one prepare
-    recorded writing there: it is not replaced."""
+def _journal_entries(folder: OwnedFolder) -> list[dict]:
+    """The pair journal's complete lines; a line cut short by a kill does not parse."""
     try:
-        marker = read_marker(out_root, MARKER_FILE, MARKER_KIND)
-    except ForeignFolderError as err:
-        raise PrepareError(f"output_dir: {err}") from err
-    if marker is None:
-        marker = new_marker(MARKER_KIND, **json.loads(settings))
-        write_marker(out_root, MARKER_FILE, marker)
-        return marker, True
-    files = recorded(marker)
-    for name in sorted(ROOT_FILES - {MARKER_FILE, JOURNAL_FILE}):
-        refuse_non_file(out_root / name)  # a link: named as one
-        if not replaceable(out_root / name, files.get(name)):
-            raise PrepareError(
-                f"{out_root / name} is not the file prepare wrote there (changed or put there "
-                "since), so it is not replaced: nothing was written; move it away, or choose a "
-                "new output_dir"
-            )
-    return marker, False
-
-
-def _journal_entries(path: Path) -> Iterator[dict]:
-    """The journal's complete lines; a line cut short by a kill does not parse and is skipped."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
+        data = read_regular(folder.file(JOURNAL_FILE))
+    except (FileNotFoundError, NotOursError):
+        return []
+    entries = []
     for line in data.split(b"\n"):
         try:
-            entry = json.loads(line)
+            entries.append(json.loads(line))
         except ValueError:
             continue
-        if isinstance(entry, dict):
-            yield entry
+    return [e for e in entries if isinstance(e, dict)]
 
 
-def _read_records(path: Path) -> dict[str, Record]:
-    if not path.is_file():
-        return {}
-    rows = read_table(path, required=[n for n in RECORD_COLUMNS if n not in _LEGACY_COLUMNS])
-    records = {}
-    for row in rows.to_dict("records"):
-        values = {name: row.get(name, _LEGACY_COLUMNS.get(name)) for name in RECORD_COLUMNS}
-        record = Record(**values | {"listed": bool(values["listed"])})
-        records[record.key] = record
+def load_records(folder: OwnedFolder) -> dict[str, Record]:
+    """The manifest of the last complete run, updated by the pair journal of any run since; a
+    manifest that cannot be read (damaged, not a plain file) counts as none: every pair is
+    converted again, and the manifest is replaced only while it is prepare's own file."""
+    try:
+        read_regular(folder.file(MANIFEST_FILE), 0)  # refuses a FIFO before pandas opens it
+        rows = read_table(folder.file(MANIFEST_FILE), required=RECORD_COLUMNS).to_dict("records")
+        records = {
+            r.key: r for r in (Record(**{k: row[k] for k in RECORD_COLUMNS}) for row in rows)
+        }
+    except (OSError, ValueError, NotOursError, UnicodeDecodeError):
+        records = {}
+    for entry in _journal_entries(folder):
+        if isinstance(entry.get("void"), list):
+            for key in entry["void"]:
+                if key in records:
+                    records[key] = replace(records[key], settings="")
+        elif isinstance(entry.get("record"), dict):
+            try:
+                record = Record(**entry["record"])
+            except TypeError:
+                continue
+            records[record.key] = record
+    outside = sorted(p for r in records.values() for p in r.outputs if not below(p))
+    if outside:  # refused before any write
+        raise PrepareError(
+            f"{folder.path / MANIFEST_FILE} (or {JOURNAL_FILE}) lists {outside[0]!r}, which is "
+            "not below the output folder: nothing was written; restore the file, or choose a "
+            "new output_dir"
+        )
     return records
 
 
-def load_owned(out_root: Path) -> Owned:
-    """The manifest of the last complete run, updated by the journal of any run since.
+class PairJournal:
+    """Append-only lines of JSON, each fsync'd before the next output is written."""
 
-    A claim voids the settings of the records it names, and only a later record makes the pair
-    up to date again: outputs a killed run rewrote are never taken as current, whatever their
-    modification times say.
-    """
-    records = _read_records(out_root / MANIFEST_FILE)
-    claims: set[str] = set()
-    for entry in _journal_entries(out_root / JOURNAL_FILE):
-        if "claim" in entry:
-            claimed = set(entry["claim"])
-            claims |= claimed
-            for key, record in records.items():
-                if claimed.intersection(record.outputs):
-                    records[key] = replace(record, settings=NO_SETTINGS)
-        elif "record" in entry:
-            record = Record(**entry["record"])
-            records[record.key] = record
-    owned = Owned(records, claims | {p for r in records.values() for p in r.outputs}, claims)
-    outside = sorted(p for p in owned.paths if not below(p))
-    if outside:  # refused before any write: prepare deletes what these files list
-        raise PrepareError(
-            f"{out_root / MANIFEST_FILE} (or {JOURNAL_FILE}) lists {outside[0]!r}, which is not "
-            "below the output folder: prepare never writes such a path, and nothing outside it "
-            "is deleted. Nothing was written; restore the file, or choose a new output_dir"
-        )
-    return owned
-
-
-class Journal:
-    """Append-only lines of JSON, each flushed and fsync'd before the next output is written."""
-
-    def __init__(self, path: Path) -> None:
-        self.fd = open_append(path)
-        size = os.fstat(self.fd).st_size
-        if size and os.pread(self.fd, 1, size - 1) != b"\n":
-            os.write(self.fd, b"\n")  # end the line a kill cut short: the next one parses again
+    def __init__(self, folder: OwnedFolder) -> None:
+        self.fd = folder.open_append(JOURNAL_FILE)
+        if os.fstat(self.fd).st_size:
+            os.write(self.fd, b"\n")  # ends a line a kill cut short: the next one parses again
 
     def append(self, entry: dict) -> None:
         os.write(self.fd, (json.dumps(entry) + "\n").encode())
@@ -200,68 +168,68 @@ class Journal:
 
 
 def refuse_mass_vanishing(
-    owned: Owned, pairs: list[Pair], prune: bool, input_dir: Path, out_root: Path
+    records: dict[str, Record], pairs: list[Pair], prune: bool, input_dir: Path, root: Path
 ) -> None:
-    listed = [key for key, record in owned.records.items() if record.listed]
     present = {pair.key for pair in pairs}
-    gone = sum(key not in present for key in listed)
-    if prune or gone <= MAX_VANISHED_SHARE * len(listed):
+    gone = sum(key not in present for key in records)
+    if prune or gone <= MAX_VANISHED_SHARE * len(records):
         return
     raise PrepareError(
-        f"{gone} of the {len(listed)} pairs prepared in {out_root} are no longer in {input_dir} "
+        f"{gone} of the {len(records)} pairs prepared in {root} are no longer in {input_dir} "
         f"(more than {MAX_VANISHED_SHARE:.0%}): is the input all there (a share not mounted, a "
         "folder renamed)? Nothing was changed. If they were removed on purpose, rerun with "
         "prune=true: they leave the CSVs and their outputs are deleted"
     )
 
 
-def _up_to_date(pair: Pair, out_root: Path, record: Record | None, settings: str) -> Record | None:
-    """The record of a pair whose outputs are current, else None (also when a source or an
-    output cannot be stat'ed: converting the pair then says why)."""
+def _up_to_date(pair: Pair, folder: OwnedFolder, record: Record | None, settings: str):
+    """The record of a pair whose outputs are current, else None: same settings, sources of the
+    same content, outputs as prepare wrote them."""
     if record is None or record.settings != settings:
         return None
-    try:
-        sources = (pair.image.stat().st_mtime_ns, pair.mask.stat().st_mtime_ns)
-        outputs = tuple((out_root / p).stat().st_mtime_ns for p in record.outputs)
-    except OSError:
+    image, mask = Source.parse(record.image_source), Source.parse(record.mask_source)
+    if image is None or mask is None or not all(folder.owns(rel) for rel in record.outputs):
         return None
-    current = sources == outputs == (record.image_mtime_ns, record.mask_mtime_ns)
-    return replace(record, listed=True) if current else None
+    image, mask = image.current(pair.image), mask.current(pair.mask)
+    if image is None or mask is None:
+        return None
+    return replace(record, image_source=str(image), mask_source=str(mask))
 
 
-def _blocker(out_root: Path, pair: Pair, owned: Owned) -> Exclusion | None:
+def _blocker(folder: OwnedFolder, pair: Pair) -> Exclusion | None:
     """Why the pair's outputs cannot be written, None when they can: a file nailseg did not write
-    on an output's path, or a file (even one kept for a pair gone from the input) where one of
-    its folders must be. Such files are never overwritten."""
+    on an output's path, or a file where one of its folders must be. Such files stay."""
     for rel in output_paths(pair.key):
-        path = out_root / rel
-        if not replaceable(path, owned.proof(rel)):  # a user's file, or one put in our place
-            return Exclusion(path, OUTPUT_TAKEN, "move it away to prepare this")
+        try:
+            if not folder.may_write(rel):
+                return Exclusion(folder.path / rel, OUTPUT_TAKEN, "move it away to prepare this")
+        except NotOursError as err:  # a link on the way
+            return Exclusion(folder.path / rel, OUTPUT_TAKEN, str(err))
         for parent in PurePosixPath(rel).parents:
-            folder = out_root / parent
-            if folder.is_dir():
+            path = folder.path / parent
+            if path.is_dir():
                 break
-            if os.path.lexists(folder):
+            if os.path.lexists(path):
                 detail = (
                     f"a file where {rel} needs a folder: move it away, or prune=true if nailseg "
                     "kept it for a pair gone from the input"
                 )
-                return Exclusion(folder, OUTPUT_CLASH, detail)
+                return Exclusion(path, OUTPUT_CLASH, detail)
     return None
 
 
 def triage(
-    pairs: list[Pair], out_root: Path, owned: Owned, settings: str
+    pairs: list[Pair], folder: OwnedFolder, records: dict[str, Record], settings: str
 ) -> tuple[list[Record], list[Pair], list[Exclusion]]:
     """The records of the pairs whose outputs are current, the pairs to convert, and why the
     others cannot be converted."""
-    records, stale, blocked = [], [], []
+    current, stale, blocked = [], [], []
     for pair in pairs:
-        record = _up_to_date(pair, out_root, owned.records.get(pair.key), settings)
+        record = _up_to_date(pair, folder, records.get(pair.key), settings)
         if record is not None:
-            records.append(record)
-        elif (why := _blocker(out_root, pair, owned)) is not None:
+            current.append(record)
+        elif (why := _blocker(folder, pair)) is not None:
             blocked.append(why)
         else:
             stale.append(pair)
-    return records, stale, blocked
+    return current, stale, blocked

@@ -1,33 +1,61 @@
-"""prepare's request checks: everything that can refuse a request does so before the first write."""
+"""prepare's settings and request checks: everything that can refuse a request does so before the
+first write."""
 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from nailseg.config import CONF_DIR
 from nailseg.errors import UserError
+from nailseg.io.folder import OWN_NAMES, is_copy, read_marker
 from nailseg.io.overlap import overlap
-from nailseg.io.ownership import ForeignFolderError, require_owned
 from nailseg.io.permissions import may_write
-from nailseg.prep.format import BUILTIN_LOCK_FILE, LOCK_FILE, MARKER_FILE, MARKER_KIND, output_paths
+from nailseg.prep.format import KIND, output_paths
 from nailseg.prep.imageio import check_mask_threshold
 from nailseg.prep.layout import OUTPUT_CLASH, Exclusion, Pair, find_pairs
-from nailseg.prep.settings import PrepareSettings
 from nailseg.prep.splits import SplitSettings, check_split_settings
-
-# what a new root may hold besides nothing: a lock and a marker being written
-_OURS_IN_NEW_ROOT = re.compile(
-    rf"{re.escape(LOCK_FILE)}|{re.escape(BUILTIN_LOCK_FILE)}|\.{re.escape(MARKER_FILE)}\.\d+\.tmp"
-)
 
 
 class PrepareError(UserError, RuntimeError):
     """A request refused or a run with nothing usable: the message says which and why."""
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """How prepare converts, checks and splits (conf/prepare.yaml's keys of the same names)."""
+
+    mask_threshold: int  # a mask value above it is nail; {0, 1} masks are taken as they are
+    strict: bool  # any excluded file fails the run
+    prune: bool  # delete the outputs of pairs gone from the input (else kept, unlisted)
+    num_workers: int | None  # processes; None: one per CPU core
+    split: SplitSettings
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> PrepareSettings:
+        """The settings of a composed conf/prepare.yaml."""
+        split = OmegaConf.to_container(cfg.split, resolve=True)
+        split["holdout_groups"] = tuple(split["holdout_groups"])
+        return cls(
+            cfg.mask_threshold, cfg.strict, cfg.prune, cfg.num_workers, SplitSettings(**split)
+        )
+
+
+def compose_prepare(overrides: Sequence[str] = ()) -> DictConfig:
+    """conf/prepare.yaml with Hydra `overrides`, composed inside a Hydra app or outside one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("prepare", overrides=list(overrides))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("prepare", overrides=list(overrides))
 
 
 def _checked_split(split: SplitSettings, groups: list[str] | None = None) -> None:
@@ -56,10 +84,29 @@ def check_request(input_dir: Path, out_root: Path, settings: PrepareSettings) ->
             "other, comparing names without case): choose an output_dir outside the input"
         )
     _check_creatable(out_root)
+    refuse_foreign(out_root, KIND, "output_dir")
+
+
+def refuse_foreign(folder: Path, kind: str, key: str) -> None:
+    """Refuse, before anything is written, a folder that `OwnedFolder.claim(folder, kind)` would
+    refuse: one holding files but no nailseg marker of `kind`, or a copy of nailseg's folder."""
     try:
-        require_owned(out_root, MARKER_FILE, MARKER_KIND, _OURS_IN_NEW_ROOT)
-    except ForeignFolderError as err:
-        raise PrepareError(f"output_dir: {err}") from err
+        names = sorted(set(os.listdir(folder)) - OWN_NAMES)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    marker = read_marker(folder)
+    if marker is None and names:
+        why = f"it holds {folder / names[0]}" + (f" and {len(names) - 1} more" if names[1:] else "")
+    elif marker is not None and marker["kind"] != kind:
+        why = f"it is nailseg's {marker['kind']} folder"
+    elif marker is not None and is_copy(folder, marker):
+        why = "it is a copy of nailseg's folder (a backup, or a folder copied with its files)"
+    else:
+        return
+    raise PrepareError(
+        f"{key}={folder} is not a folder prepare made ({why}): nothing was written; choose a new "
+        "or empty folder"
+    )
 
 
 def _check_creatable(out_root: Path) -> None:
@@ -160,9 +207,11 @@ def check_config(cfg: DictConfig) -> None:
     if not generates(cfg):
         _require_input(Path(cfg.input_dir))
         return
-    from nailseg.prep.synthetic import groups_of
+    from nailseg.synth.scene import KIND as SYNTHETIC
+    from nailseg.synth.scene import groups_of
 
     synthetic = cfg.dataset.synthetic
     if synthetic.n < 1:
         raise PrepareError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
+    refuse_foreign(Path(cfg.input_dir), SYNTHETIC, "dataset.raw_dir")
     _checked_split(settings.split, groups_of(synthetic.n))

@@ -25,7 +25,7 @@ from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.model.module import monitorable, schedule_length_args
 from nailseg.model.scales import scales_problem
-from nailseg.prep.builtin import check_data
+from nailseg.synth.builtin import check_data
 from nailseg.training.private_api import check_precision
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")

@@ -16,7 +16,7 @@ from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import prepare
 
-from nailseg.io.folder import OwnedFolder
+from nailseg.io.folder import JOURNAL, OwnedFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(
     before = _files(out)
     done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
-    assert f"{out} holds a prepare.json that nailseg did not write" in done.stderr
+    assert f"output_dir={out} is not a folder prepare made" in done.stderr
     assert _files(out) == before
 
 
@@ -94,9 +94,9 @@ def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_wri
     save_image(folder / "Masks" / "desk" / "s0005.png", box_mask())
     (folder / "synthetic.json").write_text(json.dumps({"n": 8, "seed": 0, "version": 1}))
     before = _files(folder)
-    done = command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
+    done = command("-m", "nailseg.synth", f"out={folder}", "n=4")
     assert done.returncode == 1
-    assert f"{folder} holds a synthetic.json that nailseg did not write" in done.stderr
+    assert f"out={folder} is not a folder nailseg made" in done.stderr
     assert _files(folder) == before
 
 
@@ -149,19 +149,21 @@ def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path, comman
     before = _files(out)
     done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
-    assert f"{out / 'train.csv'} is not the file prepare wrote there" in done.stderr
-    assert _files(out) == before
+    assert f"{out / 'train.csv'} lies where nailseg would write" in done.stderr
+    assert {k: v for k, v in _files(out).items() if k != JOURNAL} == {
+        k: v for k, v in before.items() if k != JOURNAL
+    }  # the folder's journal compacted as the claim took it
 
 
 def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path, command):
     """Generating a smaller set removed every `sNNNN.png` beyond it by name; a picture the user
     replaced with their own now stays, named."""
     folder = tmp_path / "synthetic"
-    assert command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=8").returncode == 0
+    assert command("-m", "nailseg.synth", f"out={folder}", "n=8").returncode == 0
     mine = folder / "Images" / "clutter" / "s0007.png"
     mine.unlink()
     save_image(mine, photo(seed=7))
-    done = command("-m", "nailseg.prep.synthetic", f"out={folder}", "n=4")
+    done = command("-m", "nailseg.synth", f"out={folder}", "n=4")
     assert done.returncode == 0, done.stderr
     assert mine.is_file() and not (folder / "Masks" / "clutter" / "s0007.png").exists()
     assert f"kept {mine}" in done.stdout + done.stderr
@@ -170,10 +172,10 @@ def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path, command):
 # a link where nailseg's file would be is never followed
 
 
-@pytest.mark.parametrize("name", ["manifest.journal", ".prepare.lock", "train.csv"])
+@pytest.mark.parametrize("name", ["manifest.journal", "train.csv"])
 def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name, command):
-    """Before, prepare appended its journal to the file a `manifest.journal` link led to, made
-    the file a dangling `.prepare.lock` link named, and replaced a `train.csv` link."""
+    """Before, prepare appended its journal to the file a `manifest.journal` link led to, and
+    replaced a `train.csv` link."""
     raw, out, theirs = tmp_path / "raw", tmp_path / "out", tmp_path / "theirs"
     _pairs(raw, 6)
     prepare(raw, out, num_workers=1)
@@ -181,7 +183,7 @@ def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name
     (theirs / "notes.txt").write_text("the user's notes\n")
     link = out / name
     link.unlink(missing_ok=True)
-    link.symlink_to(theirs / ("notes.txt" if name != ".prepare.lock" else "new.txt"))
+    link.symlink_to(theirs / "notes.txt")
     save_image(raw / "Images" / "g0" / "s000.png", photo(seed=99))  # a change to convert
     done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1

@@ -24,14 +24,16 @@ from PIL import Image, PngImagePlugin
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import assign_splits, prepare
 
-from nailseg.prep.format import MARKER_FILE
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import MARKER, OWN_NAMES
+from nailseg.prep.layout import OUTPUT_TAKEN
 from nailseg.prep.prepare import PrepareError
-from nailseg.prep.synthetic import generate
+from nailseg.synth.scene import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 # a prepare in its own process, on the code of this checkout
 PREPARE = (
-    "import sys; from nailseg.prep.prepare import prepare; from nailseg.prep.settings import "
+    "import sys; from nailseg.prep.prepare import prepare; from nailseg.prep.request import "
     "PrepareSettings, compose_prepare; "
     "prepare(*sys.argv[1:], PrepareSettings.from_config(compose_prepare(['num_workers=1'])))"
 )
@@ -46,11 +48,12 @@ def _pairs(raw: Path, n: int, groups: int = 2, size: tuple[int, int] = (24, 32))
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under `root` (dotfiles too) with its bytes and modification time."""
+    """Every file under `root` (dotfiles too, but nailseg's marker and journal) with its bytes
+    and modification time."""
     return {
         p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name not in OWN_NAMES
     }
 
 
@@ -291,9 +294,8 @@ def test_killed_first_run_resumes_without_redoing_finished_pairs(tmp_path, cut):
     summary = prepare(raw, out, num_workers=1)
     assert summary.written + summary.up_to_date == total
     assert summary.written <= total - finished + 2
-    # every file but the marker, which holds each root's own id and its files' records
-    assert {k: v[0] for k, v in _snapshot(out).items() if k != MARKER_FILE} == {
-        k: v[0] for k, v in _snapshot(reference).items() if k != MARKER_FILE
+    assert {k: v[0] for k, v in _snapshot(out).items()} == {
+        k: v[0] for k, v in _snapshot(reference).items()
     }
 
 
@@ -308,7 +310,7 @@ def test_second_prepare_on_one_root_fails_at_once(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (out / MARKER_FILE).exists():
+        while time.monotonic() < deadline and not (out / MARKER).exists():
             time.sleep(0.001)
         os.killpg(first.pid, signal.SIGSTOP)  # its first write is done: it holds the lock
         assert first.poll() is None, "the first prepare ended before it was stopped"
@@ -505,3 +507,171 @@ def test_prepare_cli_does_not_generate_into_a_raw_dir_of_real_photos(tmp_path):
     )
     assert proc.returncode != 0 and str(photos) in proc.stderr
     assert _snapshot(photos) == before and not out.exists()
+
+
+# 11. #45: the root's lock, sources identified by content, interrupts, damaged files
+
+GENERATE = "import sys; from nailseg.synth.scene import generate; generate(sys.argv[1], 400, 0)"
+
+
+@pytest.mark.parametrize("command", ["prepare", "generator"])
+def test_make_clean_leaves_a_live_prepare_or_generator_whole(tmp_path, command):
+    """A live generator's set lost files to `make clean`, then was marked complete."""
+    from nailseg.io.folder import clean
+
+    raw, top = tmp_path / "raw", tmp_path / "data"
+    folder = top / ("prepared" if command == "prepare" else "synthetic")
+    _pairs(raw, 120, groups=1, size=(120, 160))
+    script, args = (PREPARE, [raw, folder]) if command == "prepare" else (GENERATE, [folder])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)], cwd=ROOT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(folder.rglob("*/*/*.*"))) < 10:
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGSTOP)  # live, and in the middle of its work
+        before = _snapshot(folder)
+        cleaned = clean(top)
+        assert _snapshot(folder) == before and "in use" in cleaned.kept[0]
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=120) == 0
+    assert clean(top).removed > 10 and not top.exists()  # done: nailseg's to clean
+
+
+@pytest.mark.parametrize("change", ["swapped-by-renaming", "rewritten-same-size-and-time"])
+def test_a_rerun_sees_a_source_changed_under_its_old_time(tmp_path, change):
+    """Masks swapped by renaming kept their times: the rerun said "up to date", mis-paired."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    _pairs(raw, 10)
+    a, b = raw / "Masks/g0/s000.bmp", raw / "Masks/g0/s002.bmp"
+    for path, box in ((a, 4), (b, 9)):
+        (raw / "Masks/g0" / f"{path.stem}.png").unlink()
+        save_image(path, box_mask(box=box))  # BMP: one size for any content
+        os.utime(path, ns=(1_600_000_000 * 10**9,) * 2)
+    prepare(raw, out, num_workers=1)
+    if change == "swapped-by-renaming":
+        a.rename(raw / "swap.bmp")
+        b.rename(a)
+        (raw / "swap.bmp").rename(b)
+    else:
+        a.write_bytes(b.read_bytes())
+        os.utime(a, ns=(1_600_000_000 * 10**9,) * 2)
+    summary = prepare(raw, out, num_workers=1)
+    assert summary.written == (2 if change == "swapped-by-renaming" else 1)
+    assert np.load(out / "masks/g0/s000.npy")[..., 0].sum() == 81
+    assert prepare(raw, out, num_workers=1).written == 0  # then up to date, by the cheap check
+
+
+def test_prepare_refuses_a_root_a_training_is_reading(tmp_path):
+    """prepare rewrote and pruned the root under a training, which then died."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    _pairs(raw, 10)
+    prepare(raw, out, num_workers=1)
+    save_image(raw / "Images/g0/s000.png", photo(seed=99))
+    reader = subprocess.Popen(  # as the datamodule holds it while a training reads
+        [
+            sys.executable,
+            "-c",
+            "import sys; from nailseg.io.folder import OwnedFolder; "
+            "OwnedFolder.claim(sys.argv[1], 'prepare', shared=True); print('reading', flush=True); "
+            "sys.stdin.read()",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert reader.stdout.readline() == b"reading\n"
+        before = _snapshot(out)
+        with pytest.raises(PrepareError, match=f"output_dir={out} is in use: .*a training is"):
+            prepare(raw, out, num_workers=1, prune=True)
+        assert _snapshot(out) == before
+    finally:
+        reader.communicate(b"", timeout=30)
+    assert prepare(raw, out, num_workers=1).written == 1  # the training done: prepared
+
+
+def _prepare_cli(tmp_path: Path, *args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "prepare.py"), f"paths.root_dir={tmp_path}", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def test_prepare_runs_started_at_once_write_no_shared_run_folder(tmp_path):
+    """Two prepare.py started in one second shared one Hydra run folder."""
+    for name in ("a", "b"):
+        _pairs(tmp_path / f"raw_{name}", 4)
+    procs = [
+        _prepare_cli(tmp_path, f"input_dir=raw_{name}", f"output_dir=out_{name}", "num_workers=1")
+        for name in ("a", "b")
+    ]
+    for proc in procs:
+        assert proc.communicate(timeout=120) and proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out_a", "out_b", "raw_a", "raw_b"]
+
+
+def test_ctrl_c_says_one_line_and_the_next_run_resumes(tmp_path):
+    raw, out, total = tmp_path / "raw", tmp_path / "out", 120
+    _pairs(raw, total, groups=3, size=(120, 160))
+    proc = _prepare_cli(tmp_path, "input_dir=raw", "output_dir=out", "num_workers=2",
+                        start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("masks/*/*.npy"))) < 10:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends the terminal's foreground group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and stderr.strip().startswith("prepare interrupted: ")
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    summary = prepare(raw, out, num_workers=1)  # pairs in flight at the interrupt are redone
+    assert summary.up_to_date > 0 and summary.written + summary.up_to_date == total
+    assert not summary.excluded
+
+
+@pytest.mark.parametrize("name", ["manifest.csv", "manifest.journal"])
+def test_a_fifo_in_the_root_is_refused_not_waited_on(prepared, name):
+    raw, out = prepared
+    (out / name).unlink(missing_ok=True)
+    os.mkfifo(out / name)
+    done = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(raw), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and f"{out / name} lies where nailseg would write" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "damage", ["manifest-column-gone", "manifest-cut", "journal-put-there", "npy-cut"]
+)
+def test_damaged_files_in_the_root_say_one_line_or_are_redone(prepared, damage):
+    """Damaged prepared files prepare rereads gave a traceback."""
+    raw, out = prepared
+    manifest = out / "manifest.csv"
+    if damage == "manifest-column-gone":
+        manifest.write_text(manifest.read_text().replace("mask_source", "something"))
+    elif damage == "manifest-cut":
+        manifest.write_bytes(manifest.read_bytes()[:100])
+    elif damage == "journal-put-there":
+        (out / "manifest.journal").write_text('{"record": {"group": 1}}\n[]\n')
+    else:
+        npy = out / "images/g0/s000.npy"
+        npy.write_bytes(npy.read_bytes()[:50])
+    if damage == "npy-cut":  # prepare's no more: left, the pair excluded, saying why
+        summary = prepare(raw, out, num_workers=1)
+        assert [e.kind for e in summary.excluded] == [OUTPUT_TAKEN]
+        return
+    with pytest.raises(NotOursError, match=r"manifest\.(csv|journal) lies where nailseg would"):
+        prepare(raw, out, num_workers=1)
+    (out / ("manifest.journal" if damage == "journal-put-there" else "manifest.csv")).unlink()
+    summary = prepare(raw, out, num_workers=1)  # moved away, as the message says: redone
+    assert summary.written + summary.up_to_date == 10

@@ -68,6 +68,23 @@ def test_a_copy_is_not_the_original(tmp_path: Path) -> None:
     ]
 
 
+def test_a_write_killed_right_after_its_rename_is_still_nailsegs(tmp_path: Path) -> None:
+    script = (
+        "import os, signal, sys; real = os.replace\n"
+        "def die(src, dst):\n"
+        "    real(src, dst)\n"
+        "    if str(dst).endswith('a.npy'): os.kill(os.getpid(), signal.SIGKILL)\n"
+        "os.replace = die\n"
+        "from nailseg.io.folder import OwnedFolder\n"
+        "OwnedFolder.claim(sys.argv[1], 'run').write('a.npy', b'half a run')\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")])
+    assert killed.returncode == -9 and (tmp_path / "out" / "a.npy").exists()
+    folder = _claim(tmp_path / "out")
+    assert folder.owns("a.npy")
+    folder.release()
+
+
 def test_a_users_file_in_the_way_is_neither_replaced_nor_removed(tmp_path: Path) -> None:
     folder = _claim(tmp_path / "out")
     folder.write("scores.csv", b"ours")

@@ -4,7 +4,6 @@ only in its own folders (under `paths.data_dir`): a folder the user names is nev
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import os
 import shutil
@@ -18,10 +17,11 @@ from hydra import compose, initialize_config_dir
 from support.prepared import write_prepared
 
 from nailseg.config import CONF_DIR
-from nailseg.prep.builtin import makes, missing_data, prepare_builtin
-from nailseg.prep.format import BUILTIN_LOCK_FILE, read_table
+from nailseg.io.folder import OWN_NAMES, OwnedFolder
+from nailseg.prep.format import read_table
 from nailseg.prep.prepare import PrepareError, run
-from nailseg.prep.synthetic import GROUPS
+from nailseg.synth.builtin import makes, missing_data, prepare_builtin
+from nailseg.synth.scene import GROUPS
 
 RANKS = 3
 
@@ -115,11 +115,7 @@ def test_ranks_asking_at_once_wait_for_one_and_share_its_result(tmp_path):
     assert _prepared(tmp_path / "shared/synthetic/prepared") == _prepared(
         tmp_path / "alone/synthetic/prepared"
     )
-    leftovers = [
-        p.name
-        for p in (tmp_path / "shared").rglob(".*")
-        if p.name not in (".prepare.lock", BUILTIN_LOCK_FILE)
-    ]
+    leftovers = [p.name for p in (tmp_path / "shared").rglob(".*") if p.name not in OWN_NAMES]
     assert leftovers == []  # no temp file of a rank left behind
 
 
@@ -130,8 +126,7 @@ def test_a_rank_waits_a_bounded_time_then_says_why(tmp_path):
     ready, release = multiprocessing.get_context("fork").Event(), os.pipe()
 
     def hold_the_lock() -> None:  # another process, stuck while preparing
-        fd = os.open(root / BUILTIN_LOCK_FILE, os.O_RDWR | os.O_CREAT)
-        fcntl.lockf(fd, fcntl.LOCK_EX)
+        OwnedFolder.claim(root, "prepare")
         ready.set()
         os.read(release[0], 1)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
@@ -19,7 +18,8 @@ from PIL import Image, PngImagePlugin
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import assign_splits, prepare
 
-from nailseg.prep.format import JOURNAL_FILE, LOCK_FILE, MARKER_FILE, read_table
+from nailseg.io.folder import OWN_NAMES, read_marker
+from nailseg.prep.format import JOURNAL_FILE, read_table
 from nailseg.prep.layout import (
     DUPLICATE_STEM,
     EMPTY_MASK,
@@ -326,11 +326,11 @@ def test_k_fold_covers_each_sample_once():
 
 
 def _snapshot(out: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file but the marker, which holds the root's own id and its files' records."""
+    """Every file but the marker and journal, which hold the root's own id and its files' records."""
     return {
         p.relative_to(out).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
         for p in sorted(out.rglob("*"))
-        if p.is_file() and p.name != MARKER_FILE
+        if p.is_file() and p.name not in OWN_NAMES
     }
 
 
@@ -367,16 +367,16 @@ def test_rerun_is_idempotent_and_resyncs_changes(tmp_path):
     assert len(_all_rows(out)) == 9
 
 
-def test_root_carries_marker_and_lock_and_no_journal_after_a_run(tmp_path):
+def test_root_carries_its_marker_and_no_pair_journal_after_a_run(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     for i in range(4):
         _pair(raw, "g", f"s{i}", seed=i)
     prepare(raw, out, num_workers=1)
-    assert json.loads((out / MARKER_FILE).read_text())["mask_threshold"] == 127
-    assert (out / LOCK_FILE).exists() and not (out / JOURNAL_FILE).exists()
+    marker = read_marker(out)
+    assert (marker["kind"], marker["complete"], marker["mask_threshold"]) == ("prepare", True, 127)
+    assert not (out / JOURNAL_FILE).exists()
     manifest = read_table(out / "manifest.csv")
     assert sorted(manifest["images"]) == [f"images/g/s{i}.npy" for i in range(4)]
-    assert set(manifest["listed"]) == {1}
 
 
 def test_split_depends_on_names_and_seed_only():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,19 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nailseg.prep import synthetic
-from nailseg.prep.synthetic import (
-    GROUPS,
-    MANIFEST,
-    MAX_FG,
-    MIN_FG,
-    generate,
-    is_current,
-    main,
-    render,
-)
-from nailseg.prep.synthetic_hand import SCENES, Finger, layout, nail_plate
-from nailseg.prep.synthetic_look import FINISHES, NailLook
+from nailseg.io.folder import OWN_NAMES, read_marker
+from nailseg.synth import scene as synthetic
+from nailseg.synth.__main__ import main
+from nailseg.synth.hand import SCENES, Finger, layout, nail_plate
+from nailseg.synth.look import FINISHES, NailLook
+from nailseg.synth.scene import GROUPS, MAX_FG, MIN_FG, generate, is_current, render
 
 N = 16
 VARIETY = 64  # rendered in memory for the variety checks
@@ -36,11 +29,11 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    """Every file but the marker, which holds the folder's own id and its files' records."""
+    """Every file but the marker and journal, which hold the folder's own id and inodes."""
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in root.rglob("*")
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name not in OWN_NAMES
     }
 
 
@@ -76,6 +69,16 @@ def test_masks_are_binary_with_a_modest_foreground(dataset: Path) -> None:
         assert MIN_FG <= np.mean(mask == 255) <= MAX_FG
 
 
+def test_version_3_pictures_stay_as_they_were() -> None:
+    """The pixels of generator version 3: a change to them must bump `VERSION`."""
+    digest = hashlib.sha256()
+    for i in range(8):
+        group, image, mask = render(i, 0)
+        digest.update(group.encode() + image.tobytes() + mask.tobytes())
+    assert synthetic.VERSION == 3
+    assert digest.hexdigest() == "cbdf6f15036917424ff245e1a1eee90b789ea995bbc4a60333363972404fe64d"
+
+
 def test_same_seed_gives_identical_bytes_and_another_seed_differs(
     dataset: Path, tmp_path: Path
 ) -> None:
@@ -108,8 +111,8 @@ def test_new_request_regenerates_and_removes_only_stale_samples(tmp_path: Path) 
     names = sorted(p.name for p in root.rglob("s*.png"))
     assert names == sorted([f"s{i:04d}.png" for i in range(4)] * 2)
     assert user_file.read_bytes() == b"not ours"
-    assert json.loads((root / MANIFEST).read_text())["seed"] == 3
-    assert not list(root.rglob(".*"))  # no temp files left
+    assert read_marker(root)["seed"] == 3
+    assert all(p.name in OWN_NAMES for p in root.rglob(".*"))  # no temp files left
 
 
 def test_interrupted_set_is_redone_and_an_empty_folder_is_taken(tmp_path: Path) -> None:
@@ -117,9 +120,9 @@ def test_interrupted_set_is_redone_and_an_empty_folder_is_taken(tmp_path: Path) 
     root.mkdir()
     generate(root, n=4, seed=0)
     first = _files(root)
-    manifest = json.loads((root / MANIFEST).read_text())
-    (root / MANIFEST).write_text(json.dumps(manifest | {"complete": False}))  # as if killed
-    (root / "Images" / GROUPS[1] / "s0001.png").unlink()
+    with synthetic.OwnedFolder.claim(root, "synthetic") as folder:
+        folder.update_marker(complete=False)  # as if killed
+        folder.remove(f"Images/{GROUPS[1]}/s0001.png")
     generate(root, n=4, seed=0)
     assert _files(root) == first
 
@@ -147,7 +150,7 @@ def test_nails_vary_in_colour(dataset: Path) -> None:
 def test_cli_prints_a_summary_then_skips_a_current_set(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = ["nailseg.prep.synthetic", f"out={tmp_path / 'cli'}", "n=4", "seed=2"]
+    args = ["nailseg.synth", f"out={tmp_path / 'cli'}", "n=4", "seed=2"]
     monkeypatch.setattr(sys, "argv", args)
     main()
     assert "wrote 4 images" in capsys.readouterr().out

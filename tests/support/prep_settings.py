@@ -11,7 +11,7 @@ from pathlib import Path
 import nailseg.prep.prepare
 import nailseg.prep.splits
 from nailseg.prep.report import Summary
-from nailseg.prep.settings import PrepareSettings, compose_prepare
+from nailseg.prep.request import PrepareSettings, compose_prepare
 from nailseg.prep.splits import SplitSettings
 
 _SPLIT_KEYS = frozenset(f.name for f in fields(SplitSettings))
@@ -30,7 +30,7 @@ def settings(**changes: object) -> PrepareSettings:
 
 
 def prepare(
-    input_dir: Path | str, output_dir: Path | str, source: str | None = None, **changes: object
+    input_dir: Path | str, output_dir: Path | str, source: dict | None = None, **changes: object
 ) -> Summary:
     return nailseg.prep.prepare.prepare(input_dir, output_dir, settings(**changes), source)
 

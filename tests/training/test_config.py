@@ -425,7 +425,7 @@ def test_every_entry_points_config_is_typed(app, key, required):
         ("nailseg export", "nailseg export", [], "ckpt="),
         ("nailseg compare", "nailseg compare", [], "sweep_dir="),
         ("benchmarks.predict", "benchmarks.predict", [], "ckpt="),
-        ("nailseg.prep.synthetic", "nailseg.prep.synthetic", [], "out="),
+        ("nailseg.synth", "nailseg.synth", [], "out="),
     ],
 )
 def test_a_required_value_left_out_is_named_in_one_line(

@@ -14,7 +14,8 @@ from support.prepared import write_prepared
 from support.train import CONF, TINY_UNET, compose_train
 
 from nailseg.device import auto_accelerator, auto_precision
-from nailseg.prep.format import SOURCE_FILE, read_table
+from nailseg.io.folder import read_marker
+from nailseg.prep.format import read_table
 from nailseg.training.build import build
 
 # small enough that a run which (wrongly) trains ends in seconds
@@ -111,7 +112,7 @@ def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set
     assert sorted(name for split in rows for name in split) == [
         f"images/170517_14/170517_{i}_L_1.npy" for i in range(6)
     ]
-    assert not (root / SOURCE_FILE).exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+    assert read_marker(root)["synthetic"] is None and sorted(p.name for p in tmp_path.iterdir()) == [
         "photos",
         "prepare",
         "prepared",

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from nailseg.prep.synthetic_look import FREE_EDGE, NailLook, smooth_noise
+from nailseg.synth.look import FREE_EDGE, NailLook, smooth_noise
 
 SCENES = ("hand", "fingers", "tip")
 NAIL_AREA = 0.36  # a nail's area over its finger's width squared, for the nail outline below

@@ -1,24 +1,23 @@
 """The built-in synthetic dataset as `train.py` gets it: generated and prepared on first use, and
 again when its options (n, seed) change, in its own folders only (conf/dataset/synthetic.yaml's
 raw_dir and root). A folder the user names is never filled: `missing_data` names the
-`prepare.py` command that makes it. Every process calls `prepare_builtin`; one prepares while the
-others wait for it.
+`prepare.py` command that makes it. Every process calls `prepare_builtin`; one prepares, holding
+the root's lock, while the others wait until the root is current.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.config import CONF_DIR, ConfigError
-from nailseg.io.lock import locked
-from nailseg.prep.format import BUILTIN_LOCK_FILE, SOURCE_FILE, split_file
-from nailseg.prep.prepare import run
-from nailseg.prep.request import PrepareError, check_config
-from nailseg.prep.settings import compose_prepare
+from nailseg.io.folder import BusyError, read_marker
+from nailseg.prep.format import split_file
+from nailseg.prep.prepare import claim_root, run
+from nailseg.prep.request import PrepareError, check_config, compose_prepare
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 BUILTIN_CONFIG = Path(CONF_DIR) / "dataset" / "synthetic.yaml"  # the built-in set and its folders
@@ -29,12 +28,16 @@ log = logging.getLogger(__name__)
 def _builtin_current(dataset: DictConfig) -> bool:
     """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
     (its raw photos are not needed), or prepared without recording a synthetic source."""
-    from nailseg.prep.synthetic import is_current
+    from nailseg.synth.scene import manifest
 
-    n, seed, root = dataset.synthetic.n, dataset.synthetic.seed, Path(dataset.root)
+    root = Path(dataset.root)
     if not (root / split_file("train")).is_file():
         return False
-    return not os.path.lexists(root / SOURCE_FILE) or is_current(root, n, seed, SOURCE_FILE)
+    marker = read_marker(root) or {}
+    if marker.get("synthetic") is None:
+        return True
+    current = manifest(dataset.synthetic.n, dataset.synthetic.seed)
+    return marker.get("complete") is True and marker["synthetic"] == current
 
 
 def _builtin(dataset: DictConfig) -> DictConfig:
@@ -112,25 +115,35 @@ def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool
     """Generate and prepare the built-in dataset in its own folders (`makes`) with the settings
     of conf/prepare.yaml, unless its root already holds the set its options ask for; returns
     whether it did. prune=true: the root is nailseg's alone, and a smaller set must not fail as
-    pairs gone missing. One process works holding BUILTIN_LOCK_FILE; the others wait for it, up
-    to `wait_s`, and use what it made.
+    pairs gone missing. One process works, holding the root; the others wait, up to `wait_s`,
+    until the root is current (not for its lock: a rank that has begun to train holds it too).
     """
     if not makes(dataset) or _builtin_current(dataset):
         return False
     cfg = _compose_prepare(dataset)
     cfg.prune = True
-    check_config(cfg)  # before the lock file: the first write
-    with locked(
-        Path(cfg.output_dir), BUILTIN_LOCK_FILE, "prepare", "output_dir", PrepareError, wait_s
-    ):
-        if _builtin_current(dataset):  # made by another process while this one waited
-            return False
-        log.info(
-            "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
-            dataset.name,
-            dataset.synthetic.n,
-            dataset.synthetic.seed,
-            dataset.root,
-        )
-        run(cfg)
-    return True
+    check_config(cfg)  # before the first write
+    log.info(
+        "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
+        dataset.name,
+        dataset.synthetic.n,
+        dataset.synthetic.seed,
+        dataset.root,
+    )
+    root, deadline = Path(cfg.output_dir), time.monotonic() + wait_s
+    while not _builtin_current(dataset):
+        try:
+            with claim_root(root):  # held from before the photos are generated
+                if not _builtin_current(dataset):
+                    run(cfg)
+                    return True
+        except PrepareError as err:
+            if not isinstance(err.__cause__, BusyError):
+                raise
+            if time.monotonic() > deadline:
+                raise PrepareError(
+                    f"{root} is held by another process (preparing it, or training on it) and "
+                    f"has not finished after {wait_s:g} s: if it is stuck, stop it, then rerun"
+                ) from err
+        time.sleep(0.5)
+    return False
