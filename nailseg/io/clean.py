@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nailseg.inference.output import OUTPUTS, listed_outputs
+from nailseg.io import folder as owned
 from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.io.ownership import (
     ForeignFolderError,
@@ -125,6 +126,10 @@ def clean(root: Path) -> Cleaned:
             shutil.rmtree(cache)
     for name in GENERATED:
         top = root / name
+        if top.is_dir() and not top.is_symlink():
+            done = owned.clean(top)  # the folders claimed through io/folder.py (prepare, synth)
+            cleaned.removed += done.removed
+            cleaned.foreign += [f"{path} ({why})" for path, why in done.skipped.items()]
         if top.is_dir() and not top.is_symlink():
             clean_folder(top, cleaned)
             if top.is_dir():

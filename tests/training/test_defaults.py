@@ -112,7 +112,9 @@ def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set
     assert sorted(name for split in rows for name in split) == [
         f"images/170517_14/170517_{i}_L_1.npy" for i in range(6)
     ]
-    assert read_marker(root)["synthetic"] is None and sorted(p.name for p in tmp_path.iterdir()) == [
+    assert read_marker(root)["synthetic"] is None and sorted(
+        p.name for p in tmp_path.iterdir()
+    ) == [
         "photos",
         "prepare",
         "prepared",
