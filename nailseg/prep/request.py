@@ -90,10 +90,12 @@ def check_request(input_dir: Path, out_root: Path, settings: PrepareSettings) ->
 def refuse_foreign(folder: Path, kind: str, key: str) -> None:
     """Refuse, before anything is written, a folder that `OwnedFolder.claim(folder, kind)` would
     refuse: one holding files but no nailseg marker of `kind`, or a copy of nailseg's folder."""
+    being_written = tuple(f".{name}." for name in OWN_NAMES)  # by a claim in another process
     try:
-        names = sorted(set(os.listdir(folder)) - OWN_NAMES)
+        names = sorted(n for n in os.listdir(folder) if not n.startswith(being_written))
     except (FileNotFoundError, NotADirectoryError):
         return
+    names = [n for n in names if n not in OWN_NAMES]
     marker = read_marker(folder)
     if marker is None and names:
         why = f"it holds {folder / names[0]}" + (f" and {len(names) - 1} more" if names[1:] else "")
