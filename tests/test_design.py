@@ -20,3 +20,10 @@ def test_the_design_map_names_every_module_and_only_those():
     assert len(rows) == len(set(rows)), "a module is in the map twice"
     assert sorted(modules - set(rows)) == [], "modules the map leaves out"
     assert sorted(set(rows) - modules) == [], "the map names modules that do not exist"
+
+
+def test_the_design_names_every_benchmark_outside_the_package():
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    note = text[text.index("**benchmarks/ (outside the package)**") :]
+    modules = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py")
+    assert [m for m in modules if f"`{m}`" not in note] == [], "benchmarks the note leaves out"
