@@ -550,9 +550,9 @@ def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp
 
 
 def test_time_to_target_stop_ends_training_at_the_target(prepared, tmp_path):
-    train(prepared, tmp_path, "trainer.max_epochs=3", "logger=none", "test=false",
+    train(prepared, tmp_path / "run", "trainer.max_epochs=3", "logger=none", "test=false",
           "callbacks.time_to_target.target=0.0", "callbacks.time_to_target.stop=true")  # fmt: skip
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["time_to_target"]["epoch"] == 0
     assert metrics["epochs"] == 1 and metrics["global_step"] == 3  # of 3 epochs, only the first
 
