@@ -178,7 +178,10 @@ def rank_error(job_dir: Path, err: Exception) -> Exception:
         with contextlib.suppress(NotOursError, OSError):
             hold(job_dir).update_marker(rank_failed=line)
         return RankFailed(line)
-    if not any(words in str(err) for words in _PEER_GONE):
+    import torch.distributed  # loaded by now: imported here, a Hydra callback's import stays light
+
+    ranks = torch.distributed.is_initialized()  # until the job's end (jobs.isolated_job)
+    if not ranks or not any(words in str(err) for words in _PEER_GONE):
         return err
     deadline = time.monotonic() + PEER_WAIT_S
     while (line := (read_marker(job_dir) or {}).get("rank_failed")) is None:
