@@ -35,7 +35,6 @@ from nailseg.prep.layout import (
     Pair,
 )
 from nailseg.prep.ledger import PairJournal, Record, Source, conversion_settings, digest
-from nailseg.prep.report import Summary
 from nailseg.prep.request import PrepareSettings
 
 IN_FLIGHT_PER_WORKER = 4  # pairs queued per worker: enough to keep each busy, few to hold
@@ -173,23 +172,20 @@ def _convert_all(
             folder.journal = Journal(folder.path)  # with what the workers wrote
 
 
-def convert(
-    pairs: list[Pair], folder: OwnedFolder, settings: PrepareSettings, summary: Summary
-) -> list[Record]:
-    """Void the pairs in the pair journal, then convert and journal each pair."""
+def convert(pairs: list[Pair], folder: OwnedFolder, settings: PrepareSettings) -> list[Outcome]:
+    """Void the pairs in the pair journal, then convert each, journaling each pair written."""
     if not pairs:
         return []
     workers = settings.num_workers if settings.num_workers is not None else os.cpu_count() or 1
     threshold, recorded = settings.mask_threshold, conversion_settings(settings.mask_threshold)
-    records = []
+    outcomes = []
     journal = PairJournal(folder)
     try:
         journal.append({"void": [pair.key for pair in pairs]})
         for outcome in _convert_all(pairs, folder, threshold, recorded, min(workers, len(pairs))):
-            summary.add(outcome)
             if outcome.record is not None:
                 journal.append({"record": asdict(outcome.record)})
-                records.append(outcome.record)
+            outcomes.append(outcome)
     finally:
         journal.close()
-    return records
+    return outcomes

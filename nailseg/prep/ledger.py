@@ -1,10 +1,9 @@
 """What prepare made of which sources, so a rerun converts only the pairs whose sources changed.
 
-The manifest lists the pairs of the last complete run: each source's identity (size, modification
-time, inode, change time, content digest) and the conversion settings. The pair journal, appended
-and fsync'd as a run goes, voids the pairs a run is about to convert and records each once both
-outputs are written, so a killed run resumes where it stopped. Whether an output is still the
-file prepare wrote is the folder's journal's business (`nailseg.io.folder`), not this ledger's.
+The manifest lists the pairs of the last complete run with their sources' identities and the
+conversion settings; the pair journal, fsync'd as a run goes, voids the pairs a run converts and
+records each once written, so a killed run resumes. Whether an output is still the file prepare
+wrote is the folder's journal's business (`nailseg.io.folder`), not this ledger's.
 """
 
 from __future__ import annotations

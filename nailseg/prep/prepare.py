@@ -1,31 +1,28 @@
-"""Turn a folder of photos and masks into training data: `.npy` arrays plus split CSVs.
-
-Outputs under the output root (names in `nailseg.prep.format`): `images/<group>/<stem>.npy` (RGB
-uint8 HxWx3), `masks/<group>/<stem>.npy` (uint8 HxWx1 in {0, 1}), `excluded.csv` (every file left
-out and why), `manifest.csv` (the ledger) and, written last, `train.csv` / `valid.csv` /
-`test.csv` (columns `CSV_COLUMNS`, paths relative to the root).
+"""Turn a folder of photos and masks into training data: `.npy` arrays, `excluded.csv`,
+`manifest.csv` and, last, the split CSVs (names in `nailseg.prep.format`), and the run's report.
 
 The root is nailseg's folder of kind `prepare` (`nailseg.io.folder`), claimed for the whole run:
-its lock keeps out a second prepare, `make clean` and a training reading it (a training holds a
-reader's lock). Every file goes through the folder: atomic, journaled, a user's file never
-replaced; outputs of pairs gone from the input stay (unlisted) unless `prune`. A run is safe to
-interrupt, resume and repeat: a rerun converts only the pairs whose sources or settings changed,
-and re-splits from the current settings.
+its lock keeps out a second prepare, `make clean` and a training reading it. Every file goes
+through the folder, a user's never replaced; outputs of pairs gone from the input stay unless
+`prune`. A rerun converts only the pairs whose sources or settings changed, and re-splits.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pandas as pd
 from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
 
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import BusyError, ForeignFolderError, OwnedFolder
-from nailseg.prep.convert import convert
+from nailseg.prep.convert import Outcome, convert
 from nailseg.prep.format import (
     CSV_COLUMNS,
     EXCLUDED_FILE,
@@ -37,7 +34,7 @@ from nailseg.prep.format import (
     split_file,
     table_bytes,
 )
-from nailseg.prep.layout import EXCLUSION_KINDS, display_path
+from nailseg.prep.layout import EXCLUSION_KINDS, Exclusion, display_path
 from nailseg.prep.ledger import (
     RECORD_COLUMNS,
     Record,
@@ -46,7 +43,6 @@ from nailseg.prep.ledger import (
     refuse_mass_vanishing,
     triage,
 )
-from nailseg.prep.report import Summary, print_summary
 from nailseg.prep.request import (
     PrepareError,
     PrepareSettings,
@@ -57,6 +53,71 @@ from nailseg.prep.request import (
     usable_pairs,
 )
 from nailseg.prep.splits import split_usable
+from nailseg.tables import print_table
+
+
+@dataclass
+class Summary:
+    """Counts for the final table; `excluded` lists every file left out."""
+
+    written: int = 0
+    up_to_date: int = 0
+    excluded: list[Exclusion] = field(default_factory=list)
+    nonbinary_masks: int = 0
+    max_distinct_values: int = 0
+    rescaled: Counter[int] = field(default_factory=Counter)  # source bit depth -> images
+    kept_gone: int = 0  # pairs gone from the input whose outputs stay on disk
+    users_files: list[Path] = field(default_factory=list)  # listed outputs a user changed: kept
+    pruned: int = 0  # pairs gone from the input whose outputs were deleted (prune=true)
+    split_sizes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.nonbinary_values:
+            self.nonbinary_masks += 1
+            self.max_distinct_values = max(self.max_distinct_values, outcome.nonbinary_values)
+        if outcome.image_bits != 8:
+            self.rescaled[outcome.image_bits] += 1
+        if outcome.record is not None:
+            self.written += 1
+        else:
+            self.excluded.append(outcome.exclusion)
+
+
+def print_summary(summary: Summary, console: Console | None = None, max_listed: int = 50) -> None:
+    """The end-of-run table: what was written, what was left out and why."""
+    console = console or Console()
+    table = Table(title="prepare summary", show_header=False)
+    table.add_row("pairs written", str(summary.written))
+    table.add_row("pairs up to date (skipped)", str(summary.up_to_date))
+    for split, n in summary.split_sizes.items():
+        table.add_row(f"{split}.csv rows", str(n))
+    reasons = Counter(e.kind for e in summary.excluded)
+    for kind in EXCLUSION_KINDS:
+        if reasons[kind]:
+            table.add_row(f"excluded: {kind}", str(reasons[kind]))
+    depths = ", ".join(f"{n} from {bits}-bit" for bits, n in sorted(summary.rescaled.items()))
+    nonbinary = f"{summary.nonbinary_masks} (up to {summary.max_distinct_values} distinct values)"
+    shown_when_any = {
+        "masks not binary (binarised)": summary.nonbinary_masks and nonbinary,
+        "images rescaled to 8 bits": depths,
+        "pairs gone from the input, outputs kept (prune=true deletes)": summary.kept_gone,
+        "pairs gone from the input, outputs deleted (prune)": summary.pruned,
+        "outputs changed since prepare wrote them (yours: kept)": len(summary.users_files),
+    }
+    for label, value in shown_when_any.items():
+        if value:
+            table.add_row(label, str(value))
+    table.add_row("seconds", f"{summary.seconds:.2f}")
+    print_table(table, console)
+    for path in summary.users_files[:max_listed]:
+        console.print(
+            f"  kept, not prepare's any more: {path}", markup=False, highlight=False, soft_wrap=True
+        )
+    for exclusion in summary.excluded[:max_listed]:
+        console.print(f"  excluded {exclusion}", markup=False, highlight=False)
+    if len(summary.excluded) > max_listed:
+        console.print(f"  ... {len(summary.excluded) - max_listed} more in {EXCLUDED_FILE}")
 
 
 def claim_root(out_root: Path, wait_s: float = 0.0) -> OwnedFolder:
@@ -109,7 +170,9 @@ def prepare(
         had_journal = os.path.lexists(folder.path / JOURNAL_FILE)
         if stale:
             folder.update_marker(complete=False)
-        current += convert(stale, folder, settings, summary)
+        for outcome in convert(stale, folder, settings):
+            summary.add(outcome)
+            current += [outcome.record] if outcome.record is not None else []
         if not current:  # nothing was written: no trace of this run is left
             folder.update_marker(complete=complete)
             if not had_journal:

@@ -1,9 +1,7 @@
-"""The built-in synthetic dataset as `train.py` gets it: generated and prepared on first use, and
-again when its options (n, seed) change, in its own folders only (conf/dataset/synthetic.yaml's
-raw_dir and root). A folder the user names is never filled: `missing_data` names the
-`prepare.py` command that makes it. Every process calls `prepare_builtin`; one prepares, holding
-the root's lock, while the others wait until the root is current.
-"""
+"""The built-in synthetic dataset as `train.py` gets it: made on first use and when its n or seed
+change, in its own folders only (conf/dataset/synthetic.yaml's); a folder the user names is never
+filled (`missing_data` names the command that fills it). Of processes asking at once, one makes
+it, holding the root, while the others wait until the root is current."""
 
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def _builtin_current(dataset: DictConfig) -> bool:
-    """Whether the dataset's root is ready: prepared from the synthetic set its options ask for
-    (its raw photos are not needed), or prepared without recording a synthetic source."""
+    """Whether the root is prepared from the set asked for (the raw photos may be gone), or
+    prepared without a synthetic source."""
     from nailseg.synth.scene import manifest
 
     root = Path(dataset.root)
@@ -41,8 +39,7 @@ def _builtin_current(dataset: DictConfig) -> bool:
 
 
 def _builtin(dataset: DictConfig) -> DictConfig:
-    """conf/dataset/synthetic.yaml's folders and options, resolved in `dataset`'s config (its
-    `paths.data_dir`, wherever the run puts it)."""
+    """conf/dataset/synthetic.yaml's folders and options, resolved in `dataset`'s config."""
     own = OmegaConf.to_container(OmegaConf.load(BUILTIN_CONFIG), resolve=False)
     return OmegaConf.create({k: own[k] for k in ("raw_dir", "root", "synthetic")}, parent=dataset)
 
@@ -112,24 +109,17 @@ def _compose_prepare(dataset: DictConfig) -> DictConfig:
 
 
 def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
-    """Generate and prepare the built-in dataset in its own folders (`makes`) with the settings
-    of conf/prepare.yaml, unless its root already holds the set its options ask for; returns
-    whether it did. prune=true: the root is nailseg's alone, and a smaller set must not fail as
-    pairs gone missing. One process works, holding the root; the others wait, up to `wait_s`,
-    until the root is current (not for its lock: a rank that has begun to train holds it too).
-    """
+    """Generate and prepare the built-in dataset in its own folders (`makes`), unless its root holds
+    the set asked for; returns whether it did (prune=true: a smaller set is no mass vanishing).
+    The others wait up to `wait_s` until the root is current, not for its lock: a rank that has
+    begun to train holds that too."""
     if not makes(dataset) or _builtin_current(dataset):
         return False
     cfg = _compose_prepare(dataset)
     cfg.prune = True
     check_config(cfg)  # before the first write
-    log.info(
-        "dataset=%s (n=%d, seed=%d) is not prepared yet: generating and preparing it in %s",
-        dataset.name,
-        dataset.synthetic.n,
-        dataset.synthetic.seed,
-        dataset.root,
-    )
+    n, seed = dataset.synthetic.n, dataset.synthetic.seed
+    log.info("dataset=%s (n=%d, seed=%d) is not prepared yet: making it", dataset.name, n, seed)
     root, deadline = Path(cfg.output_dir), time.monotonic() + wait_s
     while not _builtin_current(dataset):
         try:

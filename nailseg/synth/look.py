@@ -306,16 +306,8 @@ def _objects(
 
 
 BACKGROUNDS: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
-    "plain": _plain,
-    "cloth": _cloth,
-    "gradient": _gradient,
-    "wood": _wood,
-    "weave": _weave,
-    "tiles": _tiles,
-    "noise": _noise,
-    "fractal": _fractal,
-    "desk": _desk,
-    "clutter": _clutter,
+    f.__name__[1:]: f
+    for f in (_plain, _cloth, _gradient, _wood, _weave, _tiles, _noise, _fractal, _desk, _clutter)
 }
 
 

@@ -1,13 +1,8 @@
-"""The built-in synthetic photos: procedural hands with nail masks, the default on a fresh clone.
-
-Written in the users' layout (`Images/<group>/<name>.png` RGB, `Masks/<group>/<name>.png` 0/255)
-with something real to learn: whole hands, fingers from an edge and close-up tips at every scale,
-every skin tone, bare, polished, French and glitter nails, backgrounds from plain cloth to
-clutter with skin- and nail-coloured distractors, light from any side, and a phone camera's blur,
-noise, white balance and JPEG (`hand`, `look`); each group is one kind of scene. Each sample
-draws from its own RNG seeded by (seed, index): the same (n, seed) gives byte-identical files,
-whatever the workers. The set's folder is claimed as nailseg's `synthetic` folder; its marker
-says which set it holds and whether it is complete.
+"""The built-in synthetic photos: procedural hands with nail masks, in the users' layout
+(`Images/<group>/<name>.png` RGB, `Masks/<group>/<name>.png` 0/255); each group is one kind of
+scene (`hand`, `look`: what is drawn). Each sample draws from its own RNG seeded by (seed, index):
+the same (n, seed) gives byte-identical files, whatever the workers. The set's folder is nailseg's
+`synthetic` folder; its marker says which set it holds and whether it is complete.
 """
 
 from __future__ import annotations
@@ -17,13 +12,20 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cv2
+import hydra
 import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
 
+from nailseg.config import CONF_DIR, require_values
+from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import Journal, OwnedFolder, read_marker
 from nailseg.lifetime import die_with_parent
 from nailseg.synth.hand import SCENES, draw_finger, fill, finger_outline, layout
@@ -153,9 +155,7 @@ def is_current(out_dir: Path, n: int, seed: int) -> bool:
 
 def _samples(n: int) -> list[str]:
     return [
-        f"{kind}/{GROUPS[i % len(GROUPS)]}/s{i:04d}.png"
-        for i in range(n)
-        for kind in ("Images", "Masks")
+        f"{k}/{GROUPS[i % len(GROUPS)]}/s{i:04d}.png" for i in range(n) for k in ("Images", "Masks")
     ]
 
 
@@ -167,13 +167,10 @@ def groups_of(n: int) -> list[str]:
 def generate(
     out_dir: Path, n: int, seed: int, num_workers: int = 0, key: str = "out", wait_s: float = 0.0
 ) -> Path:
-    """Write n samples to `out_dir` unless it already holds them; returns `out_dir`.
-
-    Raises NotOursError (ForeignFolderError, BusyError), before writing, when `out_dir` is not
-    nailseg's synthetic folder, another process fills it, or a sample's path holds a file nailseg
-    did not write. The marker says complete only once every sample is written, so an interrupted
-    run is redone; an earlier set's samples are removed while they are as written.
-    """
+    """Write n samples to `out_dir` unless it already holds them; returns `out_dir`. Raises
+    NotOursError, before writing, when `out_dir` is not nailseg's synthetic folder, another process
+    fills it, or a sample's path holds a file nailseg did not write. An earlier set's samples are
+    removed while they are as written; the marker says complete last."""
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:
         raise ValueError(f"need n >= 1 and num_workers >= 0, got n={n}, num_workers={num_workers}")
@@ -205,3 +202,34 @@ def generate(
             log.warning("kept %s: an earlier set's picture, changed since nailseg wrote it", path)
         folder.update_marker(complete=True)
     return out_dir
+
+
+@dataclass
+class SyntheticCliConfig:
+    """`python -m nailseg.synth`; values in conf/synthetic.yaml."""
+
+    out: str = MISSING
+    n: int = MISSING
+    seed: int = MISSING
+    num_workers: int = MISSING
+
+
+ConfigStore.instance().store(name="synthetic_schema", node=SyntheticCliConfig)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="synthetic")
+def main(cfg: DictConfig) -> None:
+    """A set made into `out` on its own, with a one-line report; a current set is left as it is."""
+    require_values(cfg, "nailseg.synth")
+    if is_current(Path(cfg.out), cfg.n, cfg.seed):
+        print(f"{cfg.out}: already holds n={cfg.n} seed={cfg.seed}; nothing written")
+        return
+    start = time.perf_counter()
+    try:
+        generate(Path(cfg.out), cfg.n, cfg.seed, cfg.num_workers)
+    except NotOursError as err:
+        sys.exit(f"synthetic failed: {err}")
+    except KeyboardInterrupt:
+        sys.exit(f"synthetic interrupted: {cfg.out} is left incomplete; run it again to finish it")
+    seconds = time.perf_counter() - start
+    print(f"wrote {cfg.n} images to {cfg.out} in {seconds:.2f} s ({cfg.n / seconds:.1f} images/s)")

@@ -14,10 +14,9 @@ from PIL import Image
 
 from nailseg.io.folder import OWN_NAMES, read_marker
 from nailseg.synth import scene as synthetic
-from nailseg.synth.__main__ import main
 from nailseg.synth.hand import SCENES, Finger, layout, nail_plate
 from nailseg.synth.look import FINISHES, NailLook
-from nailseg.synth.scene import GROUPS, MAX_FG, MIN_FG, generate, is_current, render
+from nailseg.synth.scene import GROUPS, MAX_FG, MIN_FG, generate, is_current, main, render
 
 N = 16
 VARIETY = 64  # rendered in memory for the variety checks
