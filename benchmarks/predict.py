@@ -39,11 +39,12 @@ from rich.table import Table
 
 from benchmarks.output import claim_output, scratch
 from nailseg.config import CONF_DIR, require_values
-from nailseg.inference.engine import build_engine
+from nailseg.inference.engine import OnnxNet, build_engine
 from nailseg.inference.photos import find_images
+from nailseg.inference.pipeline import STAGES
 from nailseg.inference.predict import run as predict
-from nailseg.inference.progress import STAGES
-from nailseg.inference.spec import image_tensors, resolve_spec, to_batch
+from nailseg.inference.spec import resolve_spec
+from nailseg.inference.views import image_tensors, to_batch
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder, below, read_regular
 from nailseg.model.checkpoint import load_net
@@ -160,13 +161,12 @@ def predict_rows(cfg: DictConfig, out: OwnedFolder, folder: Path, photos: list[P
 def onnx_vs_torch(cfg: DictConfig, photos: list[Path]) -> dict:
     """The net alone on the CPU, one batch of the photos: PyTorch and ONNX Runtime images/s (the
     ONNX model as predict's engine=onnx runs it: built and checked in memory)."""
-    try:
-        from nailseg.inference.export import OnnxNet
-    except ImportError as err:  # the GPU machine's image has neither onnx nor onnxruntime
-        return {"onnx": f"not measured: {err}"}
     spec = resolve_spec(compose("predict", overrides=[f"ckpt={cfg.ckpt}", "input=x", "output=y"]))
     net = load_net(spec.ckpt, spec.model).eval()
-    onnx = OnnxNet(net, spec)
+    try:
+        onnx = OnnxNet(net, spec, [spec.image_size])
+    except ImportError as err:  # the GPU machine's image has neither onnx nor onnxruntime
+        return {"onnx": f"not measured: {err}"}
     cpu = torch.device("cpu")
     net = build_engine("torch", net, spec, cpu, cuda_graphs=False)  # as predict runs it
     batch = to_batch(image_tensors([read_rgb(p) for p in photos[: cfg.onnx_batch]], cpu), spec)

@@ -263,9 +263,8 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert masks["true"][name].shape == cpu.shape
         assert (masks["true"][name] == cpu).mean() > 0.98, name
     # the decoded pixels themselves: nvJPEG against libjpeg (PIL), EXIF orientation applied
-    from nailseg.inference.decode import to_device
-    from nailseg.inference.photos import Photo
-    from nailseg.inference.workers import load
+    from nailseg.inference.photos import Photo, load
+    from nailseg.inference.pipeline import to_device
     from nailseg.prep.imageio import read_rgb
 
     files = sorted(photos.iterdir())
@@ -281,8 +280,8 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
 
 
 def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkeypatch):
-    from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.spec import probabilities
+    from nailseg.inference.engine import GraphedNet
+    from nailseg.inference.views import probabilities
     from nailseg.model.net import build_net
 
     # one cuDNN algorithm for eager and captured convolutions (a fit leaves autotuning on, and
@@ -316,8 +315,7 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkey
 
 
 def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
-    from nailseg.inference.engine import capture
-    from nailseg.inference.graphed import GraphedNet
+    from nailseg.inference.engine import GraphedNet, capture
     from nailseg.inference.predict import PredictError
     from nailseg.inference.spec import InferenceSpec
 
@@ -345,9 +343,10 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
     threshold, copy to the host) while the GPU still runs the batch before: none of it may wait
     for the GPU. Normalising once did: a plain copy of the mean and std to the GPU waits for
     all the work queued there, so the host idled a batch's length every batch."""
-    from nailseg.inference.graphed import GraphedNet
-    from nailseg.inference.host_copy import to_host
-    from nailseg.inference.spec import InferenceSpec, full_size_probabilities, image_tensors
+    from nailseg.inference.engine import GraphedNet
+    from nailseg.inference.pipeline import to_host
+    from nailseg.inference.spec import InferenceSpec
+    from nailseg.inference.views import full_size_probabilities, image_tensors
     from nailseg.model.net import build_net
 
     net = build_net("unet", "resnet18").cuda().eval().to(memory_format=torch.channels_last)
@@ -376,7 +375,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
 def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
     """predict queues a batch's copy to the host before the next batch's work and waits for the
     copy only: what is queued after it (here: changing the tensor) must not reach it."""
-    from nailseg.inference.host_copy import to_host
+    from nailseg.inference.pipeline import to_host
 
     maps = [torch.rand(300, 400, device="cuda"), torch.rand(50, 70, device="cuda")]
     expected = [(m > 0.5).cpu().numpy() for m in maps]

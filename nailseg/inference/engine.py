@@ -1,18 +1,37 @@
 """What runs the net: PyTorch on the device, channels-last (on a GPU, replayed as CUDA graphs), or
-ONNX Runtime on the CPU."""
+ONNX Runtime on the CPU, from an ONNX model made in memory (the model `export` writes).
+
+A CUDA graph replays the forward pass as one launch a batch; each batch is copied into the
+captured input, the logits returned are a view valid until the next call, and each input shape is
+captured once, a smaller batch padded (rows are independent in an eval-mode net). ONNX: torch's
+TorchScript-based exporter (`dynamo=False`), its deprecation warnings silenced: the guard is ONNX
+Runtime agreeing with PyTorch on random batches within `TOLERANCE` of the logits' size.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import time
+import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
-from nailseg.inference.graphed import CaptureError, GraphedNet
-from nailseg.inference.request import PredictError
-from nailseg.inference.spec import InferenceSpec, Net, probabilities, to_batch
+from nailseg.errors import UserError
+from nailseg.inference.spec import InferenceSpec, Net, PredictError
+from nailseg.inference.views import probabilities, to_batch
+
+INPUT_NAME, OUTPUT_NAME = "image", "logits"
+TOLERANCE = 1e-3  # max |onnx - torch| on logits / max(1, max |logit|)
+VERIFY_BATCH_SIZES = (1, 3)
+
+
+class ExportError(UserError, RuntimeError):
+    """An unknown format, or an ONNX model whose outputs disagree with PyTorch's."""
 
 
 def build_engine(
@@ -23,35 +42,18 @@ def build_engine(
     cuda_graphs: bool,
     sizes: Sequence[tuple[int, int]] | None = None,
 ) -> Net:
-    """`net` run by `engine`: torch on `device`, channels-last (the layout a GPU's tensor cores
-    and the CPU's oneDNN run convolutions fastest in), as CUDA graphs on a GPU with
-    `cuda_graphs`; or onnx, ONNX Runtime on the CPU, one model per input size in `sizes` (None:
-    the input size; an ONNX model's height and width are fixed)."""
+    """`net` run by `engine`: torch on `device`, channels-last (the layout convolutions run
+    fastest in on a GPU and in oneDNN), as CUDA graphs on a GPU with `cuda_graphs`; or onnx,
+    ONNX Runtime on the CPU, one model per size in `sizes` (None: the input size)."""
     if engine == "torch":
         net = net.to(device, memory_format=torch.channels_last)
         if device.type != "cuda":
             return net
         return GraphedNet(net) if cuda_graphs else net
-    from nailseg.inference.export import ExportError, OnnxNet  # onnx: only this engine needs it
-
     try:
-        models = {
-            size: OnnxNet(net, dataclasses.replace(spec, image_size=size))
-            for size in sizes or [spec.image_size]
-        }
+        return OnnxNet(net, spec, sizes or [spec.image_size])
     except ExportError as err:
         raise PredictError(f"engine=onnx: {err}") from err
-    return next(iter(models.values())) if len(models) == 1 else _BySize(models)
-
-
-class _BySize:
-    """ONNX models of one net at several input sizes, called as one: each batch by its size."""
-
-    def __init__(self, models: dict[tuple[int, int], Net]) -> None:
-        self.models = models
-
-    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        return self.models[(batch.shape[2], batch.shape[3])](batch)
 
 
 def capture(
@@ -61,9 +63,8 @@ def capture(
     tta: bool,
     sizes: Sequence[tuple[int, int]] | None = None,
 ) -> float:
-    """Capture the graph of a full batch at each input size in `sizes` (None: the input size)
-    now, through the path predicting takes, so a net that cannot be captured fails before
-    anything is written; returns the seconds it took."""
+    """Capture a full batch's graph at each size in `sizes` (None: the input size) now, so a net
+    that cannot be captured fails before anything is written; returns the seconds it took."""
     start = time.perf_counter()
     device = next(net.net.parameters()).device
     blank = torch.zeros(3, *spec.image_size, dtype=torch.uint8, device=device)
@@ -75,3 +76,190 @@ def capture(
         raise PredictError(f"{err}; cuda_graphs=false runs it eagerly") from err
     torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+class CaptureError(RuntimeError):
+    """The net cannot be captured as a CUDA graph (host syncs, data-dependent shapes)."""
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: torch.Tensor
+    logits: torch.Tensor
+
+
+class GraphedNet:
+    """Calls `net` (eval mode, on a CUDA device) through CUDA graphs; see the module docstring.
+    Call it where `net` would be called: under the same autocast, inside inference mode."""
+
+    def __init__(self, net: nn.Module, warmup: int = 3) -> None:
+        self.net = net.eval()
+        self.warmup = warmup  # eager passes before capturing: cuDNN autotuning, allocations
+        self.captured: dict[torch.Size, _Captured] = {}
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        n, shape = len(batch), batch.shape[1:]
+        with torch.cuda.device(batch.device):  # graphs run on the current device's stream
+            captured = self.captured.get(shape)
+            if captured is None or len(captured.inputs) < n:
+                captured = self.captured[shape] = self._capture(batch)
+            captured.inputs[:n].copy_(batch)
+            captured.graph.replay()
+        return captured.logits[:n]
+
+    def _capture(self, batch: torch.Tensor) -> _Captured:
+        inputs = batch.clone()  # keeps the batch's memory format (channels-last)
+        # autocast's cache of cast weights lives outside the graph's memory and is freed when
+        # the autocast region ends: capture with it off, so the casts are part of the graph
+        autocast = torch.autocast(
+            "cuda",
+            dtype=torch.get_autocast_dtype("cuda"),
+            enabled=torch.is_autocast_enabled("cuda"),
+            cache_enabled=False,
+        )
+        side = torch.cuda.Stream(batch.device)
+        side.wait_stream(torch.cuda.current_stream(batch.device))
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with autocast, torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.net(inputs)
+            torch.cuda.current_stream(batch.device).wait_stream(side)
+            with autocast, torch.cuda.graph(graph):
+                logits = self.net(inputs)
+        except RuntimeError as err:  # CUDA's message runs on with hints: its first line says it
+            _release_generator(batch.device)
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CaptureError(f"the net cannot run as a CUDA graph: {reason}") from err
+        return _Captured(graph, inputs, logits)
+
+
+def _release_generator(device: torch.device) -> None:
+    """A capture that fails ends before torch marks the device's random generator as no longer
+    capturing, and every later random op on that device then fails ("Offset increment outside
+    graph capture"): the generator gets a copy of its state (same seed and offset) that is not."""
+    generator = torch.cuda.default_generators[device.index]
+    generator.graphsafe_set_state(generator.clone_state())
+
+
+def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int | None) -> bytes:
+    """`net` as a checked ONNX model with nailseg's metadata, in memory; `opset` None: the
+    exporter's own (a model ONNX Runtime runs here and now, never written)."""
+    import onnx
+
+    buffer = io.BytesIO()
+    example = torch.zeros(2, 3, *spec.image_size)
+    with torch.inference_mode():
+        out_shape = net.eval()(example).shape
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        try:
+            torch.onnx.export(
+                net,
+                (example,),
+                buffer,
+                dynamo=False,
+                opset_version=opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+        except (torch.onnx.OnnxExporterError, RuntimeError) as err:  # an opset it lacks, an op
+            reason = str(err).splitlines()[0]
+            raise ExportError(
+                f"the ONNX exporter cannot write this net at opset={opset}: {reason}"
+            ) from err
+    model = onnx.load_from_string(buffer.getvalue())
+    _declare_output_shape(model, out_shape[1:])
+    onnx.helper.set_model_props(model, _metadata(spec))
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _declare_output_shape(model, sizes: Sequence[int]) -> None:
+    """The output's declared shape: the batch axis, then the sizes the net gives (its logits at
+    the input size), where the exporter's own inference gets a UNet's wrong."""
+    shape = model.graph.output[0].type.tensor_type.shape
+    del shape.dim[:]
+    shape.dim.add().dim_param = "batch"
+    for size in sizes:
+        shape.dim.add().dim_value = int(size)
+
+
+def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> float:
+    """`logits_difference` of `model` against `net`; ExportError when beyond `TOLERANCE`."""
+    diff = logits_difference(model, net, spec.image_size)
+    if diff > TOLERANCE:
+        raise ExportError(
+            f"ONNX Runtime and PyTorch disagree on {spec.ckpt}: max |logits difference| / "
+            f"max(1, max |logit|) = {diff:.3g} > {TOLERANCE}"
+        )
+    return diff
+
+
+class OnnxNet:
+    """A net run by ONNX Runtime on the CPU, called as the PyTorch net is: one model per size in
+    `sizes` (an ONNX model's height and width are fixed), each made in memory and checked against
+    PyTorch first, as `export` checks it; `difference`: the largest `logits_difference`."""
+
+    def __init__(self, net: nn.Module, spec: InferenceSpec, sizes: Sequence[tuple[int, int]]):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # as many as PyTorch would use
+        self.sessions, self.difference = {}, 0.0
+        for size in sizes:
+            sized = dataclasses.replace(spec, image_size=size)
+            model = onnx_model(net, sized, opset=None)
+            self.difference = max(self.difference, checked_difference(model, net, sized))
+            self.sessions[size] = ort.InferenceSession(
+                model, options, providers=["CPUExecutionProvider"]
+            )
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        session = self.sessions[(batch.shape[2], batch.shape[3])]
+        (logits,) = session.run([OUTPUT_NAME], {INPUT_NAME: batch.contiguous().numpy()})
+        return torch.from_numpy(logits)
+
+
+def _metadata(spec: InferenceSpec) -> dict[str, str]:
+    return {
+        "nailseg.input": f"{INPUT_NAME}: float32 Bx3x{spec.image_size[0]}x{spec.image_size[1]}, "
+        "RGB (x/255 - mean) / std",
+        "nailseg.output": f"{OUTPUT_NAME}: float32 Bx1xHxW, foreground logits",
+        "nailseg.image_size": json.dumps(list(spec.image_size)),
+        "nailseg.mean": json.dumps(list(spec.mean)),
+        "nailseg.std": json.dumps(list(spec.std)),
+        "nailseg.inference.threshold": json.dumps(spec.threshold),
+        "nailseg.model": json.dumps(dict(spec.model)),
+        "nailseg.checkpoint": spec.ckpt.name,
+    }
+
+
+def logits_difference(
+    model: bytes,
+    net: nn.Module,
+    image_size: tuple[int, int],
+    batch_sizes: tuple[int, ...] = VERIFY_BATCH_SIZES,
+) -> float:
+    """Max |ONNX Runtime - PyTorch| over the logits of random batches of each size, divided by
+    max(1, max |PyTorch logit|): absolute for logits up to 1, relative beyond."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(0)
+    diffs = []
+    for n in batch_sizes:
+        batch = torch.randn(n, 3, *image_size, generator=generator)
+        with torch.inference_mode():
+            expected = net(batch).numpy()
+        (got,) = session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})
+        if got.shape != expected.shape:
+            raise ExportError(
+                f"ONNX output {got.shape} for a batch of {n}, expected {expected.shape}"
+            )
+        scale = max(1.0, float(np.abs(expected).max()))
+        diffs.append(float(np.abs(got - expected).max()) / scale)
+    return max(diffs)

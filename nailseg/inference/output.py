@@ -1,147 +1,140 @@
-"""The folder predict writes into, and why predict may write there.
+"""The folder predict writes into, and what a run reports there and on the console.
 
-Only a new folder, an empty one, or one whose `summary.json` predict wrote (its marker:
-`nailseg.io.ownership`'s tool, kind `predict` and folder id), written first, marked unfinished.
-Then `outputs.txt` lists every output the run is to write (and the earlier run's, until they are
-gone), and the earlier run's are removed: a rerun, even one stopped part-way, leaves only its own
-results. A file predict did not write (each output bears its run's stamp, its modification time,
-as listed) is never removed or replaced: one where this run would write is refused. The folder
-may not overlap the photos or the true masks, nor hold a symbolic link (one could lead the writes
-into them). All of it is checked before the first write; one run writes a folder at a time
-(`nailseg.io.lock`); a rerun removes a killed run's temporary files, for listed outputs only.
+The folder is claimed as nailseg's `predict` folder (`nailseg.io.folder`), every file written
+through it. Before the first write, each path this run writes must be free or nailseg's (a user's
+file there, or a link on the way, is refused); then the earlier run's outputs still as written go,
+so a rerun, even one stopped part-way, leaves only its own results beside the user's files.
+`summary.json` is the run's report: written unfinished first, finished at the end.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from nailseg.errors import UserError
-from nailseg.io.atomic import write_bytes, write_text
-from nailseg.io.overlap import overlap
-from nailseg.io.ownership import (
-    ForeignFolderError,
-    below,
-    delete_listed,
-    first_of,
-    new_marker,
-    read_marker,
-    remove_temp_files,
-    require_owned,
-    stamped,
-)
-from nailseg.prep.format import new_stamp, stamp_of
+from rich.console import Console
+from rich.table import Table
 
-SUMMARY = "summary.json"  # predict's marker, rewritten finished at the end
+from nailseg.inference.photos import Skipped
+from nailseg.inference.request import Request
+from nailseg.inference.scoring import ImageScore, score_table, totals
+from nailseg.inference.spec import InferenceSpec, PredictError
+from nailseg.inference.views import Views
+from nailseg.inference.workers import OUTPUT_FOLDERS
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder
+from nailseg.tables import print_table
+
+SUMMARY = "summary.json"
 SCORES = "scores.csv"
-OUTPUTS = "outputs.txt"  # what predict writes here besides its marker, with its stamp
-OUTPUT_FOLDERS = ("masks", "overlays")
-CREATOR = "nailseg.predict"
-MARKER_KIND = "predict"
-PREDICT_LOCK = ".predict.lock"  # held while predict writes here (nailseg.io.lock)
-# what a run killed before its marker was in place leaves: the marker's temporary file, the lock
-_OURS_IN_NEW_FOLDER = re.compile(rf"\.{re.escape(SUMMARY)}\.\d+\.tmp|{re.escape(PREDICT_LOCK)}")
 
 
-class OutputError(UserError, RuntimeError):
-    """The output folder is not one predict may write into: the message says why."""
-
-
-def check_output(output: Path, inputs: list[Path], masks: Path | None) -> None:
-    """Raise OutputError unless predict may write into `output` (see the module docstring)."""
-    named = [("input", path) for path in inputs] + ([("masks", masks)] if masks else [])
-    for name, path in named:
-        if overlap(output, path):
-            raise OutputError(
-                f"output={output} and {name}={path} overlap (one is, or is inside, the other): "
-                "nothing was written; choose an output folder apart from the photos and masks"
-            )
+def claim_output(request: Request) -> OwnedFolder:
+    """The output folder claimed for the request's outputs, the earlier run's removed (the module
+    docstring); PredictError, before any write, when it cannot be."""
+    folders = OUTPUT_FOLDERS if request.overlays else OUTPUT_FOLDERS[:1]
+    outputs = [f"{folder}/{photo.key}.png" for photo in request.photos for folder in folders]
+    outputs += [SUMMARY] + ([SCORES] if request.truths is not None else [])
     try:
-        require_owned(output, SUMMARY, MARKER_KIND, _OURS_IN_NEW_FOLDER)
-    except ForeignFolderError as err:
-        raise OutputError(f"output={output}: {err}") from err
-    link = _first_link(output)
-    if link is not None:
-        raise OutputError(
-            f"output={output} holds a symbolic link, {link} (to {os.readlink(link)}), which "
-            "predict never makes: writes through it could land anywhere. Nothing was written; "
-            "remove it or choose a new output folder"
-        )
+        folder = OwnedFolder.claim(request.output, "predict", key="output")
+        folder.check_free(outputs)
+        for rel in list(folder.journal.files):  # a link on the way to an earlier output
+            folder.file(rel)
+        folder.prune(keep=[SUMMARY])
+    except NotOursError as err:
+        raise PredictError(str(err)) from err
+    except OSError as err:  # a file where the folder would be
+        raise PredictError(f"output={request.output}: {err.strerror}: {err.filename}") from err
+    return folder
 
 
-def _first_link(folder: Path) -> Path | None:
-    """A symbolic link under `folder` (links are not followed), None when there is none; the
-    file types come from the folder listings, so this costs no stat a file."""
-    try:
-        entries = list(os.scandir(folder))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    for entry in entries:
-        if entry.is_symlink():
-            return Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            found = _first_link(Path(entry.path))
-            if found is not None:
-                return found
-    return None
+@dataclass
+class PredictSummary:
+    images: int  # photos predicted and written
+    seconds: float  # reading, predicting and writing them
+    threshold: float
+    threshold_source: str  # checkpoint | override | auto
+    skipped: list[Skipped]
+    unscored: list[Skipped]  # predicted, but with no usable mask
+    stages: dict[str, float]  # where the main thread's time went (pipeline.STAGES)
+    capture_seconds: float  # capturing the net's CUDA graph, before `seconds` start
+    workers_seconds: float  # starting the worker processes, before `seconds` start
+    # what ran, whatever was asked: nvJPEG and CUDA graphs exist on a GPU only, graphs for torch
+    device: str
+    gpu_decode: bool
+    cuda_graphs: bool
+    scores: dict[str, Any] | None = None  # totals: `overall` and per `groups`
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
-def claim(output: Path, report: dict[str, Any], outputs: list[str]) -> int:
-    """The first writes (see the module docstring): `summary.json`, marked unfinished (so the
-    folder is known as predict's), `outputs.txt` listing `outputs` (the paths this run is to
-    write, with the stamp it returns, which each of them must be written with) and the earlier
-    run's, then the earlier run's outputs removed. Raises OutputError, before any of it, when a
-    file predict did not write lies where this run would write."""
-    earlier = listed_outputs(output)
-    in_the_way = [rel for rel in outputs if os.path.lexists(output / rel) and rel not in earlier]
-    if in_the_way:
-        raise OutputError(
-            f"output={output}: {first_of(output, in_the_way)} lies where this run would write, "
-            f"and predict did not write it (not listed in {OUTPUTS} with its stamp), so it is "
-            "not replaced: nothing was written; move it, or choose a new output folder"
-        )
-    stamp = new_stamp()
-    write_summary(output, report, finished=False)
-    list_outputs(output, earlier | dict.fromkeys(outputs, stamp))
-    delete_listed(output, {rel: stamped(stamp) for rel, stamp in earlier.items()})
-    remove_temp_files(output, [*earlier, *outputs, SUMMARY, OUTPUTS])  # a killed run's, if any
-    return stamp
+def write_summary(folder: OwnedFolder, report: dict[str, Any], *, finished: bool) -> None:
+    folder.write(SUMMARY, json.dumps({"finished": finished, **report}, indent=2).encode())
 
 
-def list_outputs(output: Path, stamps: dict[str, int]) -> None:
-    """Write `outputs.txt`: a line `<stamp>\t<path>` for each output (names that are not UTF-8
-    kept as their bytes)."""
-    text = "".join(f"{stamp}\t{rel}\n" for rel, stamp in stamps.items())
-    write_bytes(output / OUTPUTS, text.encode("utf-8", "surrogateescape"))
+def write_scores(folder: OwnedFolder, scores: list[ImageScore]) -> dict[str, Any]:
+    """Write `scores.csv`; returns the totals."""
+    table = score_table(scores)
+    # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written escaped,
+    # as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
+    data = table.to_csv(index=False, lineterminator="\n").encode("utf-8", "backslashreplace")
+    folder.write(SCORES, data)
+    return totals(table)
 
 
-def listed_outputs(output: Path) -> dict[str, int]:
-    """The outputs an earlier run listed that are still as it wrote them (path → stamp): lines of
-    `outputs.txt` naming `scores.csv` or a file under `masks/` or `overlays/` (no `..`, no
-    absolute path) that still bears the listed stamp; a file put in its place (a user's) bears
-    another, and is not predict's."""
-    try:
-        text = (output / OUTPUTS).read_bytes().decode("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        return {}
-    ours = {}
-    for line in text.splitlines():
-        stamp, _, rel = line.partition("\t")
-        parts = PurePosixPath(rel).parts
-        safe = rel == SCORES or (len(parts) > 1 and parts[0] in OUTPUT_FOLDERS and below(rel))
-        if safe and stamp.isdigit() and stamp_of(output / rel) == int(stamp):
-            ours[rel] = int(stamp)
-    return ours
+def summary_report(summary: PredictSummary, spec: InferenceSpec, views: Views) -> dict[str, Any]:
+    """`summary.json`'s report (the config is added beside it)."""
+    return {
+        "images": summary.images,
+        "seconds": round(summary.seconds, 3),
+        "images_per_s": round(summary.images_per_s, 3),
+        "stages_s": summary.stages,
+        "capture_s": summary.capture_seconds,
+        "workers_start_s": summary.workers_seconds,
+        "checkpoint": str(spec.ckpt),
+        "image_size": list(spec.image_size),
+        "tta": views.tta,
+        **views.record(),  # scales, tile: null when unset
+        "threshold": summary.threshold,
+        "threshold_source": summary.threshold_source,
+        "device": summary.device,
+        "skipped": [{"path": str(s.path), "reason": s.reason} for s in summary.skipped],
+        "unscored": [{"path": str(s.path), "reason": s.reason} for s in summary.unscored],
+        "scores": summary.scores,
+    }
 
 
-def write_summary(output: Path, report: dict[str, Any], *, finished: bool) -> None:
-    """The marker and report; the folder keeps the id its first run's marker gave it."""
-    marker = read_marker(output, SUMMARY, MARKER_KIND) or new_marker(MARKER_KIND)
-    identity = {key: marker[key] for key in ("tool", "kind", "id", "marker_version")}
-    write_text(
-        output / SUMMARY,
-        json.dumps({**identity, "created_by": CREATOR, "finished": finished, **report}, indent=2),
+def print_summary(summary: PredictSummary, output: Path, console: Console) -> None:
+    """Skipped files, the score table (with masks) and the one-line summary."""
+    lines = [f"  skipped {s}" for s in summary.skipped]
+    for line in lines + [f"  not scored {s}" for s in summary.unscored]:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if summary.scores:
+        print_table(_score_table(summary.scores, summary.threshold), console)
+    console.print(
+        f"predicted {summary.images} images in {summary.seconds:.2f} s "
+        f"({summary.images_per_s:.1f} images/s), {len(summary.skipped)} skipped, "
+        f"threshold {summary.threshold:g} ({summary.threshold_source}) → {output}",
+        highlight=False,
+        soft_wrap=True,
     )
+
+
+def _score_table(scores: dict[str, Any], threshold: float) -> Table:
+    """Each group's totals (with more than one), then all images'."""
+    table = Table(title=f"scores (threshold {threshold:g})")
+    for name in ("group", "images", "dice", "iou", "mean image dice", "mean image iou"):
+        table.add_column(name, justify="left" if name == "group" else "right")
+    groups = scores["groups"]
+    rows = [*(groups.items() if len(groups) > 1 else ()), ("all images", scores["overall"])]
+    for name, s in rows:
+        table.add_row(
+            name,
+            str(s["images"]),
+            *(f"{s[k]:.4f}" for k in ("dice", "iou", "mean_image_dice", "mean_image_iou")),
+        )
+    return table

@@ -1,24 +1,33 @@
-"""Finding photos to predict and the true masks to score them against.
+"""The photos to predict, read (in predict's worker processes), and their true masks.
 
-A photo is known by its key: its path relative to the folder it was found in, without the
-extension (`g1/x.JPG` → `g1/x`). Outputs are named by the key (`masks/g1/x.png`), and a true mask
-pairs with a photo when it has the same key, whatever either's extension or its case — the rule
-`prepare` pairs images and masks by. Two files with one key cannot both be written or matched, so
-both are left out with that reason rather than one silently overwriting the other.
+A photo is known by its key: its path below the folder it was found in, without the extension
+(`g1/x.JPG` → `g1/x`). Outputs are named by the key (`masks/g1/x.png`), and a true mask pairs with
+a photo of the same key, whatever either's extension or its case, as prepare pairs them. Two files
+with one key are both left out, with that reason, rather than one overwriting the other.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from concurrent.futures import Executor
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import numpy as np
+from PIL import Image
 
 from nailseg.errors import MissingFile
-from nailseg.prep.imageio import UnreadableImage, binarise, read_mask_values
+from nailseg.inference.spec import PredictError
+from nailseg.io.folder import below
+from nailseg.prep.imageio import (
+    DECODE_ERRORS,
+    UnreadableImage,
+    binarise,
+    exif_orientation,
+    read_mask_values,
+    read_rgb,
+)
 from nailseg.prep.layout import (
     DUPLICATE_STEM,
     FLAT_GROUP,
@@ -28,6 +37,8 @@ from nailseg.prep.layout import (
     files_under,
     special_file,
 )
+
+JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 
 @dataclass(frozen=True)
@@ -60,18 +71,16 @@ def _key(path: Path, folder: Path) -> str:
 
 
 def find_images(folder: Path) -> tuple[list[Path], list[Skipped]]:
-    """Image files under `folder` (any case of a known extension) found as prepare finds them:
-    recursively, links to folders followed (each real folder once), dotfiles ignored, a link to
-    nothing kept (reading it says why); and what is left out, with why, as prepare reports it:
-    the folders that could not be listed and the files of other types (a `.webp`, a `.txt`)."""
+    """Image files under `folder` found as prepare finds them (recursively, links followed, each
+    real folder once, dotfiles ignored, a link to nothing kept: reading it says why), and what is
+    left out, with why: folders that could not be listed, files of other types."""
     names, excluded = files_under(folder)
     images, skipped = [], [Skipped(e.path, f"{e.kind} ({e.detail})") for e in excluded]
     for name in names:
-        suffix = Path(name).suffix.lower()
-        if suffix in IMAGE_EXTENSIONS:
+        extension = Path(name).suffix or "(none)"
+        if extension.lower() in IMAGE_EXTENSIONS:
             images.append(folder / name)
         else:
-            extension = Path(name).suffix or "(none)"
             skipped.append(Skipped(folder / name, f"{UNSUPPORTED} (extension {extension!r})"))
     return images, skipped
 
@@ -93,10 +102,7 @@ def list_inputs(
     inputs: str | Path | Iterable[str | Path],
 ) -> tuple[list[Photo], list[Skipped]]:
     """Photos from a folder (keys relative to it), a file (key: its stem) or a list of either;
-    a special file (a FIFO, say) is skipped unopened, as a folder's are.
-
-    Raises FileNotFoundError naming an input that does not exist.
-    """
+    a special file (a FIFO, say) is skipped unopened. MissingFile names a missing input."""
     if isinstance(inputs, str | Path):
         inputs = [inputs]
     entries, skipped = [], []
@@ -124,8 +130,8 @@ def list_inputs(
 def _without_name_clashes(
     photos: list[Photo], skipped: list[Skipped]
 ) -> tuple[list[Photo], list[Skipped]]:
-    """Photos whose output file `<key>.png` would be a folder that other photos' outputs need
-    (`x.jpg` beside a folder `x.png/`) left out with that reason, before anything is written."""
+    """Photos left out, with why, before any write: one whose `<key>.png` is a folder others need
+    (`x.jpg` beside `x.png/`), one whose name holds a line break (never written: `folder.below`)."""
     folders: dict[str, Photo] = {}
     for photo in photos:
         for parent in PurePosixPath(photo.key).parents[:-1]:
@@ -133,7 +139,11 @@ def _without_name_clashes(
     kept = []
     for photo in photos:
         other = folders.get(f"{photo.key}.png")
-        if other is None:
+        if not below(photo.key):
+            skipped.append(
+                Skipped(photo.path, "its name holds a line break: no output is named so")
+            )
+        elif other is None:
             kept.append(photo)
         else:
             reason = f"its output {photo.key}.png would be the folder that {other.path}'s needs"
@@ -182,9 +192,11 @@ class TrueMask:
 
 
 def read_true_masks(
-    photos: Iterable[Photo], index: MaskIndex, threshold: int, pool: Executor
+    photos: list[Photo], masks: str, threshold: int, workers: int
 ) -> dict[str, TrueMask | str]:
-    """Each photo's true mask, or why it has none (not found, two candidates, unreadable)."""
+    """Each photo's true mask under `masks`, read now, or why it has none; PredictError when none
+    pairs (the run would score nothing), MissingFile when `masks` is not a folder."""
+    index = MaskIndex(masks)
 
     def one(photo: Photo) -> TrueMask | str:
         path, why = index.find(photo.key)
@@ -195,5 +207,52 @@ def read_true_masks(
         except UnreadableImage as err:
             return f"mask {err}"
 
-    photos = list(photos)
-    return dict(zip((p.key for p in photos), pool.map(one, photos), strict=True))
+    with ThreadPoolExecutor(workers) as pool:
+        truths = dict(zip((p.key for p in photos), pool.map(one, photos), strict=True))
+    if photos and not any(isinstance(t, TrueMask) for t in truths.values()):
+        raise PredictError(
+            f"masks={masks}: no true mask for any of the {len(photos)} photos (first: "
+            f"{next(iter(truths.values()))}); a photo's mask has its path below the photo's "
+            "input folder and any extension: input=Images masks=Masks pairs "
+            "Images/<group>/x.jpg with Masks/<group>/x.png, and a photo given as a file "
+            "pairs with <masks>/x.*"
+        )
+    return truths
+
+
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """A JPEG file's bytes (uint8, 1-D) and its EXIF orientation (1: as stored)."""
+
+    data: np.ndarray
+    orientation: int
+
+
+Loaded = np.ndarray | EncodedJpeg  # a photo as read: decoded (RGB uint8 HxWx3), or a JPEG's bytes
+
+
+def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
+    """A JPEG's bytes when the GPU decodes them (`gpu_jpeg`), else the decoded photo (RGB uint8
+    HxWx3). Raises UnreadableImage naming the file and the fault."""
+    if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
+        return read_rgb(photo.path)
+    try:
+        with Image.open(photo.path) as im:  # the header only: format check and EXIF
+            if im.format != "JPEG":
+                return read_rgb(photo.path)
+            orientation = exif_orientation(im)
+        data = np.fromfile(photo.path, dtype=np.uint8)  # read once, writable (torch takes it)
+    except DECODE_ERRORS as err:
+        raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
+    return EncodedJpeg(data, orientation)
+
+
+def read_photos(photos: Sequence[Photo], gpu_jpeg: bool) -> list[Loaded | UnreadableImage]:
+    """Each photo loaded (`load`), or why it could not be."""
+    loaded: list[Loaded | UnreadableImage] = []
+    for photo in photos:
+        try:
+            loaded.append(load(photo, gpu_jpeg))
+        except UnreadableImage as err:
+            loaded.append(err)
+    return loaded

@@ -1,43 +1,52 @@
-"""Photos through the net in batches: read ahead by the worker processes, run on the device, and
-written by the workers while the next batch runs. Memory stays flat for any number of photos: a
-bounded number of them are in flight at once."""
+"""Photos through the net in batches: read ahead by the worker processes, decoded onto the device,
+run there, and written by the workers while the next batch runs; a bounded number in flight.
+
+On a GPU, JPEGs come from the workers as bytes, decoded there in batches by nvJPEG, their EXIF
+orientation (read on the CPU) applied there. Any other photo, and a JPEG nvJPEG refuses (CMYK),
+is decoded by `read_rgb`, prepare's decoder, which names what is wrong with a broken file.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+from torchvision.io import ImageReadMode, decode_jpeg
 
-from nailseg.inference.decode import to_device
-from nailseg.inference.host_copy import HostCopy, to_host
-from nailseg.inference.photos import Photo, Skipped, TrueMask
-from nailseg.inference.progress import STAGES, Stopwatch, progress_bar
+from nailseg.inference.photos import EncodedJpeg, Loaded, Photo, Skipped, read_photos
+from nailseg.inference.request import Request
 from nailseg.inference.scoring import ImageScore
-from nailseg.inference.spec import InferenceSpec, Net
-from nailseg.inference.views import Views, photo_probabilities
-from nailseg.inference.workers import Loaded, NotWritten, PhotoWriter, Prediction, read_photos
-from nailseg.prep.imageio import UnreadableImage
+from nailseg.inference.spec import Net
+from nailseg.inference.views import image_tensors, photo_probabilities
+from nailseg.inference.workers import NotWritten, PhotoWriter, Prediction
+from nailseg.prep.imageio import UnreadableImage, read_rgb
 
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """How the photos are run: from the request."""
-
-    threshold: float
-    views: Views  # flips, scales, tiles
-    device: torch.device
-    batch_size: int
-    num_workers: int
-    gpu_jpeg: bool  # JPEGs decoded on the GPU (nvJPEG), not by the workers
-    overlays: bool
+# where the main thread waits: for photos to be read, queueing the device's work (decode, resize,
+# net, full-size maps, thresholds, copies to the host), for the masks to come back from the
+# device, for the writing processes (`PredictSummary.stages`; bench_predict's columns)
+STAGES = ("read_wait", "device_queue", "device_wait", "write_wait")
 
 
 @dataclass(frozen=True)
@@ -96,9 +105,8 @@ def read_ahead(
 
 @contextmanager
 def fast_gil_handoff(device: torch.device) -> Iterator[None]:
-    """On a GPU, Python's GIL switch interval at 0.5 ms (its default: 5 ms) inside, then back. The
-    main thread queues the device's work while the pool's and the progress bar's threads run
-    Python too; a thread waiting for the GIL takes it only after the interval."""
+    """On a GPU, Python's GIL switch interval at 0.5 ms (not 5) inside: the main thread queues the
+    device's work while other threads run Python, and a waiting thread gets the GIL only after it."""
     if device.type != "cuda":
         yield
         return
@@ -116,28 +124,29 @@ class _Pipeline:
     def __init__(
         self,
         net: Net,
-        spec: InferenceSpec,
-        settings: BatchSettings,
+        request: Request,
+        threshold: float,
         writer: PhotoWriter,
-        truths: Mapping[str, TrueMask | str] | None,
         pool: Executor,
         advance: Callable[[int], None],
     ) -> None:
-        self.net, self.spec, self.settings = net, spec, settings
-        self.writer, self.truths, self.pool, self.advance = writer, truths, pool, advance
-        self.depth = max(2 * settings.batch_size, settings.num_workers)  # photos in flight
-        self.chunk = -(-settings.batch_size // settings.num_workers)  # a batch over every worker
-        self.clock = Stopwatch(*STAGES)
+        self.net, self.request, self.threshold = net, request, threshold
+        self.writer, self.pool, self.advance = writer, pool, advance
+        self.depth = max(2 * request.batch_size, request.num_workers)  # photos in flight
+        self.chunk = -(-request.batch_size // request.num_workers)  # a batch over every worker
+        self.stages = dict.fromkeys(STAGES, 0.0)
         self.unreadable: list[Skipped] = []
         self.results: list[ImageScore | Skipped | None] = []
         self.writes: deque[tuple[int, Future]] = deque()  # (photos, their writing)
         self.pending: list[tuple[Photo, Loaded]] = []  # read, not yet on the device
         self.launched: list[_OnDevice] = []
 
-    def run(self, photos: Sequence[Photo]) -> Outcome:
-        reads = read_ahead(photos, self.pool, self.depth, self.chunk, self.settings.gpu_jpeg)
+    def run(self) -> Outcome:
+        reads = read_ahead(
+            self.request.photos, self.pool, self.depth, self.chunk, self.request.gpu_jpeg
+        )
         while True:
-            with self.clock("read_wait"):
+            with self._timed("read_wait"):
                 photo, item = next(reads, (None, None))
             if photo is None:
                 break
@@ -145,11 +154,11 @@ class _Pipeline:
                 self._unreadable(photo, item)
                 continue
             self.pending.append((photo, item))
-            if len(self.pending) == self.settings.batch_size:
+            if len(self.pending) == self.request.batch_size:
                 self._step(next_batch=True)
         self._step(next_batch=bool(self.pending))
         self._step(next_batch=False)
-        with self.clock("write_wait"):
+        with self._timed("write_wait"):
             self.results += [result for _, future in self.writes for result in future.result()]
         return self._outcome()
 
@@ -158,24 +167,21 @@ class _Pipeline:
         self.advance(1)
 
     def _step(self, next_batch: bool) -> None:
-        """The last launched batch's copies are queued before the next batch's work, so waiting
-        for them does not wait for that work: the device runs it while the host writes the last
-        batch and reads the next."""
-        with self.clock("device_queue"):
+        """The last batch's copies are queued before the next batch's work, so waiting for them
+        does not wait for it: the device runs it while the host writes and reads."""
+        with self._timed("device_queue"):
             fetched = self._fetch(self.launched)
             self.launched = self._launch() if next_batch else []
         if fetched is not None:
             self._finish(fetched)
 
     def _launch(self) -> list[_OnDevice]:
-        """Queue the pending photos' work on the device: decode, resize (or tile), net,
-        full-size maps."""
-        photos = [photo for photo, _ in self.pending]
-        loaded = [item for _, item in self.pending]
+        """Queue the pending photos' work on the device: decode, views, net, full-size maps."""
+        photos, loaded = zip(*self.pending, strict=True)
         self.pending = []
         images, kept = [], []
         for photo, item, image in zip(
-            photos, loaded, to_device(photos, loaded, self.settings.device), strict=True
+            photos, loaded, to_device(photos, loaded, self.request.device), strict=True
         ):
             if isinstance(image, UnreadableImage):
                 self._unreadable(photo, image)
@@ -185,11 +191,12 @@ class _Pipeline:
             kept.append((photo, item if isinstance(item, np.ndarray) else image))
         if not images:
             return []
+        request = self.request
         probs = photo_probabilities(
-            self.net, images, self.spec, self.settings.views, self.settings.batch_size
+            self.net, images, request.spec, request.views, request.batch_size
         )
         return [
-            _OnDevice(photo, shown if self.settings.overlays else None, prob)
+            _OnDevice(photo, shown if self.request.overlays else None, prob)
             for (photo, shown), prob in zip(kept, probs, strict=True)
         ]
 
@@ -198,14 +205,13 @@ class _Pipeline:
         of the GPU-decoded photos its overlays need."""
         if not batch:
             return None
-        threshold = self.settings.threshold
-        masks = to_host([item.prob for item in batch], lambda flat: flat > threshold)
+        masks = to_host([item.prob for item in batch], lambda flat: flat > self.threshold)
         decoded = [item.shown for item in batch if isinstance(item.shown, torch.Tensor)]
         return _Fetched(batch, masks, to_host(decoded) if decoded else None)
 
     def _finish(self, fetched: _Fetched) -> None:
         """Wait for a fetched batch's copies (only them) and hand its masks to the writers."""
-        with self.clock("device_wait"):
+        with self._timed("device_wait"):
             preds = fetched.masks.arrays()
             hosted = iter(fetched.decoded.arrays() if fetched.decoded else [])
             shown = [  # C×H×W back to H×W×C (a view)
@@ -214,21 +220,26 @@ class _Pipeline:
                 else item.shown
                 for item in fetched.batch
             ]
+        truths = self.request.truths
         predictions: list[Prediction] = [
-            (item.photo, image, pred, None if self.truths is None else self.truths[item.photo.key])
+            (item.photo, image, pred, None if truths is None else truths[item.photo.key])
             for item, image, pred in zip(fetched.batch, shown, preds, strict=True)
         ]
         for part in chunks(predictions, self.chunk):
-            future = self.pool.submit(self.writer, part)
-            future.add_done_callback(self._moves_bar(len(part)))
-            self.writes.append((len(part), future))
-        with self.clock("write_wait"):
+            future, count = self.pool.submit(self.writer, part), len(part)
+            future.add_done_callback(lambda _, n=count: self.advance(n))
+            self.writes.append((count, future))
+        with self._timed("write_wait"):
             while sum(n for n, _ in self.writes) > self.depth:
                 self.results.extend(self.writes.popleft()[1].result())
 
-    def _moves_bar(self, photos: int) -> Callable[[Future], None]:
-        """A written chunk's callback: the progress bar moves on by its photos."""
-        return lambda _: self.advance(photos)
+    @contextmanager
+    def _timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[stage] += time.perf_counter() - start
 
     def _outcome(self) -> Outcome:
         unwritten = [r for r in self.results if isinstance(r, NotWritten)]
@@ -239,21 +250,132 @@ class _Pipeline:
             unscored=[
                 r for r in self.results if isinstance(r, Skipped) and not isinstance(r, NotWritten)
             ],
-            stages=self.clock.seconds,
+            stages=self.stages,
         )
 
 
 def predict_photos(
     net: Net,
-    spec: InferenceSpec,
-    photos: Sequence[Photo],
-    settings: BatchSettings,
+    request: Request,
+    threshold: float,
     writer: PhotoWriter,
-    truths: Mapping[str, TrueMask | str] | None,
     pool: Executor,
     console: Console,
 ) -> Outcome:
-    """Predict every photo, read and written by `pool`'s worker processes; `truths`: every
-    photo's true mask or why it has none (None: not scoring)."""
-    with progress_bar(console, len(photos)) as advance, fast_gil_handoff(settings.device):
-        return _Pipeline(net, spec, settings, writer, truths, pool, advance).run(photos)
+    """Predict every photo of `request` at `threshold`, read and written by `pool`'s workers."""
+    with progress_bar(console, len(request.photos)) as advance, fast_gil_handoff(request.device):
+        return _Pipeline(net, request, threshold, writer, pool, advance).run()
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A C×H×W image turned upright by its EXIF orientation, as `imageio` turns a decoded one."""
+    h, w = 1, 2
+    turns = {
+        2: lambda x: x.flip(w),
+        3: lambda x: x.flip(h, w),
+        4: lambda x: x.flip(h),
+        5: lambda x: x.transpose(h, w),
+        6: lambda x: x.rot90(-1, (h, w)),
+        7: lambda x: x.transpose(h, w).flip(h, w),
+        8: lambda x: x.rot90(1, (h, w)),
+    }
+    turn = turns.get(orientation)
+    return turn(image).contiguous() if turn else image
+
+
+def to_device(
+    photos: Sequence[Photo], loaded: Sequence[Loaded], device: torch.device
+) -> list[torch.Tensor | UnreadableImage]:
+    """Each photo as an RGB uint8 C×H×W tensor on `device` (JPEGs: decoded there), or why not."""
+    out: list[torch.Tensor | UnreadableImage | None] = [None] * len(loaded)
+    decoded_here = [i for i, item in enumerate(loaded) if isinstance(item, np.ndarray)]
+    uploaded = image_tensors([loaded[i] for i in decoded_here], device)
+    for i, image in zip(decoded_here, uploaded, strict=True):
+        out[i] = image
+    jpegs = [i for i, item in enumerate(loaded) if isinstance(item, EncodedJpeg)]
+    if not jpegs:
+        return out
+    data = [torch.from_numpy(loaded[i].data) for i in jpegs]
+    # one bad file fails the batch: then they are decoded one by one
+    decoded = _nvjpeg(data, device) or [_nvjpeg(item, device) for item in data]
+    for i, image in zip(jpegs, decoded, strict=True):
+        if image is None:  # nvJPEG refused it: the CPU decoder decodes it or says why not
+            try:
+                out[i] = image_tensors([read_rgb(photos[i].path)], device)[0]
+            except UnreadableImage as err:
+                out[i] = err
+        else:
+            out[i] = orient(image, loaded[i].orientation)
+    return out
+
+
+def _nvjpeg(data, device: torch.device):
+    """`decode_jpeg` on `device` (a list: in one batch), None when it refuses. torchvision's
+    decoders warn at every call that they are deprecated; they run nvJPEG here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            return None
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """Tensors on their way to the host as one flat buffer: on a GPU a pinned one, filled by an
+    asynchronous copy that completes at `done`."""
+
+    flat: torch.Tensor
+    shapes: list[torch.Size]
+    done: torch.cuda.Event | None
+
+    def arrays(self) -> list[np.ndarray]:
+        """The tensors as host arrays of their shapes, once the copy is done (only it)."""
+        if self.done is not None:
+            self.done.synchronize()
+        ends = np.cumsum([shape.numel() for shape in self.shapes])[:-1]
+        parts = np.split(self.flat.numpy(), ends)
+        return [part.reshape(shape) for part, shape in zip(parts, self.shapes, strict=True)]
+
+
+def to_host(
+    parts: list[torch.Tensor],
+    on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat,
+) -> HostCopy:
+    """Tensors (one device, one dtype) queued for the host in one copy, `on_device` applied to
+    all at once first (masks: one threshold call a batch); `arrays()` waits for that copy only."""
+    flat = on_device(torch.cat([p.flatten() for p in parts]))
+    shapes = [p.shape for p in parts]
+    if flat.device.type != "cuda":
+        return HostCopy(flat, shapes, None)
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    host.copy_(flat, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(flat.device))
+    return HostCopy(host, shapes, done)
+
+
+class _RateColumn(ProgressColumn):
+    """Photos done per second since the bar started (Rich's own speed column measures from the
+    first update, so chunks finished in a burst read as a far higher rate)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        if not elapsed or not task.completed:
+            return Text("… img/s", style="progress.data.speed")
+        return Text(f"{task.completed / elapsed:.1f} img/s", style="progress.data.speed")
+
+
+@contextmanager
+def progress_bar(console: Console, total: int) -> Iterator[Callable[[int], None]]:
+    """A bar of `total` photos; yields what moves it on by a number of photos."""
+    columns = (
+        TextColumn("predicting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        _RateColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        yield partial(progress.advance, progress.add_task("predicting", total=total))

@@ -1,13 +1,11 @@
 """`python -m nailseg predict ckpt=RUN/checkpoints/last.ckpt input=PHOTOS output=OUT
 [masks=TRUE_MASKS] [tta=true] [threshold=auto]`: a mask for every photo, at its own size.
 
-Writes, for each photo with key `k` (its path below the input folder, without extension):
-`OUT/masks/k.png` (0/255) and, unless `overlays=false`, `OUT/overlays/k.png` (the prediction in
-red over the photo); with `masks=`, `OUT/scores.csv` (per image Dice/IoU); and
-`OUT/summary.json` (counts, timing, threshold, every skipped file, score totals, the config).
-The whole request, every true mask included, is checked before the first write (request.py),
-into a folder predict may write (output.py). An unreadable photo, or one whose output name the
-filesystem refuses, is reported and skipped; the run fails only when no photo could be read.
+Writes `OUT/masks/<key>.png`, `OUT/overlays/<key>.png`, `OUT/summary.json` [`OUT/scores.csv`]
+(docs/INFERENCE.md). A photo's trip: the request checked, every true mask read (request.py),
+before the first write; the photo read by a worker (photos.py), run in a batch (pipeline.py:
+decoded on the device, views.py, engine.py), its mask written by a worker (workers.py) into the
+folder output.py claimed. A photo that cannot be read or written is reported and skipped.
 """
 
 from __future__ import annotations
@@ -24,25 +22,21 @@ from rich.console import Console
 
 from nailseg.config import CONF_DIR, require_model_group, require_values
 from nailseg.errors import UserError
-from nailseg.inference.engine import build_engine, capture
-from nailseg.inference.graphed import GraphedNet
+from nailseg.inference.engine import GraphedNet, build_engine, capture
 from nailseg.inference.output import (
-    OUTPUT_FOLDERS,
-    PREDICT_LOCK,
-    SCORES,
-    OutputError,
-    claim,
-    list_outputs,
+    PredictSummary,
+    claim_output,
+    print_summary,
+    summary_report,
+    write_scores,
     write_summary,
 )
-from nailseg.inference.pipeline import BatchSettings, predict_photos
-from nailseg.inference.request import PredictError, Request, check_request, choose_threshold
-from nailseg.inference.spec import InferenceConfig
-from nailseg.inference.summary import PredictSummary, print_summary, summary_report, write_scores
+from nailseg.inference.pipeline import predict_photos
+from nailseg.inference.request import check_request
+from nailseg.inference.spec import InferenceConfig, PredictError
+from nailseg.inference.threshold import choose_threshold
 from nailseg.inference.views import input_sizes
-from nailseg.inference.worker_pool import worker_processes
-from nailseg.inference.workers import PhotoWriter
-from nailseg.io.lock import locked
+from nailseg.inference.workers import PhotoWriter, worker_processes
 from nailseg.model.checkpoint import load_net
 
 
@@ -80,21 +74,9 @@ ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
-    """Predict every photo of `cfg.input` into `cfg.output` (see the module docstring).
-
-    Args:
-        cfg: predict's config (`PredictConfig`, composed from conf/predict.yaml).
-        console: where the progress bar, the skipped files and the summary go (None: stdout).
-
-    Returns:
-        The run's summary, as `summary.json` reports it.
-
-    Raises:
-        PredictError: the request is refused (nothing written), a worker process died, or no
-            photo could be read.
-        CheckpointError: the checkpoint cannot be read, or its net built.
-        ThresholdError: `threshold=auto` cannot choose a threshold.
-    """
+    """Predict every photo of `cfg.input` into `cfg.output` (the module docstring); `console`
+    shows the progress, the skipped files and the summary. Returns the summary `summary.json`
+    reports. Raises a UserError (PredictError, CheckpointError, ThresholdError) naming the fault."""
     console = console or Console()
     request = check_request(cfg)
     spec, device, views = request.spec, request.device, request.views
@@ -103,25 +85,15 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     net = build_engine(cfg.engine, loaded, spec, device, cfg.cuda_graphs, sizes)
     graphed = isinstance(net, GraphedNet)
     capture_seconds = capture(net, spec, cfg.batch_size, cfg.tta, sizes) if graphed else 0.0
-    threshold, source = choose_threshold(cfg, spec, views, net, device, console)
+    threshold, source = choose_threshold(cfg, request, net, console)
     config = OmegaConf.to_container(cfg, resolve=True)
-    settings = BatchSettings(
-        threshold=threshold,
-        views=views,
-        device=device,
-        batch_size=cfg.batch_size,
-        num_workers=request.num_workers,
-        gpu_jpeg=cfg.gpu_decode and device.type == "cuda",
-        overlays=cfg.overlays,
-    )
-    with locked(request.output, PREDICT_LOCK, "predict", "output", PredictError):  # to the end
-        stamp, outputs = _claim(request, cfg.overlays, threshold, config)
+    with claim_output(request) as folder:
+        report = {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold}
+        write_summary(folder, report | {"config": config}, finished=False)
         with worker_processes(request.num_workers, __name__) as (pool, workers_seconds):
             start = time.perf_counter()
-            writer = PhotoWriter(request.output, stamp)
-            outcome = predict_photos(
-                net, spec, request.photos, settings, writer, request.truths, pool, console
-            )
+            writer = PhotoWriter(folder.path)
+            outcome = predict_photos(net, request, threshold, writer, pool, console)
             seconds = time.perf_counter() - start
         summary = PredictSummary(
             images=outcome.written,
@@ -134,33 +106,17 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             capture_seconds=round(capture_seconds, 3),
             workers_seconds=round(workers_seconds, 3),
             device=str(device),
-            gpu_decode=settings.gpu_jpeg,
+            gpu_decode=request.gpu_jpeg,
             cuda_graphs=graphed,
         )
         if outcome.scores:
-            summary.scores = write_scores(request.output, outcome.scores, stamp)
-        list_outputs(request.output, dict.fromkeys(outputs, stamp))  # the earlier run's are gone
+            summary.scores = write_scores(folder, outcome.scores)
         report = summary_report(summary, spec, views) | {"config": config}
-        write_summary(request.output, report, finished=True)
-        print_summary(summary, request.output, console)
-        if not outcome.written:
-            raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
-        return summary
-
-
-def _claim(
-    request: Request, overlays: bool, threshold: float, config: Any
-) -> tuple[int, list[str]]:
-    """The output folder claimed (`output.claim`) for what this run is to write: returns the
-    run's stamp and those outputs."""
-    folders = OUTPUT_FOLDERS if overlays else OUTPUT_FOLDERS[:1]
-    outputs = [f"{folder}/{photo.key}.png" for photo in request.photos for folder in folders]
-    outputs += [SCORES] if request.truths is not None else []
-    report = {"images": 0, "checkpoint": str(request.spec.ckpt), "threshold": threshold}
-    try:
-        return claim(request.output, report | {"config": config}, outputs), outputs
-    except OutputError as err:
-        raise PredictError(str(err)) from err
+        write_summary(folder, report, finished=True)
+    print_summary(summary, request.output, console)
+    if not outcome.written:
+        raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
+    return summary
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")

@@ -1,10 +1,8 @@
 """Dice and IoU of predicted masks against true ones: per image, per group and over all pixels.
 
-The conventions are those of training's `SegmentationScores` (nailseg/model/metrics.py), so a
-score here means what `val/dice` means: totals are computed from TP/FP/FN summed over every pixel
-(not a mean of per-image scores), and an image with nothing to find and nothing predicted scores
-1.0. The per-image mean is reported next to the pixel total because the two answer different
-questions (how well nails are covered overall; how well a typical photo does).
+As training's `SegmentationScores` (model/metrics.py) scores, so a score means what `val/dice`
+means: totals from TP/FP/FN summed over every pixel, an image with nothing to find and nothing
+predicted 1.0. The per-image mean is reported beside the pixel total: how a typical photo does.
 """
 
 from __future__ import annotations

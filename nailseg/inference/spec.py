@@ -1,27 +1,23 @@
-"""Running a trained net on photos: what predict, the threshold sweep and export share.
+"""How to run a checkpoint: what predict, the threshold sweep and export share.
 
 The input size, normalisation and threshold come from the checkpoint's card (model/checkpoint.py),
-each overridable, so a model runs as it was validated, even away from its run. Photos are resized
-as the evaluation loader does (bilinear, antialiased, then `(x/255 - mean) / std`); probabilities
-are brought back to each photo's size bilinearly before the threshold: smooth full-size edges.
+each overridable, so a model runs as it was validated, even away from its run.
 """
 
 from __future__ import annotations
 
-import itertools
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import MISSING, DictConfig
 
 from nailseg.config import ModelConfig
 from nailseg.data.augment import rgb_triple
+from nailseg.errors import UserError
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
@@ -32,8 +28,12 @@ from nailseg.model.checkpoint import (
 )
 
 DEFAULT_THRESHOLD = 0.5
-# the net, or what runs it elsewhere (export.OnnxNet): a normalised float batch in, logits out
+# the net, or what runs it elsewhere (engine.OnnxNet): a normalised float batch in, logits out
 Net = Callable[[torch.Tensor], torch.Tensor]
+
+
+class PredictError(UserError, RuntimeError):
+    """A request predict refuses, or a run it cannot finish: the message says why."""
 
 
 @dataclass
@@ -88,13 +88,17 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
         raise CheckpointError(
             f"image_size must be [height, width], both >= 1, got {list(image_size)}"
         )
+    try:
+        mean, std = rgb_triple(mean, "mean"), rgb_triple(std, "std", positive=True)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
     data_root = card.get("data_root")
     return InferenceSpec(
         ckpt=ckpt,
         model=model,
         image_size=(int(image_size[0]), int(image_size[1])),
-        mean=_triple(mean, "mean"),
-        std=_triple(std, "std", positive=True),
+        mean=mean,
+        std=std,
         threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
         data_root=Path(data_root) if data_root else None,
     )
@@ -119,97 +123,3 @@ def checkpoint_file(ckpt: str) -> Path:
             "was exported from (predict's engine=onnx runs that with ONNX Runtime)"
         )
     raise CheckpointError(f"ckpt={ckpt} is not a checkpoint (torch.save writes a zip archive)")
-
-
-def _triple(
-    values: Sequence[float], name: str, positive: bool = False
-) -> tuple[float, float, float]:
-    try:
-        return rgb_triple(values, name, positive)
-    except ValueError as err:
-        raise CheckpointError(str(err)) from err
-
-
-def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """RGB uint8 HxWx3 arrays as the C×H×W uint8 tensors the functions below take, packed into one
-    host buffer and moved in one copy. To a GPU the buffer is pinned and the copy asynchronous: a
-    plain copy would first wait for all the work already queued there (a whole batch of
-    predictions), and a pinned buffer per photo costs an allocation each."""
-    sizes = [image.size for image in images]
-    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    for part, image in zip(host.split(sizes), images, strict=True):
-        part.numpy()[:] = image.reshape(-1)
-    moved = host.to(device, non_blocking=True)
-    return [
-        part.view(image.shape).permute(2, 0, 1)
-        for part, image in zip(moved.split(sizes), images, strict=True)
-    ]
-
-
-def to_batch(
-    images: Sequence[torch.Tensor], spec: InferenceSpec, size: tuple[int, int] | None = None
-) -> torch.Tensor:
-    """RGB uint8 C×H×W photos of any sizes (on one device) → one normalised float B×3×h×w batch
-    at `size` (None: the input size), in their order (channels-last on CUDA, the layout the net
-    runs fastest in there). Each run of consecutive photos of one size is resized in one call: on
-    a GPU the calls, not the arithmetic, are the cost (`full_size_probabilities` orders photos by
-    size)."""
-    device = images[0].device
-    resized = [
-        F.interpolate(
-            torch.stack(run).float(),
-            size=size or spec.image_size,
-            mode="bilinear",
-            align_corners=False,
-            antialias=True,
-        )
-        for run in runs_of_one_size(images)
-    ]
-    # `torch.tensor(..., device=cuda)` would wait for all the work queued there (the batches
-    # before); a copy from pageable memory with non_blocking=True does not, and is safe
-    mean, std = (
-        torch.tensor([spec.mean, spec.std]).view(2, 1, 3, 1, 1).to(device, non_blocking=True)
-    )
-    batch = (torch.cat(resized) / 255.0 - mean) / std
-    return batch.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else batch
-
-
-def runs_of_one_size(images: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """`images` cut where the shape changes: consecutive photos of one size together."""
-    return [list(run) for _, run in itertools.groupby(images, key=lambda image: image.shape)]
-
-
-def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
-    """Foreground probabilities B×1×h×w; with `tta`, the mean over the identity, a horizontal and a
-    vertical flip (each flipped back), run as one batch of 3B. On CUDA the net runs under bf16
-    autocast, as training validated it (`trainer=gpu`); probabilities are float32."""
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
-        if not tta:
-            return torch.sigmoid(net(batch).float())
-        n = len(batch)
-        probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])).float())
-    return (probs[:n] + probs[n : 2 * n].flip(3) + probs[2 * n :].flip(2)) / 3.0
-
-
-@torch.inference_mode()
-def full_size_probabilities(
-    net: Net,
-    images: Sequence[torch.Tensor],
-    spec: InferenceSpec,
-    tta: bool = False,
-    size: tuple[int, int] | None = None,
-) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at the photo's own size (on its device), in the
-    photos' order, the net run at `size` (None: the input size). Photos are taken in order of
-    size, so each size is resized in and out in one call (bilinear works on each photo alone: the
-    values are those of one call per photo)."""
-    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
-    ordered = [images[i] for i in order]
-    probs = probabilities(net, to_batch(ordered, spec, size), tta)
-    maps: list[torch.Tensor] = []
-    for run in runs_of_one_size(ordered):
-        run_probs, probs = probs[: len(run)], probs[len(run) :]
-        full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
-        maps += full[:, 0].unbind()
-    by_photo = dict(zip(order, maps, strict=True))
-    return [by_photo[i] for i in range(len(images))]

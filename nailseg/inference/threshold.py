@@ -1,31 +1,36 @@
 """`threshold=auto`: the Dice-best threshold on the run's validation split, computed once.
 
 The sweep scores what predict writes (full-size probabilities, `p > t`, with predict's flips,
-scales and tiles) by Dice from pixel counts summed over the split. All `THRESHOLDS` are scored in one pass: per-bin foreground/background
-counts of the probabilities give TP/FP/FN at every threshold by a cumulative sum. Ties go to the
-threshold nearest the run's own. The choice is cached in `threshold.json` beside the checkpoint,
-per checkpoint file (name, size, modification time) and per setting that changes it.
+scales and tiles) by Dice from pixel counts summed over the split, every threshold in one pass:
+per-bin foreground/background counts give TP/FP/FN at each by a cumulative sum. Ties go to the
+threshold nearest the run's own. The choice is cached in `threshold.json` beside the checkpoint
+(journaled there: `nailseg.io.folder.write_loose`), per checkpoint file (name, size, modification
+time) and per setting that changes it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import Progress
 
 from nailseg.errors import UserError
+from nailseg.inference.request import Request
 from nailseg.inference.scoring import dice_iou
-from nailseg.inference.spec import InferenceSpec, Net, image_tensors
-from nailseg.inference.views import Views, photo_probabilities
-from nailseg.io.atomic import write_text
+from nailseg.inference.spec import InferenceSpec, Net, PredictError
+from nailseg.inference.views import Views, image_tensors, photo_probabilities
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import check_loose, read_regular, write_loose
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
 CACHE_FILE = "threshold.json"
@@ -45,71 +50,79 @@ class ThresholdChoice:
     samples: int
 
 
-def auto_threshold(
-    net: Net,
-    spec: InferenceSpec,
-    *,
-    views: Views,
-    device: torch.device,
-    batch_size: int,
-    data_root: Path | None = None,
-    console: Console | None = None,
-) -> ThresholdChoice:
-    """The cached choice for this checkpoint and setting, else a fresh sweep (then cached)."""
-    root = data_root or spec.data_root
+def choose_threshold(
+    cfg: DictConfig, request: Request, net: Net, console: Console
+) -> tuple[float, str]:
+    """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
+    validation, its photos run with predict's views."""
+    spec = request.spec
+    if cfg.threshold is None:
+        return spec.threshold, "checkpoint"
+    if str(cfg.threshold) != "auto":
+        try:
+            value = float(cfg.threshold)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value < 1.0:
+            raise PredictError(f"threshold={cfg.threshold}: use a number in [0, 1), auto or null")
+        return value, "override"
+    root = Path(cfg.data_root) if cfg.data_root else spec.data_root
     if root is None:
         raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
-    key = _cache_key(spec, root, views)
-    cache = spec.ckpt.parent / CACHE_FILE
+    choice = _auto(net, request, root, console)
+    at_run = (
+        f"; {choice.dice_at_run_threshold:.4f} at the run's {spec.threshold:g})"
+        if choice.dice_at_run_threshold is not None
+        else ")"
+    )
+    console.print(
+        f"threshold=auto: {choice.threshold:.2f} (validation Dice {choice.dice:.4f} over "
+        f"{choice.samples} samples{at_run}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return choice.threshold, "auto"
+
+
+def _auto(net: Net, request: Request, root: Path, console: Console) -> ThresholdChoice:
+    """The cached choice for this checkpoint and setting, else a fresh sweep (then cached)."""
+    key = _cache_key(request.spec, root, request.views)
+    cache = request.spec.ckpt.parent / CACHE_FILE
     entries = _cached(cache)
     for entry in entries or []:
         if entry["key"] == key:
             return ThresholdChoice(**entry["choice"])
-    choice = sweep(
-        net, spec, root, views=views, device=device, batch_size=batch_size, console=console
+    choice = sweep(net, request, root, console)
+    if entries is not None:
+        entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
+        with contextlib.suppress(NotOursError):  # a folder nailseg writes only as another's
+            write_loose(cache, json.dumps({"entries": entries}, indent=2).encode())
+            return choice
+    console.print(
+        f"{cache} is not a threshold cache nailseg wrote, or not where it may write: left as it "
+        "is, the choice is not cached",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
     )
-    if entries is None:
-        (console or Console()).print(
-            f"{cache} is not a threshold cache nailseg wrote: left as it is, the choice is not "
-            "cached",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        return choice
-    entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
-    write_text(cache, json.dumps({"entries": entries}, indent=2))
     return choice
 
 
 def _cached(cache: Path) -> list[dict[str, Any]] | None:
-    """The cache's entries ([] without one), or None for a file of that name that is not one
-    this module wrote (a user's own `threshold.json` beside the checkpoint: never read or
-    replaced)."""
-    if not cache.is_file():
+    """The cache's entries ([] without one), or None for a file there that nailseg did not write
+    (a user's own `threshold.json` beside the checkpoint: never read or replaced)."""
+    if not os.path.lexists(cache):
         return []
     try:
-        content = json.loads(cache.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        check_loose(cache)
+        return json.loads(read_regular(cache))["entries"]
+    except (NotOursError, OSError, ValueError, KeyError):
         return None
-    entries = content.get("entries") if isinstance(content, dict) and len(content) == 1 else None
-    if not isinstance(entries, list):
-        return None
-    fields = {f.name for f in dataclasses.fields(ThresholdChoice)}
-    ours = all(
-        isinstance(e, dict)
-        and set(e) == {"key", "choice"}
-        and isinstance(e["choice"], dict)
-        and set(e["choice"]) == fields
-        for e in entries
-    )
-    return entries if ours else None
 
 
 def _cache_key(spec: InferenceSpec, root: Path, views: Views) -> dict[str, Any]:
     """What the choice depends on: the checkpoint file, the settings, and the validation split's
-    rows by content (data prepared again, with other masks or pairs, gives another key). Scales
-    and tiles are keyed only when set: a key without them is a whole photo at the input size."""
+    rows by content; scales and tiles only when set (a key without them: the whole photo)."""
     stat = spec.ckpt.stat()
     split = Path(root) / f"{SPLIT}.csv"
     rows = hashlib.sha256(split.read_bytes()).hexdigest() if split.is_file() else None
@@ -128,16 +141,7 @@ def _cache_key(spec: InferenceSpec, root: Path, views: Views) -> dict[str, Any]:
     return key | {name: value for name, value in views.record().items() if value is not None}
 
 
-def sweep(
-    net: Net,
-    spec: InferenceSpec,
-    root: Path,
-    *,
-    views: Views,
-    device: torch.device,
-    batch_size: int,
-    console: Console | None = None,
-) -> ThresholdChoice:
+def sweep(net: Net, request: Request, root: Path, console: Console) -> ThresholdChoice:
     """Score every threshold in `THRESHOLDS` on the validation split of the prepared `root`."""
     from nailseg.data.datamodule import read_split  # imports Lightning: only this path needs it
 
@@ -147,6 +151,7 @@ def sweep(
         raise ThresholdError(f"threshold=auto: {err}; or pass data_root=PREPARED") from err
     if rows.empty:
         raise ThresholdError(f"{root}/{SPLIT}.csv has no rows to choose a threshold on")
+    spec, device, batch_size = request.spec, request.device, request.batch_size
     bounds = torch.tensor(THRESHOLDS, dtype=torch.float32, device=device)
     fg = torch.zeros(len(THRESHOLDS) + 1, dtype=torch.long, device=device)
     bg = torch.zeros_like(fg)
@@ -158,7 +163,7 @@ def sweep(
                 [np.load(Path(root) / p, allow_pickle=False) for p in chunk["images"]], device
             )
             masks = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["masks"]]
-            probs = photo_probabilities(net, images, spec, views, batch_size)
+            probs = photo_probabilities(net, images, spec, request.views, batch_size)
             for prob, mask in zip(probs, masks, strict=True):
                 # bin i holds probabilities in (t[i-1], t[i]]: foreground at t[j] for every j < i
                 bins = torch.bucketize(prob.flatten(), bounds)
@@ -174,10 +179,5 @@ def sweep(
     best = np.flatnonzero(dice >= dice.max() - 1e-12)
     j = int(best[np.argmin(np.abs(THRESHOLDS[best] - spec.threshold))])
     on_grid = np.flatnonzero(np.isclose(THRESHOLDS, spec.threshold))
-    return ThresholdChoice(
-        threshold=float(THRESHOLDS[j]),
-        dice=float(dice[j]),
-        iou=float(iou[j]),
-        dice_at_run_threshold=float(dice[on_grid[0]]) if len(on_grid) else None,
-        samples=len(rows),
-    )
+    at_run = float(dice[on_grid[0]]) if len(on_grid) else None
+    return ThresholdChoice(float(THRESHOLDS[j]), float(dice[j]), float(iou[j]), at_run, len(rows))

@@ -1,40 +1,49 @@
-"""How each photo is shown to the net: flipped (`tta`), at several scales (`scales`), whole or in
-tiles (`tile`); the probabilities merged into one map per photo before the threshold. predict and
-`threshold=auto` run the same views, so the threshold is chosen on what predict writes.
+"""How each photo meets the net, and its probabilities come back at its own size.
 
-A scale is a factor of how large the photo reaches the net. Whole, the photo runs at the input size
-times the factor, each side rounded to a multiple of 32 (`model/scales.py`; the factor 1 is the input
-size as it is, the size the net was trained at); in tiles, it is resized to `tile.long_side` times
-the factor and tiled at the input size (tiles.py). Each scale's map is brought back to the photo's
-size, and the maps are averaged (the mean probability).
+Photos are resized as the evaluation loader does (bilinear, antialiased, `(x/255 - mean) / std`),
+maps brought back bilinearly; each photo may be flipped (`tta`), run at several scales (factors of
+the input size, `model/scales.py`, or of `tile.long_side`), whole or in tiles, the maps averaged.
+
+Tiles: the photo is resized to a long side of `tile.long_side` (aspect kept, a short side
+stretched to the tile's) and covered by input-size tiles, evenly spread, the fewest overlapping
+by at least `tile.overlap`. Each tile is weighted by a window ramping linearly across its
+overlaps, the windows summing to 1 at every pixel: no seams, and a net whose output at a pixel
+depends on that pixel alone gives what it gives on the whole photo.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.inference.spec import InferenceSpec, Net, full_size_probabilities
-from nailseg.inference.tiles import Tiling, tiled_probabilities
+from nailseg.inference.spec import InferenceSpec, Net, PredictError
 from nailseg.model.scales import scaled_size, scales_problem
 
 
 @dataclass(frozen=True)
+class Tiling:
+    """`tile.*`: the long side, in pixels, photos are resized to; the least overlap of tiles."""
+
+    long_side: int
+    overlap: float  # a fraction of a tile, in [0, 1)
+
+
+@dataclass(frozen=True)
 class Views:
-    """How each photo is run; `scales` None is the input size alone, `tile` None the photo
-    whole."""
+    """How each photo is run; `scales` None: the input size alone; `tile` None: the photo whole."""
 
     tta: bool
     scales: tuple[float, ...] | None
     tile: Tiling | None
-
-    @property
-    def factors(self) -> tuple[float, ...]:
-        return self.scales or (1.0,)
 
     def record(self) -> dict[str, Any]:
         """The scales and tiles, as summary.json and the threshold cache record them."""
@@ -45,19 +54,19 @@ class Views:
 
 
 def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
-    """`cfg`'s tta, scales and tile, checked against the input size; a ValueError naming the key
-    of the first bad value."""
+    """`cfg`'s tta, scales and tile, checked against the input size; a PredictError naming the
+    key of the first bad value."""
     scales = None if cfg.scales is None else tuple(OmegaConf.to_object(cfg.scales))
     problem = None if scales is None else scales_problem("scales", scales)
     if problem:
-        raise ValueError(problem)
+        raise PredictError(problem)
     overlap, long_side = cfg.tile.overlap, cfg.tile.long_side
     if not 0.0 <= overlap < 1.0:
-        raise ValueError(f"tile.overlap={overlap}: must be in [0, 1), a fraction of a tile")
+        raise PredictError(f"tile.overlap={overlap}: must be in [0, 1), a fraction of a tile")
     tile = None
     if long_side is not None:
         if long_side < max(spec.image_size):
-            raise ValueError(
+            raise PredictError(
                 f"tile.long_side={long_side}: must be at least the input size's long side, "
                 f"{max(spec.image_size)} (image_size={list(spec.image_size)}); null: no tiles"
             )
@@ -69,7 +78,7 @@ def input_sizes(views: Views, spec: InferenceSpec) -> list[tuple[int, int]]:
     """Every size the net runs at, once each: tiles are the input size."""
     if views.tile is not None:
         return [spec.image_size]
-    return list(dict.fromkeys(scaled_size(spec.image_size, s) for s in views.factors))
+    return list(dict.fromkeys(scaled_size(spec.image_size, s) for s in (views.scales or (1.0,))))
 
 
 @torch.inference_mode()
@@ -80,11 +89,10 @@ def photo_probabilities(
     views: Views,
     batch_size: int,
 ) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at the photo's own size (on its device), in the
-    photos' order: the mean over `views`' scales, each with its flips (the module docstring);
-    tiles go through the net `batch_size` at a time."""
+    """One H×W probability map per C×H×W photo, at its own size, in order: the mean over
+    `views` (the module docstring); tiles go through the net `batch_size` at a time."""
     maps: list[torch.Tensor] = []
-    for scale in views.factors:
+    for scale in views.scales or (1.0,):
         if views.tile is None:
             size = scaled_size(spec.image_size, scale)
             got = full_size_probabilities(net, images, spec, views.tta, size)
@@ -92,5 +100,207 @@ def photo_probabilities(
             tiling = replace(views.tile, long_side=round(scale * views.tile.long_side))
             got = tiled_probabilities(net, images, spec, tiling, views.tta, batch_size)
         maps = [m + g for m, g in zip(maps, got, strict=True)] if maps else got
-    count = len(views.factors)
+    count = len(views.scales or (1.0,))
     return maps if count == 1 else [m / count for m in maps]
+
+
+def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """RGB uint8 HxWx3 arrays as C×H×W uint8 tensors on `device`, moved in one copy of one host
+    buffer: to a GPU, pinned and asynchronous (a plain copy waits for all the work queued there,
+    and a pinned buffer per photo costs an allocation each)."""
+    sizes = [image.size for image in images]
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for part, image in zip(host.split(sizes), images, strict=True):
+        part.numpy()[:] = image.reshape(-1)
+    moved = host.to(device, non_blocking=True)
+    return [
+        part.view(image.shape).permute(2, 0, 1)
+        for part, image in zip(moved.split(sizes), images, strict=True)
+    ]
+
+
+def to_batch(
+    images: Sequence[torch.Tensor], spec: InferenceSpec, size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """RGB uint8 C×H×W photos (one device) → one normalised float B×3×h×w batch at `size` (None:
+    the input size), channels-last on CUDA; consecutive photos of one size are resized in one
+    call: on a GPU the calls, not the arithmetic, are the cost."""
+    device = images[0].device
+    resized = [
+        F.interpolate(
+            torch.stack(run).float(),
+            size=size or spec.image_size,
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+        for run in runs_of_one_size(images)
+    ]
+    # `torch.tensor(..., device=cuda)` would wait for all the work queued there (the batches
+    # before); a copy from pageable memory with non_blocking=True does not, and is safe
+    mean, std = (
+        torch.tensor([spec.mean, spec.std]).view(2, 1, 3, 1, 1).to(device, non_blocking=True)
+    )
+    batch = (torch.cat(resized) / 255.0 - mean) / std
+    return _laid_out(batch)
+
+
+def _laid_out(batch: torch.Tensor) -> torch.Tensor:
+    """Channels-last on CUDA: the layout the net runs fastest in there."""
+    return batch.contiguous(memory_format=torch.channels_last) if batch.is_cuda else batch
+
+
+def runs_of_one_size(images: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`images` cut where the shape changes: consecutive photos of one size together."""
+    return [list(run) for _, run in itertools.groupby(images, key=lambda image: image.shape)]
+
+
+def probabilities(net: Net, batch: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """Foreground probabilities B×1×h×w (float32); with `tta`, the mean over identity, horizontal
+    and vertical flips, run as one batch of 3B. On CUDA under bf16 autocast, as training ran."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+        if not tta:
+            return torch.sigmoid(net(batch).float())
+        n = len(batch)
+        probs = torch.sigmoid(net(torch.cat([batch, batch.flip(3), batch.flip(2)])).float())
+    return (probs[:n] + probs[n : 2 * n].flip(3) + probs[2 * n :].flip(2)) / 3.0
+
+
+@torch.inference_mode()
+def full_size_probabilities(
+    net: Net,
+    images: Sequence[torch.Tensor],
+    spec: InferenceSpec,
+    tta: bool = False,
+    size: tuple[int, int] | None = None,
+) -> list[torch.Tensor]:
+    """One H×W probability map per C×H×W photo, at its own size, in order, the net run at `size`
+    (None: the input size); photos are taken in order of size, each size resized in one call."""
+    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
+    ordered = [images[i] for i in order]
+    probs = probabilities(net, to_batch(ordered, spec, size), tta)
+    maps: list[torch.Tensor] = []
+    for run in runs_of_one_size(ordered):
+        run_probs, probs = probs[: len(run)], probs[len(run) :]
+        full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
+        maps += full[:, 0].unbind()
+    by_photo = dict(zip(order, maps, strict=True))
+    return [by_photo[i] for i in range(len(images))]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One photo size's tiles: the resized size, each axis' tile starts, and per axis one
+    normalised weight profile per tile (the window of tile (i, j) is `rows[i] ⊗ cols[j]`)."""
+
+    size: tuple[int, int]
+    row_starts: tuple[int, ...]
+    col_starts: tuple[int, ...]
+    rows: torch.Tensor  # len(row_starts) × tile height, on the CPU
+    cols: torch.Tensor  # len(col_starts) × tile width
+
+    @property
+    def corners(self) -> list[tuple[int, int]]:
+        """Each tile's top-left corner, row by row: the order tiles run in."""
+        return [(y, x) for y in self.row_starts for x in self.col_starts]
+
+
+def resized_size(shape: Sequence[int], tile: tuple[int, int], long_side: int) -> tuple[int, int]:
+    """The size an H×W photo is tiled at: its long side `long_side`, its aspect kept, each side
+    at least the tile's."""
+    height, width = shape
+    ratio = long_side / max(height, width)
+    return max(tile[0], round(height * ratio)), max(tile[1], round(width * ratio))
+
+
+def tile_starts(length: int, tile: int, overlap: float) -> list[int]:
+    """Where tiles begin along a side of `length`: evenly spread from 0 to `length - tile`, the
+    fewest whose neighbours overlap by at least `overlap` of a tile (at most one per pixel)."""
+    if length <= tile:
+        return [0]
+    stride = tile * (1.0 - overlap)
+    count = min(1 + math.ceil((length - tile) / stride - 1e-9), length - tile + 1)
+    return [round(i * (length - tile) / (count - 1)) for i in range(count)]
+
+
+def _profiles(starts: Sequence[int], tile: int, length: int) -> torch.Tensor:
+    """Each tile's weights along one axis: a linear ramp across its overlap with each neighbour
+    (pixel centres: none is 0), 1 elsewhere; divided by their sum, so they sum to 1 everywhere."""
+    centres = torch.arange(tile, dtype=torch.float64) + 0.5
+    ramps = []
+    for i, start in enumerate(starts):
+        ramp = torch.ones(tile, dtype=torch.float64)
+        if i > 0 and (before := starts[i - 1] + tile - start) > 0:
+            ramp *= (centres / before).clamp(max=1.0)
+        if i < len(starts) - 1 and (after := start + tile - starts[i + 1]) > 0:
+            ramp *= ((tile - centres) / after).clamp(max=1.0)
+        ramps.append(ramp)
+    total = torch.zeros(length, dtype=torch.float64)
+    for start, ramp in zip(starts, ramps, strict=True):
+        total[start : start + tile] += ramp
+    return torch.stack(
+        [ramp / total[start : start + tile] for start, ramp in zip(starts, ramps, strict=True)]
+    ).float()
+
+
+@functools.lru_cache(maxsize=64)
+def tile_layout(shape: tuple[int, int], tile: tuple[int, int], tiling: Tiling) -> Layout:
+    """The tiles of an H×W photo (`shape`), computed once per photo size."""
+    size = resized_size(shape, tile, tiling.long_side)
+    rows = tile_starts(size[0], tile[0], tiling.overlap)
+    cols = tile_starts(size[1], tile[1], tiling.overlap)
+    profiles = _profiles(rows, tile[0], size[0]), _profiles(cols, tile[1], size[1])
+    return Layout(size, tuple(rows), tuple(cols), *profiles)
+
+
+@torch.inference_mode()
+def tiled_probabilities(
+    net: Net,
+    images: Sequence[torch.Tensor],
+    spec: InferenceSpec,
+    tiling: Tiling,
+    tta: bool,
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """One H×W probability map per C×H×W photo, at its own size, in order, run in tiles (the module
+    docstring): every photo's tiles through the net `batch_size` at a time."""
+    tile = spec.image_size
+    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
+    runs = runs_of_one_size([images[i] for i in order])
+    layouts = [tile_layout(tuple(run[0].shape[1:]), tile, tiling) for run in runs]
+    crops = [
+        photo[:, y : y + tile[0], x : x + tile[1]]
+        for run, layout in zip(runs, layouts, strict=True)
+        for photo in to_batch(run, spec, layout.size)
+        for y, x in layout.corners
+    ]
+    probs = torch.cat(
+        [
+            probabilities(net, _laid_out(torch.stack(crops[start : start + batch_size])), tta)[:, 0]
+            for start in range(0, len(crops), batch_size)
+        ]
+    )
+    maps: list[torch.Tensor] = []
+    for run, layout in zip(runs, layouts, strict=True):
+        count = len(run) * len(layout.corners)
+        run_probs, probs = probs[:count], probs[count:]
+        blended = _blend(run_probs.view(len(run), -1, *tile), layout, tile)
+        full = F.interpolate(
+            blended[:, None], size=run[0].shape[1:], mode="bilinear", align_corners=False
+        )
+        maps += full[:, 0].unbind()
+    by_photo = dict(zip(order, maps, strict=True))
+    return [by_photo[i] for i in range(len(images))]
+
+
+def _blend(probs: torch.Tensor, layout: Layout, tile: tuple[int, int]) -> torch.Tensor:
+    """R photos' tile probabilities (R × tiles × tile) as R maps at the resized size, each tile
+    weighted by its window (copied from pageable memory: no wait for the queued work)."""
+    rows = layout.rows.to(probs.device, non_blocking=True)
+    cols = layout.cols.to(probs.device, non_blocking=True)
+    windows = (rows[:, None, :, None] * cols[None, :, None, :]).flatten(0, 1)
+    weighted = probs * windows
+    blended = probs.new_zeros(len(probs), *layout.size)
+    for t, (y, x) in enumerate(layout.corners):
+        blended[:, y : y + tile[0], x : x + tile[1]] += weighted[:, t]
+    return blended

@@ -1,16 +1,25 @@
-"""What predict's worker processes run: reading photos, and writing (and scoring) each photo's
-mask and overlay. This file work is mostly Python, so in processes of their own it runs under their
-own GILs, not the GIL of the thread that drives the device; work comes in chunks of photos, so a
-batch costs that thread a few messages. No torch here: the processes fork from the forkserver with
-little to copy; all passed to and from them is pickled (numpy arrays; JPEG files as bytes).
+"""predict's worker processes: they read the photos (`photos.read_photos`) and write, and score,
+each photo's mask and overlay, in chunks, under GILs of their own, not the one of the thread that
+drives the device. They fork from multiprocessing's forkserver (forking the command, which holds
+CUDA's state and threads, is unsafe). The forkserver ends when the last holder of its "client
+alive" pipe closes it: each worker lets go of its inherited end at its start, leaving predict the
+only holder, and dies with the forkserver; so a predict killed with `kill -9` leaves neither.
 """
 
 from __future__ import annotations
 
 import errno
+import multiprocessing
+import os
 import signal
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 
 import numpy as np
@@ -18,82 +27,87 @@ from PIL import Image
 
 from nailseg.inference.photos import Photo, Skipped, TrueMask
 from nailseg.inference.scoring import ImageScore, score_image
+from nailseg.inference.spec import PredictError
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
-from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
-from nailseg.viz import overlay, save_png_atomic
+from nailseg.viz import overlay
 
-JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+OUTPUT_FOLDERS = ("masks", "overlays")
 
 
-def start_worker() -> None:
-    """Each worker's start: it dies with its parent, the forkserver, which dies with the command
-    (lifetime.py); it ignores Ctrl-C, which the command handles by shutting the workers down (each
-    finishes what it was given; every write is atomic)."""
+@contextmanager
+def worker_processes(count: int, preload: str) -> Iterator[tuple[ProcessPoolExecutor, float]]:
+    """`count` started workers and the seconds their start took; each starts as a copy of the
+    forkserver, which imports `preload` once. A worker that dies fails the run (PredictError)."""
+    start = time.perf_counter()
+    context = multiprocessing.get_context("forkserver")
+    # a main module run with `python -m` is imported by each worker itself: preloaded by name
+    # too, runpy would warn in every worker that it ran twice
+    context.set_forkserver_preload(["__main__", preload])
+    with ProcessPoolExecutor(count, mp_context=context, initializer=_start_worker) as pool:
+        try:
+            with _ctrl_c_held():
+                for started in [pool.submit(os.getpid) for _ in range(count)]:
+                    started.result()
+            yield pool, time.perf_counter() - start
+        except BrokenProcessPool as err:
+            raise PredictError(
+                "a worker process reading or writing the files died (killed by the system or a "
+                "signal: out of memory?), so the run stopped; its summary.json says unfinished, "
+                "and a rerun into the same output folder replaces what it wrote"
+            ) from err
+
+
+def _start_worker() -> None:
+    """Each worker dies with the forkserver, lets go of its "client alive" pipe (the module
+    docstring) and ignores Ctrl-C: the command shuts the workers down (every write is atomic)."""
     die_with_parent()
+    os.close(forkserver._forkserver._forkserver_alive_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@dataclass(frozen=True)
-class EncodedJpeg:
-    """A JPEG file's bytes (uint8, 1-D) and its EXIF orientation (1: as stored)."""
-
-    data: np.ndarray
-    orientation: int
-
-
-Loaded = np.ndarray | EncodedJpeg  # a photo as read: decoded (RGB uint8 HxWx3), or a JPEG's bytes
-
-
-def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
-    """A JPEG's bytes when the GPU decodes them (`gpu_jpeg`), else the decoded photo (RGB uint8
-    HxWx3). Raises UnreadableImage naming the file and the fault."""
-    if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
-        return read_rgb(photo.path)
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C kept from the workers' start (main thread only): the forkserver starts with it
+    ignored (it ignores Ctrl-C only once its preload is imported); one pressed after is held until
+    every worker has started, then raised (at once, a half-made worker printed a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with Image.open(photo.path) as im:  # the header only: format check and EXIF
-            if im.format != "JPEG":
-                return read_rgb(photo.path)
-            orientation = exif_orientation(im)
-        data = np.fromfile(photo.path, dtype=np.uint8)  # read once, writable (torch takes it)
-    except DECODE_ERRORS as err:
-        raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
-    return EncodedJpeg(data, orientation)
-
-
-def read_photos(photos: Sequence[Photo], gpu_jpeg: bool) -> list[Loaded | UnreadableImage]:
-    """Each photo loaded (`load`), or why it could not be."""
-    loaded: list[Loaded | UnreadableImage] = []
-    for photo in photos:
-        try:
-            loaded.append(load(photo, gpu_jpeg))
-        except UnreadableImage as err:
-            loaded.append(err)
-    return loaded
+        forkserver.ensure_running()
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 # what a filesystem answers to an output name it cannot hold (any other error fails the run)
-_NAME_REFUSED = frozenset(
-    {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EINVAL}
-)
+_NAME_REFUSED = {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EINVAL}
 
 
 class NotWritten(Skipped):
-    """A photo predicted but not written: the filesystem refused its output name."""
+    """A photo predicted but not written: the filesystem refused its output name, or a file that
+    is not nailseg's lies there."""
 
 
 # one photo to write: the photo, its image for the overlay (None: no overlay), the predicted mask
 # (HxW bool) and, when scoring, its true mask or why it has none (None: not scoring)
 Prediction = tuple[Photo, np.ndarray | None, np.ndarray, TrueMask | str | None]
+_attached: dict[Path, OwnedFolder] = {}  # this worker's view of the output folder
 
 
 @dataclass(frozen=True)
 class PhotoWriter:
-    """Writes photos' masks and overlays into `output` and scores the masks. Every file gets the
-    run's `stamp` as its modification time: what tells predict's outputs from files put in their
-    place (output.py)."""
+    """Writes photos' masks and overlays through the output folder predict claimed, and scores
+    the masks."""
 
     output: Path
-    stamp: int
 
     def __call__(self, predictions: Sequence[Prediction]) -> list[ImageScore | Skipped | None]:
         """Each photo's score, why it was not written or scored, or None (written, not scoring)."""
@@ -106,15 +120,17 @@ class PhotoWriter:
         pred: np.ndarray,
         truth: TrueMask | str | None,
     ) -> ImageScore | Skipped | None:
-        """A name the filesystem refuses (too long, a folder in the way) leaves that photo out,
-        named: the other photos are still written."""
-        mask = pred.astype(np.uint8) * 255
-        # zlib's fastest level: encoding overlays bounds predict's speed; the files grow a little
+        """A name the filesystem refuses (too long, a folder in the way), or a file of someone
+        else's in the way, leaves that photo out, named: the others are still written."""
+        if self.output not in _attached:
+            _attached[self.output] = OwnedFolder.attach(self.output)
+        folder = _attached[self.output]
+        images = [pred.astype(np.uint8) * 255] + ([] if image is None else [overlay(image, pred)])
         try:
-            masks, overlays = self.output / "masks", self.output / "overlays"
-            save_png_atomic(masks / f"{photo.key}.png", mask, 1, self.stamp)
-            if image is not None:
-                save_png_atomic(overlays / f"{photo.key}.png", overlay(image, pred), 1, self.stamp)
+            for name, array in zip(OUTPUT_FOLDERS, images, strict=False):
+                folder.write(f"{name}/{photo.key}.png", _png(array))
+        except NotOursError as err:
+            return NotWritten(photo.path, str(err))
         except OSError as err:
             if err.errno not in _NAME_REFUSED:
                 raise
@@ -135,3 +151,8 @@ class PhotoWriter:
             mask=str(truth.path),
             group=photo.group,
         )
+
+
+def _png(array: np.ndarray):
+    """`array` as PNG, at zlib's fastest level: encoding overlays bounds predict's speed."""
+    return lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=1)

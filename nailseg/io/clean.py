@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nailseg.inference.output import OUTPUTS, listed_outputs
 from nailseg.io import folder as owned
 from nailseg.io.folder import MARKER as RUN_MARKER
 from nailseg.io.ownership import (
@@ -35,7 +34,7 @@ from nailseg.prep.format import MANIFEST_FILE, read_table
 
 GENERATED = ("outputs", "multirun", "data/synthetic", "data/synthetic-mix")
 TOOL_CACHES = (".pytest_cache", ".ruff_cache")
-_LOCKS = (".prepare.lock", ".builtin.lock", ".predict.lock")  # empty files the locks open
+_LOCKS = (".prepare.lock", ".builtin.lock")  # empty files the locks open
 
 
 @dataclass
@@ -57,18 +56,11 @@ def _prepared(folder: Path, marker: dict) -> dict[str, Proof]:
     return proofs
 
 
-def _predicted(folder: Path, marker: dict) -> dict[str, Proof]:
-    """A predict output's masks, overlays and scores listed with their stamp in outputs.txt."""
-    proofs: dict[str, Proof] = {rel: stamped(s) for rel, s in listed_outputs(folder).items()}
-    return proofs | {OUTPUTS: lambda _: True}  # the listing itself, in predict's marked folder
-
-
 # marker file -> (kind, the proofs of the files it shows as nailseg's besides itself)
 _KINDS: dict[str, tuple[tuple[str, ...], Callable[[Path, dict], dict[str, Proof]]]] = {
     RUN_MARKER: (("run", "sweep", "bench"), lambda folder, marker: marker_proofs(marker)),
     "prepare.json": (("prepare",), _prepared),
     "synthetic.json": (("synthetic",), lambda folder, marker: marker_proofs(marker)),
-    "summary.json": (("predict",), _predicted),
     ".compare.json": (("compare",), lambda folder, marker: marker_proofs(marker)),
 }
 

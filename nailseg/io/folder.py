@@ -164,6 +164,14 @@ class Journal:
         finally:
             os.close(fd)
 
+    def add(self, rel: str, at: Path | None = None) -> None:
+        """Journal the file nailseg wrote at `rel` (or is about to rename from `at` to `rel`)."""
+        found = Record.of(at or self.folder / rel)
+        if found is not None:
+            self.append(
+                [{"op": "add", "path": rel, "rec": [found.size, found.mtime_ns, found.ino]}]
+            )
+
     def proves(self, rel: str) -> bool:
         """Whether the file at `rel` is nailseg's: recorded and unchanged, or under a reserved path."""
         found = Record.of(self.folder / rel)
@@ -318,11 +326,7 @@ class OwnedFolder:
     def record(self, rel: str, at: Path | None = None) -> None:
         """Journal the file nailseg has just written at `rel` (atomically, by its own code), or
         is about to rename from `at` to `rel` (a rename keeps size, times and inode)."""
-        found = Record.of(at or self.path / rel)
-        if found is not None:
-            self.journal.append(
-                [{"op": "add", "path": rel, "rec": [found.size, found.mtime_ns, found.ino]}]
-            )
+        self.journal.add(rel, at)
 
     def reserve(self, rel: str) -> Path:
         """Make `rel` (a file or folder a library is about to write) nailseg's, all that will lie
@@ -392,6 +396,33 @@ class OwnedFolder:
                         target = (folder / name[1:].rsplit(".", 2)[0]).as_posix()
                         if target in targets:
                             os.unlink(entry.path)
+
+
+def check_loose(path: Path) -> None:
+    """Raise NotOursError unless nailseg may write the one file at `path` in a folder no command
+    claims (a user's: export's model): nothing there, or a file that folder's journal shows as
+    nailseg's and unchanged; a claimed folder is its owner's."""
+    refuse_non_file(path)
+    if (marker := read_marker(path.parent)) is not None:
+        raise NotOursError(
+            f"{path.parent} is a nailseg {marker['kind']} folder: nothing else writes there; "
+            "choose another folder"
+        )
+    if os.path.lexists(path) and not Journal(path.parent).proves(path.name):
+        raise NotOursError(
+            f"{path} exists and nailseg did not write it (or it changed since), so it is not "
+            "replaced: nothing was written; move it, or choose another path"
+        )
+
+
+def write_loose(path: Path, data: bytes) -> None:
+    """Write `data` at `path` atomically where `check_loose` allows, journaled in its folder (before
+    the rename), so a later write replaces it only while it is as written."""
+    check_loose(path)
+    journal = Journal(path.parent)
+    write_atomic(
+        path, lambda f: f.write(data), before_rename=lambda tmp: journal.add(path.name, tmp)
+    )
 
 
 def refuse_linked(path: Path, top: Path | None = None) -> None:

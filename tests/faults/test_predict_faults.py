@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +24,9 @@ from support.processes import session_processes
 
 import nailseg.inference.photos
 import nailseg.inference.predict
-from nailseg.inference.output import PREDICT_LOCK
 from nailseg.inference.predict import PredictError, run
 from nailseg.io.atomic import temp_path
+from nailseg.io.folder import JOURNAL, MARKER, Journal
 from nailseg.model.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def _fill_the_disk_after(files: int, monkeypatch, fault: str = "disk_full") -> N
     monkeypatch.setattr(
         nailseg.inference.predict,
         "PhotoWriter",
-        lambda output, stamp: FailsAfter(output, stamp, files=files, fault=fault),
+        lambda output: FailsAfter(output, files=files, fault=fault),
     )
 
 
@@ -130,9 +131,7 @@ def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
     (output / "scores.csv").write_text("my own scores\n")
     (output / "masks" / "x.png").write_bytes(b"my own mask")
     before = _files(data)
-    with pytest.raises(
-        PredictError, match=r"has no summary\.json written by nailseg, so nailseg did not make it"
-    ):
+    with pytest.raises(PredictError, match=r"is not a folder nailseg made \(it holds"):
         _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
     assert _files(data) == before
 
@@ -141,8 +140,7 @@ def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(
     ckpt, data, tmp_path, capsys
 ):
     """Ownership by identity, not by name or keys: a summary.json with every key predict writes
-    (as an older predict's, or a user's copy of one) but not nailseg's marker (tool, kind, the
-    folder's id) is not predict's. Before, predict took the folder and replaced the user's mask.
+    (as an older predict's, or a user's copy of one) but not nailseg's marker is not predict's.
     Through the user's command."""
     output = tmp_path / "old"
     (output / "masks").mkdir(parents=True)
@@ -153,7 +151,7 @@ def test_a_summary_json_holding_predicts_keys_but_not_its_marker_is_refused(
     args = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "device=cpu"]
     done = run_command(["-m", "nailseg", "predict", *args], capsys)
     assert done.returncode == 1
-    assert f"{output} holds a summary.json that nailseg did not write" in done.stderr
+    assert f"output={output} is not a folder nailseg made (it holds" in done.stderr
     assert _files(tmp_path) == before
 
 
@@ -163,16 +161,15 @@ def test_a_users_own_summary_json_does_not_make_a_folder_predicts(ckpt, data, tm
     (output / "masks" / "x.png").write_bytes(b"my own mask")
     (output / "summary.json").write_text(json.dumps({"checkpoint": "my notes"}))
     before = _files(tmp_path)
-    with pytest.raises(PredictError, match=r"holds a summary\.json that nailseg did not write"):
+    with pytest.raises(PredictError, match=r"is not a folder nailseg made \(it holds"):
         _predict(ckpt, data / "photos", output)
     assert _files(tmp_path) == before
 
 
 @pytest.mark.parametrize("linked", ["masks", "overlays", "masks/deeper"])
-def test_a_link_inside_predicts_own_output_is_refused_before_any_write(
-    ckpt, data, tmp_path, linked
-):
-    """A link under the output could lead the writes into the true masks or the photos."""
+def test_a_link_inside_predicts_own_output_is_never_written_through(ckpt, data, tmp_path, linked):
+    """A link under the output could lead the writes into the true masks or the photos: one on
+    the way to an output is refused before any write, any other left alone."""
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)  # predict's own folder
     link = output / linked
@@ -182,10 +179,13 @@ def test_a_link_inside_predicts_own_output_is_refused_before_any_write(
         link.rmdir()
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(data / "DATA" / "masks")
-    before = _files(data)
-    with pytest.raises(PredictError, match=rf"holds a symbolic link, {link} \(to "):
-        _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
-    assert _files(data) == before
+    before = _files(data / "DATA")  # where the link leads
+    if linked == "masks/deeper":
+        assert _predict(ckpt, data / "photos", output, data / "DATA" / "masks").images == 1
+    else:
+        with pytest.raises(PredictError, match=rf"{link} is a symbolic link \(to "):
+            _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
+    assert _files(data / "DATA") == before and link.is_symlink()
 
 
 def test_a_run_that_stops_part_way_leaves_no_earlier_scores_and_says_unfinished(
@@ -272,9 +272,9 @@ def test_a_mask_threshold_outside_the_mask_values_is_refused_before_any_write(
     assert not (tmp_path / "out").exists()
 
 
-def _listed(output: Path) -> list[str]:
-    """The paths outputs.txt lists (each line `<stamp>\t<path>`)."""
-    return [line.split("\t", 1)[1] for line in (output / "outputs.txt").read_text().splitlines()]
+def _journaled(output: Path) -> list[str]:
+    """The files the output folder's journal shows as nailseg's."""
+    return sorted(Journal(output).files)
 
 
 def _outputs(output: Path) -> list[str]:
@@ -296,27 +296,27 @@ def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
     overrides = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "overlays=false"]
     assert run(compose_cli("predict", overrides), console=Console(quiet=True)).images == 2
     assert _outputs(output) == [
-        ".predict.lock", "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt", "outputs.txt",
+        JOURNAL, MARKER, "masks/a.png", "masks/mine.png", "masks/x.png", "notes.txt",
         "summary.json",
     ]  # fmt: skip
-    assert _listed(output) == ["masks/a.png", "masks/x.png"]
+    assert _journaled(output) == ["masks/a.png", "masks/x.png", "summary.json"]
 
 
 @pytest.mark.parametrize("mine", ["masks/x.png", "overlays/x.png", "scores.csv"])
 def test_a_users_file_where_a_rerun_would_write_is_refused_before_any_write(
     mine, ckpt, data, tmp_path
 ):
-    """In predict's own folder, a file it did not list (outputs.txt) where this run would write:
-    predict replaced it (and removed a user's scores.csv at every rerun)."""
+    """In predict's own folder, a file it did not write (by its journal) where this run would
+    write: predict replaced it (and removed a user's scores.csv at every rerun)."""
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)  # no masks=: no scores.csv of predict's
     (output / "masks" / "x.png").unlink()
     (output / "overlays" / "x.png").unlink()
     (output / mine).write_bytes(b"my own file")
     before = _files(output)
-    with pytest.raises(PredictError, match=rf"{output / mine} lies where this run would write"):
+    with pytest.raises(PredictError, match=rf"{output / mine} lies where nailseg would write"):
         _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
-    assert _files(output) == before
+    assert _files(output) | {JOURNAL: b""} == before | {JOURNAL: b""}  # the journal: compacted
 
 
 def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp_path):
@@ -327,8 +327,8 @@ def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp
     assert (output / "scores.csv").read_text() == "my own scores\n"
 
 
-def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path, monkeypatch):
-    """What a stopped run wrote is listed before it is written, so the next run removes it."""
+def test_a_run_stopped_part_way_leaves_every_output_journaled(ckpt, data, tmp_path, monkeypatch):
+    """What a stopped run wrote is journaled as it is written, so the next run removes it."""
     output = tmp_path / "out"
     for i in range(3):
         save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 40 * i, np.uint8))
@@ -337,13 +337,11 @@ def test_a_run_stopped_part_way_leaves_every_output_listed(ckpt, data, tmp_path,
     (data / "photos" / "p2.png").unlink()
     with pytest.raises(OSError, match="No space left"):
         _predict(ckpt, data / "photos", output)
-    listed = set(_listed(output))
-    assert set(_outputs(output)) - {"outputs.txt", "summary.json", PREDICT_LOCK} <= listed
-    assert "masks/p2.png" in listed  # the run before's, until it is gone
+    assert set(_outputs(output)) - {JOURNAL, MARKER} <= set(_journaled(output))
+    assert not (output / "masks" / "p2.png").exists()  # the run before's: gone first
     monkeypatch.undo()
     _predict(ckpt, data / "photos", output)
-    assert not (output / "masks" / "p2.png").exists()
-    assert len(_outputs(output)) == 3 + 2 * 3  # outputs.txt, summary.json, the lock; p0, p1, x
+    assert len(_outputs(output)) == 3 + 2 * 3  # the marker, the journal, summary.json; p0, p1, x
 
 
 def test_a_rerun_removes_the_temporary_files_a_killed_run_left_for_its_outputs_only(
@@ -369,40 +367,42 @@ def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_n
     ckpt, data, tmp_path
 ):
     """Two runs into one folder interleaved their files, and the second removed what the first
-    had written as an earlier run's outputs; the second now stops at the first's lock."""
+    had written as an earlier run's outputs; the second now stops at the first's claim."""
     output = tmp_path / "out"
     hold = (
-        "import sys, time; from pathlib import Path; from nailseg.io.lock import locked\n"
-        "with locked(Path(sys.argv[1]), sys.argv[2], 'predict', 'output', RuntimeError):\n"
-        "    print('held', flush=True); time.sleep(120)"
+        "import sys, time; from nailseg.io.folder import OwnedFolder\n"
+        "OwnedFolder.claim(sys.argv[1], 'predict'); print('held', flush=True); time.sleep(120)"
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", hold, str(output), PREDICT_LOCK], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", hold, str(output)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(PredictError, match=rf"another predict is writing {output} \(it holds"):
+        before = _files(output)
+        with pytest.raises(PredictError, match=rf"another nailseg command is using {output}"):
             _predict(ckpt, data / "photos", output)
-        assert _outputs(output) == [PREDICT_LOCK]
+        assert _files(output) == before
     finally:
         holder.kill()
         holder.wait()
     assert _predict(ckpt, data / "photos", output).images == 1  # the lock died with its holder
 
 
-def test_outputs_txt_never_leads_a_removal_outside_predicts_folders(ckpt, data, tmp_path):
+def test_a_forged_journal_never_leads_a_removal_outside_the_folder(ckpt, data, tmp_path):
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)
     victim, notes = tmp_path / "victim.txt", output / "notes.txt"
     victim.write_text("keep")
     notes.write_text("keep")
-    # each line with its file's own stamp, so only the path's check keeps it
-    lines = [(victim, "../victim.txt"), (victim, str(victim)), (notes, "masks/../notes.txt"),
-             (notes, "notes.txt")]  # fmt: skip
-    listing = "".join(f"{path.stat().st_mtime_ns}\t{rel}\n" for path, rel in lines)
-    (output / "outputs.txt").write_text((output / "outputs.txt").read_text() + listing)
+    # each line with its file's own record, so only the path's check keeps it
+    lines = [(victim, "../victim.txt"), (victim, str(victim)), (notes, "masks/../notes.txt")]
+    with (output / JOURNAL).open("a") as journal:
+        for path, rel in lines:
+            st = path.stat()
+            rec = [st.st_size, st.st_mtime_ns, st.st_ino]
+            journal.write(json.dumps({"op": "add", "path": rel, "rec": rec}) + "\n")
     _predict(ckpt, data / "photos", output)
-    assert (tmp_path / "victim.txt").read_text() == (output / "notes.txt").read_text() == "keep"
+    assert victim.read_text() == notes.read_text() == "keep"
 
 
 @pytest.mark.parametrize(
@@ -522,5 +522,101 @@ def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path, c
     link.symlink_to(theirs)
     done = run_command([*args, f"output={link}"], capsys)
     assert done.returncode == 1
-    assert f"output={link} is a symbolic link (to {theirs})" in done.stderr
+    assert f"output={link}: {link} is a symbolic link (to {theirs})" in done.stderr
     assert link.is_symlink() and theirs.read_bytes() == kept
+
+
+def test_make_clean_keeps_a_users_copy_of_a_predict_folder(ckpt, data, tmp_path):
+    """A `cp -a` copy of predict's folder (a backup) is the user's: `make clean` removed its
+    masks, overlays and summary, their listing and stamps copied with them."""
+    project = tmp_path / "project"
+    output, copy = project / "outputs" / "predict", project / "outputs" / "backup"
+    _predict(ckpt, data / "photos", output)
+    subprocess.run(["cp", "-a", str(output), str(copy)], check=True)
+    kept = _files(copy)
+    shutil.copy(ROOT / "Makefile", project / "Makefile")
+    done = subprocess.run(
+        ["make", "clean", f"PY={sys.executable}"],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert _files(copy) == kept and not output.exists()
+    assert "outputs/backup (a copy of a nailseg folder: yours)" in done.stdout
+
+
+def test_masks_set_to_the_photo_folder_is_refused_in_one_line(ckpt, data, tmp_path, capsys):
+    """Each photo was scored against itself as its own true mask."""
+    photos = data / "photos"
+    args = [f"ckpt={ckpt}", f"input={photos}", f"output={tmp_path / 'out'}", f"masks={photos}"]
+    done = run_command(["-m", "nailseg", "predict", *args, "device=cpu"], capsys)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert f"masks={photos} and input={photos} overlap" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("line_break", ["\n", "\r", "\u2028"])
+def test_a_photo_named_with_a_line_break_never_makes_a_users_file_predicts(
+    line_break, ckpt, data, tmp_path
+):
+    """predict listed its outputs a line each (outputs.txt, each with its stamp): a photo in a
+    folder named `q<line break><stamp><tab>masks` listed a user's `masks/mine.png`, with its own
+    stamp, as predict's, and the next run removed it. A line break that `nailseg.io.folder` never
+    writes in a name leaves the photo out, named; any other is written and journaled."""
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)
+    mine = output / "masks" / "mine.png"
+    mine.write_bytes(b"my own mask")
+    forged = data / "photos" / f"q{line_break}{mine.stat().st_mtime_ns}\tmasks" / "mine.png"
+    save_image(forged, np.full((20, 24, 3), 60, np.uint8))
+    summary = _predict(ckpt, data / "photos", output)
+    _predict(ckpt, data / "photos", output)
+    assert mine.read_bytes() == b"my own mask"
+    if line_break == "\u2028":
+        assert summary.images == 2 and not summary.skipped
+    else:
+        [skipped] = summary.skipped
+        assert skipped.path == forged and "line break" in skipped.reason
+
+
+@pytest.mark.parametrize("name", ["outputs.txt", "summary.json", "masks/x.png", JOURNAL])
+def test_a_fifo_in_predicts_own_folder_is_never_waited_on(name, ckpt, data, tmp_path):
+    """predict read its listing, `outputs.txt`, whatever it was: a FIFO there hung it. A FIFO
+    where predict writes, or at the journal it reads, is refused in one line; any other is
+    left alone."""
+    output = tmp_path / "out"
+    _predict(ckpt, data / "photos", output)
+    if (output / name).exists():
+        (output / name).unlink()
+    os.mkfifo(output / name)
+    args = [f"ckpt={ckpt}", f"input={data / 'photos'}", f"output={output}", "device=cpu"]
+    done = subprocess.run(
+        [sys.executable, "-m", "nailseg", "predict", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert (output / name).is_fifo() and "Traceback" not in done.stderr
+    if name == "outputs.txt":
+        assert done.returncode == 0
+    else:
+        assert done.returncode == 1 and done.stderr.count("\n") == 1
+        assert f"{output / name} " in done.stderr
+
+
+def test_damaged_files_are_one_line_naming_them(ckpt, data, tmp_path, capsys):
+    """A photo that is not an image is skipped, named; a truncated checkpoint is refused by
+    predict and export in one line naming it."""
+    (data / "photos" / "x.png").write_bytes(b"not an image")
+    args = [f"input={data / 'photos'}", f"output={tmp_path / 'out'}", "device=cpu"]
+    done = run_command(["-m", "nailseg", "predict", f"ckpt={ckpt}", *args], capsys)
+    assert f"skipped {data / 'photos' / 'x.png'}: unreadable" in done.stdout
+    assert done.stderr == "predict failed: none of the 1 input files could be read\n"
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(ckpt.read_bytes()[:100_000])
+    for command in (["predict", *args], ["export"]):
+        done = run_command(["-m", "nailseg", *command, f"ckpt={truncated}"], capsys)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1
+        assert f"ckpt={truncated} is not a checkpoint" in done.stderr

@@ -13,10 +13,9 @@ import torch
 from PIL import Image, ImageOps
 from support.image_files import save_image
 
-from nailseg.inference.decode import orient, to_device
-from nailseg.inference.photos import Photo
-from nailseg.inference.spec import image_tensors
-from nailseg.inference.workers import EncodedJpeg, load
+from nailseg.inference.photos import EncodedJpeg, Photo, load
+from nailseg.inference.pipeline import orient, to_device
+from nailseg.inference.views import image_tensors
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 CPU = torch.device("cpu")

@@ -11,11 +11,13 @@ import onnxruntime as ort
 import pytest
 import torch
 from rich.console import Console
+from support.cli import run_command
 from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
 from nailseg.inference.export import ExportError, main, run
 from nailseg.inference.spec import resolve_spec
+from nailseg.io.folder import JOURNAL
 from nailseg.model.checkpoint import ArchitectureMismatch, load_net
 
 
@@ -69,24 +71,41 @@ def test_output_path_and_entry_point(trained, tmp_path, monkeypatch, capsys):
         sys, "argv", ["nailseg.inference.export", f"ckpt={trained}", f"output={target}"]
     )
     main()
-    assert target.is_file() and not list(target.parent.glob(".*"))
+    assert target.is_file() and [p.name for p in target.parent.glob(".*")] == [JOURNAL]
     assert "ONNX Runtime matches PyTorch" in capsys.readouterr().out
 
 
 def test_only_an_earlier_export_is_replaced(trained, tmp_path):
     """The checkpoint itself, a user's file or a folder at `output` stay as they are."""
     kept = trained.read_bytes()
-    with pytest.raises(ExportError, match="is the checkpoint being exported"):
+    with pytest.raises(ExportError, match="exists and nailseg did not write it"):
         export(trained, f"output={trained}")
     assert trained.read_bytes() == kept
     (tmp_path / "mine.onnx").write_bytes(b"a model of mine")
     (tmp_path / "folder.onnx").mkdir()
-    for name in ("mine.onnx", "folder.onnx"):
-        with pytest.raises(ExportError, match="is not an ONNX model nailseg exported"):
-            export(trained, f"output={tmp_path / name}")
+    with pytest.raises(ExportError, match="exists and nailseg did not write it"):
+        export(trained, f"output={tmp_path / 'mine.onnx'}")
+    with pytest.raises(ExportError, match="is a folder or special file"):
+        export(trained, f"output={tmp_path / 'folder.onnx'}")
     assert (tmp_path / "mine.onnx").read_bytes() == b"a model of mine"
     export(trained, f"output={tmp_path / 'ours.onnx'}")
     export(trained, f"output={tmp_path / 'ours.onnx'}")  # a rerun replaces its own export
+
+
+def test_a_model_edited_since_its_export_is_never_replaced(trained, tmp_path, capsys):
+    """An exported model the user has since edited (its metadata kept, as onnx tools keep it):
+    before, any ONNX file with nailseg's metadata counted as nailseg's, and was replaced."""
+    model = tmp_path / "deploy" / "nails.onnx"
+    args = ["-m", "nailseg", "export", f"ckpt={trained}", f"output={model}"]
+    assert run_command(args, capsys).returncode == 0
+    edited = onnx.load(str(model))
+    edited.doc_string = "tuned by hand"
+    onnx.save(edited, str(model))
+    kept = model.read_bytes()
+    done = run_command(args, capsys)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert f"{model} exists and nailseg did not write it" in done.stderr
+    assert model.read_bytes() == kept
 
 
 def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
@@ -115,7 +134,8 @@ def test_an_opset_or_output_that_cannot_work_is_refused_before_the_export(traine
 def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     # an early UNet-resnet34 at 384² gives logits beyond 2,000 on random inputs, where float32
     # sums in another order differ by ~4e-3: an absolute 1e-3 refused every such export
-    from nailseg.inference.export import TOLERANCE, export_onnx, logits_difference
+    from nailseg.inference.engine import TOLERANCE, logits_difference
+    from nailseg.inference.export import export_onnx
 
     cfg = compose_cli("export", [f"ckpt={trained}"])
     spec = resolve_spec(cfg)

@@ -25,18 +25,13 @@ from support.train import TINY_UNET
 
 from nailseg.data.datamodule import read_split
 from nailseg.inference.engine import build_engine
-from nailseg.inference.host_copy import to_host
-from nailseg.inference.pipeline import fast_gil_handoff
+from nailseg.inference.pipeline import fast_gil_handoff, to_host
 from nailseg.inference.predict import PredictError, main, run
 from nailseg.inference.request import worker_count
 from nailseg.inference.scoring import score_image
-from nailseg.inference.spec import (
-    full_size_probabilities,
-    image_tensors,
-    probabilities,
-    resolve_spec,
-)
+from nailseg.inference.spec import resolve_spec
 from nailseg.inference.threshold import CACHE_FILE, ThresholdError
+from nailseg.inference.views import full_size_probabilities, image_tensors, probabilities
 from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
 from nailseg.prep.format import write_table
 

@@ -21,10 +21,19 @@ from support.prepared import write_prepared
 from nailseg.data.datamodule import read_split
 from nailseg.inference.engine import build_engine
 from nailseg.inference.predict import PredictError, run
-from nailseg.inference.spec import full_size_probabilities, image_tensors, resolve_spec
+from nailseg.inference.spec import resolve_spec
 from nailseg.inference.threshold import CACHE_FILE
-from nailseg.inference.tiles import Tiling, resized_size, tile_layout, tile_starts
-from nailseg.inference.views import Views, input_sizes, photo_probabilities
+from nailseg.inference.views import (
+    Tiling,
+    Views,
+    full_size_probabilities,
+    image_tensors,
+    input_sizes,
+    photo_probabilities,
+    resized_size,
+    tile_layout,
+    tile_starts,
+)
 from nailseg.model.checkpoint import load_net
 from nailseg.model.scales import scaled_size
 

@@ -18,10 +18,12 @@ from nailseg.io.folder import (
     BusyError,
     ForeignFolderError,
     OwnedFolder,
+    check_loose,
     clean,
     is_live,
     lock_shared,
     read_regular,
+    write_loose,
 )
 
 
@@ -207,3 +209,21 @@ def test_a_readers_lock_is_shared_by_readers_and_refuses_writers(tmp_path: Path)
     for fd in readers:
         os.close(fd)
     assert not is_live(root) and sorted(os.listdir(root)) == ["train.csv"]
+
+
+def test_a_loose_file_is_replaced_only_while_as_written(tmp_path):
+    """export's model, in a folder no command claims: journaled beside it."""
+    path = tmp_path / "deploy" / "model.onnx"
+    write_loose(path, b"one")
+    write_loose(path, b"two")
+    assert path.read_bytes() == b"two"
+    path.write_bytes(b"edited")
+    with pytest.raises(NotOursError, match="nailseg did not write it"):
+        write_loose(path, b"three")
+    assert path.read_bytes() == b"edited"
+
+
+def test_a_loose_file_is_never_written_into_a_claimed_folder(tmp_path):
+    OwnedFolder.claim(tmp_path / "out", "predict").release()
+    with pytest.raises(NotOursError, match="is a nailseg predict folder"):
+        check_loose(tmp_path / "out" / "model.onnx")

@@ -11,7 +11,7 @@ import segmentation_models_pytorch as smp
 import torch
 from segmentation_models_pytorch.encoders.mix_transformer import Attention
 
-from nailseg.inference.export import INPUT_NAME, onnx_model
+from nailseg.inference.engine import INPUT_NAME, onnx_model
 from nailseg.inference.spec import InferenceSpec
 from nailseg.model.attention import FusedAttention, fuse_attention
 from nailseg.model.net import build_net
