@@ -211,6 +211,7 @@ class OwnedFolder:
         self._fd = fd
         self.journal = Journal(path)
         self.kept: list[Path] = []  # files in the way that were left as the user's
+        self._writer = False  # claimed not shared: its release sweeps killed writes' leftovers
 
     @classmethod
     def claim(
@@ -246,6 +247,7 @@ class OwnedFolder:
         owned = cls(folder, marker, fd)
         _claimed[folder] = owned
         if not shared:
+            owned._writer = True
             journal = folder / JOURNAL  # a hard-linked snapshot's must not grow with this one's
             if os.path.lexists(journal) and os.lstat(journal).st_nlink > 1:
                 owned.journal.compact()
@@ -262,9 +264,12 @@ class OwnedFolder:
         return cls(folder, marker, None)
 
     def release(self) -> None:
-        """Drop the lock (the process's end drops it too)."""
+        """Drop the lock (the process's end drops it too); a writer first removes what writes
+        killed before their rename left of the paths it wrote since its claim."""
         _claimed.pop(self.path, None)
         if self._fd is not None:
+            if self._writer:
+                self._remove_temp_files()
             os.close(self._fd)
             self._fd = None
 

@@ -87,6 +87,16 @@ def test_a_write_killed_right_after_its_rename_is_still_nailsegs(tmp_path: Path)
     folder.release()
 
 
+def test_a_killed_writes_temporary_file_goes_once_its_path_is_written(tmp_path: Path) -> None:
+    folder = _claim(tmp_path / "out")
+    left = tmp_path / "out" / "g" / ".a.npy.999999.tmp"  # a write killed before its rename
+    left.parent.mkdir()
+    left.write_bytes(b"half")
+    folder.write("g/a.npy", b"whole")
+    folder.release()
+    assert not left.exists() and (tmp_path / "out" / "g" / "a.npy").read_bytes() == b"whole"
+
+
 def test_a_users_file_in_the_way_is_neither_replaced_nor_removed(tmp_path: Path) -> None:
     folder = _claim(tmp_path / "out")
     folder.write("scores.csv", b"ours")
