@@ -9,6 +9,13 @@ DDP rendezvous or open W&B run behind for the next job in the same process.
   would take its ranks as started already and wait for them for ever.
 * A job that fails after W&B started leaves `wandb.run` open, which the next job's logger reuses.
 
+A job ends within seconds of SIGTERM or Ctrl-C, its DDP ranks included, also while a rank waits
+in a collective that never completes (`ends_on_signal`): SIGTERM raises `Terminated`, a
+KeyboardInterrupt, so Lightning ends the fit as on Ctrl-C (its own handler only sets a flag read at
+the epoch's end); a watcher thread, woken by Python's signal wake-up fd (written by the C-level
+handler even while the main thread is blocked), exits a job still running `GRACE_S` later with
+128 + signal; the kernel kills a DDP rank this job's process launched when that process exits.
+
 Under SLURM no child is started (SLURM runs a task per device); `SlurmSweepCheck` refuses a sweep
 whose jobs need other resources than SLURM's one request.
 """
@@ -17,12 +24,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -31,10 +41,12 @@ from hydra.utils import get_original_cwd, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.config import ConfigError
+from nailseg.errors import refusal
+from nailseg.lifetime import die_with_parent
 from nailseg.training.precheck import composed_jobs, leave
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
-from nailseg.training.signals import ends_on_signal
 
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 # the trainer keys SLURM's request follows (conf/hydra/launcher/slurm.yaml)
 SLURM_TRAINER_KEYS = ("trainer", "trainer.devices", "trainer.num_nodes")
 
@@ -59,6 +71,84 @@ _PARENT_ONLY = (
     "hydra.launcher",
     "hydra/launcher",
 )
+
+
+GRACE_S = 10.0  # how long an interrupted job may take to end by itself (a graceful end included)
+# the job's process, as its DDP ranks inherit it: a rank that finds another pid here was launched
+LAUNCHER_ENV = "NAILSEG_JOB_PID"
+_ENDING = (signal.SIGINT, signal.SIGTERM)
+_STOP = b"\0"  # no signal has number 0: the watcher's own wake-up at the job's end
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so it is handled alike."""
+
+
+def _terminate_once() -> Callable[[int, FrameType | None], None]:
+    """A SIGTERM handler raising `Terminated` once: a repeat would break off the shutdown."""
+    raised = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Terminated(f"received {signal.Signals(signum).name}")
+
+    return handler
+
+
+def _watch(wakeups: socket.socket, ended: threading.Event) -> None:
+    """Wait for an ending signal's byte; then give the job `GRACE_S` to end by itself."""
+    while (byte := wakeups.recv(1)) != _STOP:
+        if byte and byte[0] in _ENDING:
+            if ended.wait(GRACE_S):
+                return
+            name = signal.Signals(byte[0]).name
+            os.write(2, f"still running {GRACE_S:g} s after {name}: ending it now\n".encode())
+            os._exit(128 + byte[0])
+
+
+def _tie_to_launcher() -> None:
+    """In a DDP rank launched by a job's process: die when that process exits."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None or int(launcher) == os.getpid():
+        return
+    die_with_parent()
+    if os.getppid() != int(launcher):  # it exited before the kernel was told
+        os._exit(1)
+
+
+@contextmanager
+def ends_on_signal() -> Iterator[None]:
+    """Run a job that SIGTERM and Ctrl-C end within `GRACE_S` (see the module docstring). Signal
+    handlers belong to the main thread: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _tie_to_launcher()
+    launcher = os.environ.get(LAUNCHER_ENV)
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    wakeups, wakeup_fd = socket.socketpair()
+    wakeup_fd.setblocking(False)  # the C-level handler must never block
+    previous_fd = signal.set_wakeup_fd(wakeup_fd.fileno(), warn_on_full_buffer=False)
+    previous_term = signal.signal(signal.SIGTERM, _terminate_once())
+    ended = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(wakeups, ended), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.set_wakeup_fd(previous_fd)
+        if launcher is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = launcher
+        ended.set()
+        wakeup_fd.send(_STOP)
+        watcher.join()
+        wakeups.close()
+        wakeup_fd.close()
 
 
 def sweep_job() -> bool:
@@ -123,9 +213,11 @@ def _reset_wandb() -> None:
 @contextmanager
 def isolated_job() -> Iterator[None]:
     """Run one job: the DDP ranks Lightning starts as subprocesses re-run this job only, and
-    SIGTERM or Ctrl-C ends the job and its ranks within seconds (signals.py); on exit, the
+    SIGTERM or Ctrl-C ends the job and its ranks within seconds (`ends_on_signal`); on exit, the
     process group, the rendezvous variables and torch's thread count are as before, and no W&B
     run is left open."""
+    import torch  # here: SlurmSweepCheck, a Hydra callback of every run, keeps this module light
+
     env = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
     threads = torch.get_num_threads()
     try:
@@ -147,35 +239,39 @@ def isolated_job() -> Iterator[None]:
 
 
 class SlurmSweepCheck(Callback):
-    """Refuses a sweep under hydra/launcher=slurm whose jobs need other resources than the
-    sweep's config: submitit sends every job of a sweep with one request (nodes, tasks, GPUs).
+    """Refuses a sweep under hydra/launcher=slurm (`launcher`: the launcher's target) whose jobs
+    need other resources than the sweep's config: submitit sends every job of a sweep with one
+    request (nodes, tasks, GPUs).
 
     Built before the launcher, it refuses a sweep over the keys that request follows; for the
-    basic sweeper it then composes every job (an `experiment=` can set devices unnamed). A hook's
-    refusal exits: Hydra takes an exception there for a warning."""
+    basic sweeper it then composes every job (an `experiment=` can set devices unnamed), before
+    the sweep's folder is claimed (conf/train.yaml's order). A hook's refusal exits: Hydra takes
+    an exception there for a warning."""
 
-    def __init__(self, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, launcher: str, overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None
+    ) -> None:
+        self.slurm = launcher == SLURM_LAUNCHER
         try:
-            check_slurm_sweep(overrides, sweeper_params)
+            if self.slurm:
+                check_slurm_sweep(overrides, sweeper_params)
         except ConfigError as err:
             leave("", err)
 
     def on_multirun_start(
         self, config: DictConfig, config_name: str | None = None, **_: Any
     ) -> None:
-        if config.hydra.sweeper._target_ != basic_sweeper_target():
+        if not self.slurm or config.hydra.sweeper._target_ != basic_sweeper_target():
             return  # a sampling sweeper's jobs exist only as they run: the keys check stands
         request = slurm_request(config)
         for where, job in composed_jobs(config, config_name):
             if (needed := slurm_request(job)) != request:
-                leave(
-                    where,
-                    ConfigError(
-                        f"hydra/launcher=slurm: this job's trainer needs {needed}, but SLURM "
-                        f"gets the sweep's one request for every job, {request}: run the "
-                        "jobs that differ as a sweep of their own"
-                    ),
+                refused = ConfigError(
+                    f"hydra/launcher=slurm: this job's trainer needs {needed}, but SLURM gets "
+                    f"the sweep's one request for every job, {request}: run the jobs that differ "
+                    "as a sweep of their own"
                 )
+                sys.exit(refusal(os.path.basename(sys.argv[0]), refused, where))
 
 
 def check_slurm_sweep(overrides: Sequence[str], sweeper_params: Mapping[str, Any] | None) -> None:

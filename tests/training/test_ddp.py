@@ -32,9 +32,8 @@ from support.wandb_records import history
 from nailseg.data.datamodule import NailDataModule
 from nailseg.prep.format import read_table, write_table
 from nailseg.training.build import build
-from nailseg.training.jobs import isolated_job
+from nailseg.training.jobs import GRACE_S, Terminated, isolated_job
 from nailseg.training.ledger import train_rows_once
-from nailseg.training.signals import GRACE_S, Terminated
 
 pytestmark = pytest.mark.slow  # trains in subprocesses (DDP ranks, sweeps, kills)
 
