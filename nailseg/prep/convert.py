@@ -8,7 +8,7 @@ import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -57,9 +57,10 @@ def _save_npy(folder: OwnedFolder, rel: str, array: np.ndarray) -> None:
     folder.write(rel, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False))
 
 
-def _stat(path: Path) -> os.stat_result:
+def _source(path: Path, with_digest: bool = False) -> Source:
+    """The file's identity (its reading changes none of it, unlike its access time)."""
     try:
-        return os.stat(path)
+        return Source.of(os.stat(path), digest(path) if with_digest else "")
     except OSError as err:  # vanished since the scan, or a link to nothing
         raise UnreadableImage(path, f"cannot read it: {err.strerror or err}") from err
 
@@ -68,24 +69,13 @@ def _read_sources(pair: Pair) -> tuple[np.ndarray, int, np.ndarray, tuple[Source
     """The decoded image, its bit depth, the mask's values, and the sources' identities of that
     content: a source saved while it was read is read again."""
     for _ in range(_READ_ATTEMPTS):
-        before = _stat(pair.image), _stat(pair.mask)
+        before = _source(pair.image), _source(pair.mask)
         image, bits = decode_rgb(pair.image)
         values = read_mask_values(pair.mask)
-        try:
-            digests = digest(pair.image), digest(pair.mask)
-        except OSError as err:
-            raise UnreadableImage(
-                Path(err.filename or pair.image), f"cannot read it: {err}"
-            ) from err
-        after = _stat(pair.image), _stat(pair.mask)
-        if before == after:
-            return (
-                image,
-                bits,
-                values,
-                (Source.of(before[0], digests[0]), Source.of(before[1], digests[1])),
-            )
-    changed = pair.image if before[0] != after[0] else pair.mask
+        after = _source(pair.image, with_digest=True), _source(pair.mask, with_digest=True)
+        if [replace(s, digest="") for s in after] == list(before):
+            return image, bits, values, after
+    changed = pair.image if before[0] != replace(after[0], digest="") else pair.mask
     raise UnreadableImage(
         changed, f"it changed while being read, {_READ_ATTEMPTS} times: rerun once it is saved"
     )
