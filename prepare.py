@@ -26,4 +26,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from nailseg.training.checks import one_line_errors
+
+    with one_line_errors("prepare.py"):
+        main()

@@ -21,4 +21,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    from nailseg.training.checks import one_line_errors
+
+    with one_line_errors("train.py"):
+        main()

@@ -56,7 +56,10 @@ def main() -> None:
         sys.exit(f"{program}: unknown command {name!r}; the commands: {', '.join(COMMANDS)}")
     module, _ = COMMANDS[name]
     sys.argv = [f"{program} {name}", *overrides]
-    importlib.import_module(module).main()
+    from nailseg.training.checks import one_line_errors
+
+    with one_line_errors(sys.argv[0]):
+        importlib.import_module(module).main()
 
 
 if __name__ == "__main__":

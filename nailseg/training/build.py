@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import lightning as L
 import torch
@@ -61,7 +60,7 @@ def build(cfg: DictConfig) -> Built:
         ConfigError, CheckpointError, SplitFileError, FileNotFoundError: a value, checkpoint or
             file that cannot work, named, before anything is written into the run folder.
     """
-    checks.check_config(cfg)  # before the built-in data is made
+    checks.check(cfg)  # before the built-in data is made
     prepare_builtin(cfg.dataset)
     resumed = resume.resolve_for(cfg, sweep_job())
     L.seed_everything(cfg.seed, workers=True)  # before the net: its initial weights follow it
@@ -70,7 +69,7 @@ def build(cfg: DictConfig) -> Built:
     loggers = build_loggers(cfg, resumed)
     callbacks = build_callbacks(cfg, datamodule, resumed)
     trainer: L.Trainer = instantiate(
-        _trainer_kwargs(cfg),
+        checks.trainer_kwargs(cfg.trainer),
         callbacks=callbacks,
         logger=loggers or False,
         plugins=[BackgroundCheckpointIO()],
@@ -181,12 +180,6 @@ def final_prefix(split: str, after_fit: bool) -> str:
         return "test"
     short = "val" if split == "valid" else split
     return f"{short}_best" if after_fit else f"{short}_eval"
-
-
-def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """The trainer group without its unset (None) keys: those take Lightning's own defaults."""
-    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
-    return {key: value for key, value in trainer.items() if value is not None}
 
 
 def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:

@@ -1,156 +1,210 @@
-"""Checks of a composed training config, run before any work: each error names the key and
-value that would otherwise fail late (inside the fit) or not at all (a split smaller than a batch
-trains nothing and exits 0)."""
+"""Each value checked once, before Hydra writes the run folder: types by the schema (config.py),
+what no library checks here (`check_values`, torch-free, so a typo answers before torch loads), and
+the rest by the libraries themselves: the Trainer, the optimizer and the schedule are built early
+(`check_objects`) and their exception becomes the one line.
+
+`PreCheck` runs them on the single run's config, or on every job of a basic sweep composed as it
+will run (a sampling sweeper: its base config; each job checks its own as it starts). A refusal
+exits with its message alone: Hydra turns an exception raised in a callback into a warning and
+runs on. HYDRA_FULL_ERROR=1 re-raises it instead, for the trace.
+"""
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import difflib
 import inspect
-import re
-from collections.abc import Mapping
-from typing import Any
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
 
-import torch
-from hydra.utils import get_class, instantiate
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.fabric.utilities.seed import max_seed_value, min_seed_value
-from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry, CPUAccelerator
-from lightning.pytorch.strategies import DDPStrategy
-from omegaconf import DictConfig, ListConfig
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from hydra import compose
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
+from hydra.experimental.callback import Callback
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from rich.progress import track
 
 from nailseg.config import DIRECTIONS, ConfigError
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
-from nailseg.model.module import monitorable, schedule_length_args
-from nailseg.model.scales import scales_problem
-from nailseg.synth.builtin import check_data
-from nailseg.training.private_api import check_precision
+from nailseg.errors import refusal
+from nailseg.training.private_api import (
+    basic_launcher_target,
+    basic_sweep_jobs,
+    basic_sweeper_target,
+    hydra_errors,
+)
 
 EVAL_SPLITS = ("auto", "train", "valid", "test")
-MODES = tuple(DIRECTIONS)
-ACCELERATOR_CLASSES: dict[str, type[Accelerator]] = {
-    name: entry["accelerator"] for name, entry in AcceleratorRegistry.items()
-}
-ACCELERATORS = ("auto", "gpu", *sorted(ACCELERATOR_CLASSES))  # Lightning's names
-CLIP_ALGORITHMS = ("norm", "value")
-# trainer counts: the lowest value, and a value below it with a meaning of its own
+SEEDS = (0, 2**32 - 1)  # what numpy, which Lightning seeds too, takes
+# trainer values Lightning takes when the Trainer is built and misreads or refuses only in the
+# fit: the lowest value, and a value below it with a meaning of its own
 TRAINER_COUNTS: dict[str, tuple[float, tuple[int, str] | None]] = {
-    "max_epochs": (1, (-1, "no limit")),
+    "max_epochs": (1, (-1, "no limit")),  # 0: a fit that trains nothing
+    "check_val_every_n_epoch": (1, None),
     "max_steps": (1, (-1, "no limit")),
     "min_epochs": (0, None),
     "min_steps": (0, None),
-    "num_nodes": (1, None),
-    "check_val_every_n_epoch": (1, None),
     "accumulate_grad_batches": (1, None),
     "log_every_n_steps": (0, None),  # 0: no step logged
     "num_sanity_val_steps": (0, (-1, "all")),
-    "reload_dataloaders_every_n_epochs": (0, None),
-    "fast_dev_run": (0, None),
     "gradient_clip_val": (0, None),
 }
-BATCH_LIMITS = (
-    "limit_train_batches",
-    "limit_val_batches",
-    "limit_test_batches",
-    "limit_predict_batches",
-    "overfit_batches",
-)
+# the trainer keys that name this machine's devices: jobs run elsewhere (SLURM) leave them out
+DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "sync_batchnorm")
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+class PreCheck(Callback):
+    """Runs `check_values` and then `check_objects` on every config a run or sweep will run; jobs
+    a launcher runs on other machines are checked without this machine's devices. `check`
+    (another command's own, prepare's) replaces both when given."""
+
+    def __init__(self, check: str | None = None) -> None:
+        self.check = get_method(check) if check else None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._run_checks([("", config)], here=True)
+
+    def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
+        here = config.hydra.launcher._target_ == basic_launcher_target()
+        if config.hydra.sweeper._target_ != basic_sweeper_target():
+            self._run_checks([("the sweep's base config: ", config)], here)
+            return
+        self._run_checks(list(composed_jobs(config, config_name)), here)
+
+    def _run_checks(self, configs: list[tuple[str, DictConfig]], here: bool) -> None:
+        stages: list[Callable[[DictConfig], Any]] = (
+            [self.check] if self.check else [check_values, lambda c: check_objects(c, here)]
+        )
+        for stage in stages:  # every job's torch-free checks before the first import
+            for where, config in configs:
+                try:
+                    stage(config)
+                except Exception as err:
+                    leave(where, err)
+
+
+def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple[str, DictConfig]]:
+    """Each job of a basic-sweeper sweep composed as it will run, with where it is in the sweep
+    (`job 1 of 4 (overrides): `, to start a message); a job that does not compose (a choice or
+    key that exists in no config) leaves with its error (`leave`)."""
+    params = config.hydra.sweeper.params or {}
+    arguments = [f"{key}={value}" for key, value in params.items()]
+    arguments += list(OmegaConf.to_container(config.hydra.overrides.task))
+    jobs = basic_sweep_jobs(OverridesParser.create().parse_overrides(arguments))
+    hydra_overrides = list(config.hydra.overrides.hydra)  # hydra.searchpath: a user's own configs
+    for number, overrides in enumerate(
+        track(jobs, description="checking the sweep's jobs", transient=True)
+    ):
+        where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
+        try:  # with the command line's hydra overrides, as the launcher composes it
+            job = compose(config_name, overrides=[*hydra_overrides, *overrides])
+        except Exception as err:
+            leave(where, err)
+        yield where, job
+
+
+def leave(where: str, err: Exception) -> NoReturn:
+    """Stop before Hydra writes; with HYDRA_FULL_ERROR set, re-raise for a warning with the
+    trace and let the job's own check fail in full."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    sys.exit(refusal(os.path.basename(sys.argv[0]) or "nailseg", err, where))
+
+
+def did_you_mean(key: str, taken: Iterable[str], node: str) -> str:
+    """`; did you mean <node>.<closest>?` when a taken key is close to `key`, else ``."""
+    close = difflib.get_close_matches(key, [str(k) for k in taken], n=1)
+    return f"; did you mean {node}.{close[0]}?" if close else ""
+
+
+def composition_error(err: Exception) -> ConfigError | None:
+    """Hydra's error for a value, key or option no config takes, as one line naming it (with the
+    closest key or option); None for any other error (Hydra reports it)."""
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        full_key = str(cause.full_key)
+        given = [a for a in sys.argv[1:] if a.lstrip("+~").partition("=")[0] == full_key]
+        node, _, key = full_key.rpartition(".")
+        reason = cause.msg.splitlines()[0]
+        if isinstance(cause, ConfigKeyError | ConfigAttributeError) and node:
+            reason = "no such key" + did_you_mean(key, cause.parent_node.keys(), node)
+        return ConfigError(f"{given[0] if given else full_key}: {reason}")
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        hint = did_you_mean(option, err.options, group).replace(f" {group}.", f" {group}=")
+        return ConfigError(f"{group}={option}: no such option ({', '.join(err.options)}){hint}")
+    return None
+
+
+@contextlib.contextmanager
+def one_line_errors(command: str) -> Iterator[None]:
+    """Within the block (a command's Hydra app), a misspelt key or option exits in one line:
+    Hydra's own answer spans lines and advises `+key=`, which makes the typo a new key."""
+    with hydra_errors(lambda err: _one_line(command, err)):
+        yield
+
+
+def _one_line(command: str, err: Exception) -> str | None:
+    line = composition_error(err)
+    return refusal(command, line) if line is not None else None
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Ranges and choices of the training config's own keys."""
+    """What no library checks before the fit, torch-free: ranges and choices of the config's own
+    keys, keys no schema has (`+key=`), the data's and the pretrained weights' presence."""
     size = list(cfg.dataset.image_size)
     if len(size) != 2 or any(int(v) < 1 for v in size):
         raise ConfigError(f"dataset.image_size={size}: must be [height, width], both >= 1")
     synthetic = cfg.dataset.synthetic  # the built-in set, which train.py generates
     if synthetic is not None and synthetic.n < 1:
         raise ConfigError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
-    if cfg.loader.batch_size < 1:
-        raise ConfigError(f"loader.batch_size={cfg.loader.batch_size}: must be at least 1")
-    if not 0.0 < cfg.module.threshold < 1.0:
-        raise ConfigError(f"module.threshold={cfg.module.threshold}: must be in (0, 1)")
-    scales = cfg.module.eval_scales
-    if scales is not None and (problem := scales_problem("module.eval_scales", list(scales))):
-        raise ConfigError(problem)
-    if not min_seed_value <= cfg.seed <= max_seed_value:
-        raise ConfigError(f"seed={cfg.seed}: must be in [{min_seed_value}, {max_seed_value}]")
-    lr = cfg.optimizer.get("lr")
-    if lr is not None and not lr > 0:  # 0: a fit that never changes the net
-        raise ConfigError(f"optimizer.lr={lr}: must be > 0")
-    if cfg.eval_split not in EVAL_SPLITS:
-        raise ConfigError(f"eval_split={cfg.eval_split}: must be one of {', '.join(EVAL_SPLITS)}")
-    if not monitorable(cfg.optimized_metric):
-        raise ConfigError(
-            f"optimized_metric={cfg.optimized_metric}: not a value training logs; e.g. val/dice, "
-            "val/loss, val/iou, val/dice_group_<group>, val/dice_best, train/loss"
-        )
-    if cfg.optimized_mode not in MODES:
-        raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
-    if cfg.overlay_every_n_epochs < 1:
-        raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
-    if not cfg.train and not cfg.ckpt_path:
-        raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
+    if not SEEDS[0] <= cfg.seed <= SEEDS[1]:
+        raise ConfigError(f"seed={cfg.seed}: must be in [{SEEDS[0]}, {SEEDS[1]}]")
+    loader = cfg.loader
+    for key, lowest in (("batch_size", 1), ("prefetch", 1), ("seed", 0)):
+        if loader[key] < lowest:  # a negative seed: numpy's seed sequences take none
+            raise ConfigError(f"loader.{key}={loader[key]}: must be at least {lowest}")
+    try:
+        check_name(loader.device)
+    except ValueError as err:
+        raise ConfigError(f"loader.{err}") from None
     try:
         rgb_triple(cfg.normalize.mean, "normalize.mean")
         rgb_triple(cfg.normalize.std, "normalize.std", positive=True)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    check_loader(cfg.loader)
+    if not 0.0 < cfg.module.threshold < 1.0:
+        raise ConfigError(f"module.threshold={cfg.module.threshold}: must be in (0, 1)")
+    lr = cfg.optimizer.get("lr")
+    if lr is not None and not lr > 0:  # 0: a fit that never changes the net
+        raise ConfigError(f"optimizer.lr={lr}: must be > 0")
+    if cfg.eval_split not in EVAL_SPLITS:
+        raise ConfigError(f"eval_split={cfg.eval_split}: must be one of {', '.join(EVAL_SPLITS)}")
+    if cfg.optimized_mode not in DIRECTIONS:
+        raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
+    if cfg.overlay_every_n_epochs < 1:
+        raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
+    if not cfg.train and not cfg.ckpt_path:
+        raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
     check_trainer(cfg.trainer, cfg.train)
-    check_strategy(cfg.trainer.strategy)
+    check_schema_keys(cfg)
+    check_weights(cfg.model)
+    from nailseg.synth.builtin import check_data  # pandas: not for a command's misspelt key
 
-
-def check_config(cfg: DictConfig) -> None:
-    """Every check that needs no data: before Hydra writes the run folder (`PreCheck`), and
-    first in `build`."""
-    check_request(cfg)
-    check_devices(cfg)
-
-
-def check_request(cfg: DictConfig) -> None:
-    """`check_config` but for this machine's devices (for jobs run on other machines)."""
-    check_values(cfg)
-    optimizer = instantiate(cfg.optimizer)
-    check_arguments(optimizer, "optimizer")
-    scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
-    if scheduler is not None:
-        check_arguments(scheduler, "scheduler")
-    check_optimization(optimizer, scheduler)
-    check_schedule_length(cfg.trainer, scheduler)
     check_data(cfg)
 
 
-def check_loader(loader: DictConfig) -> None:
-    """The loader's own settings, which its backend would refuse only when the fit starts."""
-    try:
-        check_name(loader.device)
-    except ValueError as err:
-        raise ConfigError(f"loader.{err}") from None
-    fewest = get_class(loader._target_).MIN_WORKERS
-    if loader.num_workers < fewest:
-        raise ConfigError(
-            f"loader.num_workers={loader.num_workers}: must be at least {fewest} for "
-            f"{loader._target_.rsplit('.', 1)[1]}"
-        )
-    if loader.prefetch < 1:
-        raise ConfigError(f"loader.prefetch={loader.prefetch}: must be at least 1")
-    if loader.seed < 0:  # numpy's seed sequences, which draw the shuffles, take no negatives
-        raise ConfigError(f"loader.seed={loader.seed}: must be >= 0")
-
-
 def check_trainer(trainer: DictConfig, train: bool) -> None:
-    """The trainer's values that Lightning checks only once the loggers started, or never."""
-    if trainer.accelerator not in (None, *ACCELERATORS):
-        raise ConfigError(
-            f"trainer.accelerator={trainer.accelerator}: use one of {', '.join(ACCELERATORS)}"
-        )
-    if trainer.accelerator == "cpu" and trainer.devices not in (None, "auto"):
-        try:  # a number of processes on the CPU, which every machine has
-            CPUAccelerator.parse_devices(trainer.devices)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"trainer.devices={trainer.devices}: {err}") from None
+    """The trainer values Lightning takes when built and misreads or refuses only in the fit."""
     for key, (lowest, special) in TRAINER_COUNTS.items():
         value = trainer.get(key)
         if value is None or (special is not None and value == special[0]):
@@ -158,118 +212,137 @@ def check_trainer(trainer: DictConfig, train: bool) -> None:
         if not isinstance(value, int | float) or not value >= lowest:
             either = f" (or {special[0]}: {special[1]})" if special is not None else ""
             raise ConfigError(f"trainer.{key}={value}: must be >= {lowest}{either}")
-    for key in BATCH_LIMITS:
-        value = trainer.get(key)
-        if value is not None and not _batch_limit(value):
-            raise ConfigError(
-                f"trainer.{key}={value}: a fraction of the batches in [0.0, 1.0] or a whole "
-                "number of batches"
-            )
+    interval = trainer.val_check_interval
+    if isinstance(interval, int | float) and not interval > 0:
+        raise ConfigError(f"trainer.val_check_interval={interval}: must be > 0")
     if train and trainer.limit_train_batches == 0 and not trainer.overfit_batches:
         raise ConfigError(
             "trainer.limit_train_batches=0: the fit would train no batch; train=false "
             "evaluates without training"
         )
-    interval = trainer.val_check_interval
-    if interval is not None and not (
-        (_batch_limit(interval) and interval > 0) or _duration(interval)
-    ):
-        raise ConfigError(
-            f"trainer.val_check_interval={interval}: a fraction of the epoch in (0.0, 1.0], a "
-            "whole number of batches, or a time DD:HH:MM:SS"
-        )
-    if trainer.max_time is not None and not _duration(trainer.max_time):
-        raise ConfigError(f"trainer.max_time={trainer.max_time}: a time DD:HH:MM:SS")
-    if trainer.precision is not None:
-        try:
-            check_precision(trainer.precision)
-        except ValueError as err:
-            raise ConfigError(f"trainer.precision={trainer.precision}: {err}") from None
-    if trainer.gradient_clip_algorithm not in (None, *CLIP_ALGORITHMS):
-        raise ConfigError(
-            f"trainer.gradient_clip_algorithm={trainer.gradient_clip_algorithm}: use one of "
-            f"{', '.join(CLIP_ALGORITHMS)}"
-        )
 
 
-def _batch_limit(value: Any) -> bool:
-    """Lightning's reading of a batch limit: a fraction in [0, 1], or a whole number above."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return 0 <= value <= 1 or (value > 1 and value % 1 == 0)
+def check_schema_keys(cfg: DictConfig, node: str = "") -> None:
+    """A key added with `+` to a typed node that is not built from a `_target_` (whose keys its
+    target's signature checks, `check_targets`) is read by nothing."""
+    fields = getattr(OmegaConf.get_type(cfg), "__dataclass_fields__", None)
+    for key in cfg:
+        path = f"{node}.{key}" if node else str(key)
+        if (
+            path == "hydra"
+            or OmegaConf.is_interpolation(cfg, key)
+            or OmegaConf.is_missing(cfg, key)
+        ):
+            continue
+        if fields is not None and "_target_" not in cfg and key not in fields:
+            raise ConfigError(f"{path}: no such key{did_you_mean(str(key), fields, node)}")
+        if isinstance(cfg[key], DictConfig):
+            check_schema_keys(cfg[key], path)
 
 
-def _duration(value: Any) -> bool:
-    """A time as Lightning takes it: DD:HH:MM:SS, or timedelta's keywords ({hours: 2})."""
-    if isinstance(value, Mapping):
-        return True
-    return isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", value.strip()) is not None
-
-
-def check_schedule_length(trainer: DictConfig, scheduler: functools.partial | None) -> None:
-    """A schedule as long as the whole fit needs a fit with an end (a step or epoch limit)."""
-    if scheduler is None or trainer.fast_dev_run or trainer.max_steps not in (None, -1):
+def check_weights(model: DictConfig) -> None:
+    """Pretrained weights smp would download (`imagenet`) are on disk already: a download at the
+    start of a run is a minute of retries offline. timm's (`tu-`) are its own to find."""
+    weights, encoder = model.encoder_weights, model.encoder_name
+    if weights is None or "/" in weights or "." in weights or encoder.startswith("tu-"):
         return
-    if trainer.max_epochs == -1:
-        endless = "trainer.max_epochs=-1"
-    elif trainer.max_epochs is None and trainer.max_time is not None:
-        endless = f"trainer.max_time={trainer.max_time} (trainer.max_epochs unset)"
-    else:
-        return
-    for arg, length in schedule_length_args(scheduler, lambda: None).items():
-        if length is None:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    repo = Path(HF_HUB_CACHE) / f"models--smp-hub--{encoder}.{weights}"
+    if not any(repo.glob("snapshots/*/model.safetensors")):
+        raise ConfigError(
+            f"model.encoder_weights={weights}: {encoder}'s {weights} weights are not on disk "
+            f"({repo}), and a run downloads nothing: save them once as a file where there is "
+            f"internet and pass it, model.encoder_weights=/models/{encoder}.pth "
+            "(docs/TRAINING.md, 'Pretrained encoders offline')"
+        )
+
+
+def check_objects(cfg: DictConfig, here: bool = True) -> None:
+    """Build what the libraries check themselves (the Trainer, the optimizer on a stand-in
+    parameter, the schedule on it) and check each `_target_` node's keys against what its target
+    takes; `here`: also this machine's devices (False for jobs run elsewhere)."""
+    import torch
+
+    from nailseg.model.module import monitorable
+    from nailseg.model.scales import scales_problem
+
+    if not monitorable(cfg.optimized_metric):
+        raise ConfigError(
+            f"optimized_metric={cfg.optimized_metric}: not a value training logs; e.g. val/dice, "
+            "val/loss, val/iou, val/dice_group_<group>, val/dice_best, train/loss"
+        )
+    scales = cfg.module.eval_scales
+    if scales is not None and (problem := scales_problem("module.eval_scales", list(scales))):
+        raise ConfigError(problem)
+    fewest = _target(cfg.loader, "loader").MIN_WORKERS
+    if cfg.loader.num_workers < fewest:
+        raise ConfigError(
+            f"loader.num_workers={cfg.loader.num_workers}: must be at least {fewest} for "
+            f"{cfg.loader._target_.rsplit('.', 1)[1]}"
+        )
+    for node in ("trainer", "trainer.strategy", "model", "optimizer", "scheduler", "loader", "aug"):
+        check_target_keys(cfg, node)
+    optimizer = instantiate(cfg.optimizer)
+    scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
+    check_optimization(optimizer, scheduler, cfg.trainer)
+    if here:
+        device = cfg.loader.device
+        wanted = (
+            int(device[5:]) + 1 if device.startswith("cuda:") else int(device in ("gpu", "cuda"))
+        )
+        if torch.cuda.device_count() < wanted:
             raise ConfigError(
-                f"{endless}: a fit without an end has no length for the LR schedule, which spans "
-                f"the whole fit; set trainer.max_steps=N, scheduler.{arg}=N or scheduler=none"
+                f"loader.device={device}: torch sees {torch.cuda.device_count()} CUDA device(s) "
+                "here; use auto or cpu"
+            )
+    build_trainer(cfg.trainer, here)
+
+
+def _target(node: DictConfig, path: str) -> Any:
+    """The class or function a `_target_` node names."""
+    from hydra.utils import get_object
+
+    try:
+        return get_object(node._target_)
+    except Exception as err:  # no such module or name
+        raise ConfigError(f"{path}._target_={node._target_}: {err}") from None
+
+
+def check_target_keys(cfg: DictConfig, path: str) -> None:
+    """Every key of the `_target_` node at `path` is an argument its target takes (DDPStrategy
+    passes the rest to DistributedDataParallel, which would refuse a typo only in the fit)."""
+    node = OmegaConf.select(cfg, path)
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return
+    target = _target(node, path)
+    taken = inspect.signature(target).parameters
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if isinstance(target, type) and issubclass(target, DDPStrategy):
+        from torch.nn.parallel import DistributedDataParallel
+
+        taken = {**taken, **inspect.signature(DistributedDataParallel).parameters}
+    elif any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return
+    for key in node:
+        if key not in taken and key not in HYDRA_KEYS:
+            raise ConfigError(
+                f"{path}.{key}: {getattr(target, '__name__', target)} takes no such argument"
+                + did_you_mean(str(key), taken, path)
             )
 
 
-def check_devices(cfg: DictConfig) -> None:
-    """The devices the trainer and the loader ask for exist here (counted without a CUDA
-    context)."""
-    device = cfg.loader.device
-    wanted = int(device[5:]) + 1 if device.startswith("cuda:") else int(device in ("gpu", "cuda"))
-    if torch.cuda.device_count() < wanted:
-        raise ConfigError(
-            f"loader.device={device}: torch sees {torch.cuda.device_count()} CUDA device(s) "
-            "here; use auto or cpu"
-        )
-    name, devices = cfg.trainer.accelerator, cfg.trainer.devices
-    if isinstance(devices, ListConfig):
-        devices = list(devices)
-    accelerator = _accelerator_here(name)
-    if accelerator is None:
-        raise ConfigError(
-            f"trainer.accelerator={name}: torch sees no {'GPU' if name == 'gpu' else name} "
-            "device here; trainer=cpu trains on the CPU"
-        )
-    if devices in (None, "auto"):
-        return
+def check_optimization(optimizer: Any, scheduler: Any, trainer: DictConfig) -> None:
+    """torch checks an optimizer's and a schedule's values only when they are built (inside the
+    fit): built here on a stand-in parameter. A schedule as long as the whole fit needs a fit
+    with an end."""
+    import torch
+
+    from nailseg.model.module import schedule_length_args
+
     try:
-        if accelerator.parse_devices(devices) is None:  # Lightning's reading of 0 GPUs
-            raise ValueError("asks for no device")
-    except (MisconfigurationException, TypeError, ValueError) as err:
-        reason = " ".join(str(err).split())  # Lightning's message spans lines
-        raise ConfigError(f"trainer.devices={devices}: {reason} (accelerator {name})") from None
-
-
-def _accelerator_here(name: str | None) -> type[Accelerator] | None:
-    """The accelerator Lightning picks for `name` on this machine (`auto`: a GPU when there is
-    one, else the CPU); None when `name`'s is not here."""
-    if name in (None, "auto", "gpu"):
-        for gpu in ("mps", "cuda"):
-            if ACCELERATOR_CLASSES[gpu].is_available():
-                return ACCELERATOR_CLASSES[gpu]
-        return None if name == "gpu" else CPUAccelerator
-    accelerator = ACCELERATOR_CLASSES[name]
-    return accelerator if accelerator.is_available() else None
-
-
-def check_optimization(optimizer: functools.partial, scheduler: functools.partial | None) -> None:
-    """Build the optimizer on a stand-in parameter and the schedule on it: torch checks their
-    values only when they are built, inside the fit."""
-    try:
-        stand_in = optimizer([nn.Parameter(torch.zeros(1))])
+        stand_in = optimizer([torch.nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError) as err:
         raise ConfigError(f"optimizer: {err}") from None
     if scheduler is None:
@@ -277,6 +350,18 @@ def check_optimization(optimizer: functools.partial, scheduler: functools.partia
     for arg, length in schedule_length_args(scheduler, lambda: None).items():
         if length is not None and length < 1:  # cosine's T_max=0 divides by zero at step 1
             raise ConfigError(f"scheduler.{arg}={length}: must be >= 1 (null: the whole fit)")
+        if length is None and not trainer.fast_dev_run and trainer.max_steps in (None, -1):
+            endless = None
+            if trainer.max_epochs == -1:
+                endless = "trainer.max_epochs=-1"
+            elif trainer.max_epochs is None and trainer.max_time is not None:
+                endless = f"trainer.max_time={trainer.max_time} (trainer.max_epochs unset)"
+            if endless:
+                raise ConfigError(
+                    f"{endless}: a fit without an end has no length for the LR schedule, which "
+                    f"spans the whole fit; set trainer.max_steps=N, scheduler.{arg}=N or "
+                    "scheduler=none"
+                )
     if scheduler.keywords.get("eta_min", 0) < 0:  # the LR it decays to
         raise ConfigError(f"scheduler.eta_min={scheduler.keywords['eta_min']}: must be >= 0")
     try:
@@ -285,42 +370,53 @@ def check_optimization(optimizer: functools.partial, scheduler: functools.partia
         raise ConfigError(f"scheduler: {err}") from None
 
 
-def strategy_class(strategy: Any) -> type | None:
-    """The class of a strategy given as a node (`_target_` and options); None for a name."""
-    if not isinstance(strategy, Mapping) or "_target_" not in strategy:
-        return None
+def trainer_kwargs(trainer: DictConfig, leave_out: Iterable[str] = ()) -> dict[str, Any]:
+    """The trainer group without its unset (None) keys, which take Lightning's own defaults, nor
+    the keys `leave_out` names."""
+    kept = {k: trainer[k] for k in trainer if k not in leave_out and trainer[k] is not None}
+    return {
+        k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v
+        for k, v in kept.items()
+    }
+
+
+def build_trainer(trainer: DictConfig, here: bool) -> None:
+    """Build the Trainer as train.py will (without its folder, loggers and callbacks), quietly,
+    so its own checks of every value answer now, in one line naming the key."""
+
+    kwargs = trainer_kwargs(trainer, ("default_root_dir", *(() if here else DEVICE_KEYS)))
     try:
-        return get_class(strategy["_target_"])
-    except (ImportError, ValueError) as err:  # no such module or name; not a class
-        raise ConfigError(f"trainer.strategy._target_={strategy['_target_']}: {err}") from None
+        _build_quietly(kwargs)
+    except Exception as err:  # Lightning's refusal, maybe wrapped by Hydra's instantiate
+        text = " ".join(str(err.__cause__ or err).split())
+        # the key at fault: the one without which the Trainer builds
+        key = next((k for k in kwargs if k != "_target_" and _builds(kwargs, k)), None)
+        where = f"trainer.{key}={kwargs[key]}" if key else "trainer"
+        raise ConfigError(f"{where}: {text}") from None
 
 
-def check_strategy(strategy: Any) -> None:
-    """A strategy given as a node names a class that takes every option (DDPStrategy passes the
-    rest to DistributedDataParallel)."""
-    target = strategy_class(strategy)
-    if target is None:
-        return
-    accepted = set(inspect.signature(target).parameters)
-    if issubclass(target, DDPStrategy):
-        accepted |= set(inspect.signature(DistributedDataParallel).parameters)
-    for key in strategy:
-        if key != "_target_" and key not in accepted:
-            raise ConfigError(
-                f"trainer.strategy.{key}: {target.__name__} takes no option {key!r}"
-                + (" (nor does DistributedDataParallel)" if issubclass(target, DDPStrategy) else "")
-            )
-
-
-def check_arguments(factory: functools.partial, key: str) -> None:
-    """Every keyword of a Hydra partial (`optimizer`, `scheduler`) is one its target takes."""
+def _builds(kwargs: dict[str, Any], without: str) -> bool:
     try:
-        inspect.signature(factory.func).bind_partial(None, *factory.args, **factory.keywords)
-    except TypeError as err:
-        raise ConfigError(f"{key}: {factory.func.__qualname__} {err}") from None
+        _build_quietly({k: v for k, v in kwargs.items() if k != without})
+    except Exception:
+        return False
+    return True
 
 
-def check_input_size(net: nn.Module, image_size: tuple[int, int], model: DictConfig) -> None:
+def _build_quietly(kwargs: dict[str, Any]) -> None:
+    """The Trainer `kwargs` ask for, without its device report, tips and warnings."""
+    lightning = logging.getLogger("lightning.pytorch")
+    level = lightning.level
+    lightning.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            instantiate(kwargs, logger=False, enable_checkpointing=False)
+    finally:
+        lightning.setLevel(level)
+
+
+def check_input_size(net: Any, image_size: tuple[int, int], model: DictConfig) -> None:
     """The net takes inputs of `image_size` (smp nets need sides divisible by the encoder's
     output stride, 32 for most)."""
     stride = getattr(getattr(net, "encoder", None), "output_stride", 1)
@@ -342,3 +438,9 @@ def check_train_split(rows: int, batch_size: int, world_size: int) -> None:
             f"rank(s), fewer than one full batch each; lower loader.batch_size (at most "
             f"{max(1, rows // world_size)}) or prepare more data"
         )
+
+
+def check(cfg: DictConfig) -> None:
+    """Every check that needs no data or net, as `PreCheck` runs them (`build` starts with it)."""
+    check_values(cfg)
+    check_objects(cfg)

