@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -145,17 +145,10 @@ def composition_error(err: Exception) -> ConfigError | None:
     return None
 
 
-@contextlib.contextmanager
-def one_line_errors(command: str) -> Iterator[None]:
+def one_line_errors(command: str) -> contextlib.AbstractContextManager[None]:
     """Within the block (a command's Hydra app), a misspelt key or option exits in one line:
     Hydra's own answer spans lines and advises `+key=`, which makes the typo a new key."""
-    with hydra_errors(lambda err: _one_line(command, err)):
-        yield
-
-
-def _one_line(command: str, err: Exception) -> str | None:
-    line = composition_error(err)
-    return refusal(command, line) if line is not None else None
+    return hydra_errors(lambda err: (line := composition_error(err)) and refusal(command, line))
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -444,3 +437,43 @@ def check(cfg: DictConfig) -> None:
     """Every check that needs no data or net, as `PreCheck` runs them (`build` starts with it)."""
     check_values(cfg)
     check_objects(cfg)
+
+
+def take_card(cfg: DictConfig, card: Mapping[str, Any], ckpt: str) -> None:
+    """An evaluation-only run (`train=false ckpt_path=X`) takes the model and input size from the
+    checkpoint's card, as predict does, unless the command line gives them: a given value that
+    differs from the card's raises a `CheckpointError` naming the key."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from nailseg.model.checkpoint import CheckpointError, plain_model
+
+    # the keys the command line sets; not started by Hydra (a script's config): every key
+    given = (
+        [a.lstrip("+~").partition("=")[0] for a in HydraConfig.get().overrides.task]
+        if (HydraConfig.initialized())
+        else None
+    )
+    for key, theirs in (
+        ("model", card.get("model")),
+        ("dataset.image_size", card.get("image_size")),
+    ):
+        if theirs is None:  # a checkpoint older than cards
+            continue
+        node = OmegaConf.select(cfg, key)
+        ours = (
+            plain_model(node, "model")
+            if key == "model"
+            else OmegaConf.to_container(node, resolve=True)
+        )
+        if ours == theirs:
+            continue
+        if given is None or any(k == key or k.startswith(f"{key}.") for k in given):
+            raise CheckpointError(
+                f"{key}: {ckpt} was trained with {theirs}, not {ours}: leave {key} out to "
+                "evaluate the checkpoint with its own"
+            )
+        if key == "model":  # arch, encoder_name and options, each replaced whole
+            for name, value in theirs.items():
+                cfg.model[name] = value
+        else:
+            OmegaConf.update(cfg, key, list(theirs), merge=False)

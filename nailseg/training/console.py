@@ -70,49 +70,23 @@ def _pruned(value: Any) -> Any:
     return value
 
 
-ONE_LINE = 80  # characters: a nested mapping of plain values up to this long takes one line
-
-
-class _Compact(yaml.SafeDumper):
-    """Mappings in block style, but lists of plain values, mappings in a list (an aug op) and
-    short nested mappings of plain values (a callback's few settings) on one line."""
-
-
-class _OneLine(dict):
-    """A mapping shown on one line."""
-
-
-def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
-    flat = not any(isinstance(item, list | dict) for item in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
-
-
-def _represent_dict(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
-    one_line = isinstance(data, _OneLine)
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=one_line)
-
-
-_Compact.add_representer(list, _represent_list)
-_Compact.add_representer(dict, _represent_dict)
-_Compact.add_representer(_OneLine, _represent_dict)
-
-
-def _dump(value: Any) -> str:
-    return yaml.dump(value, Dumper=_Compact, sort_keys=False, width=1000).removesuffix("\n...\n")
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).removesuffix("...\n").strip()
 
 
 def _as_yaml(value: Any) -> str:
-    def mark(item: Any, nested: bool, in_list: bool = False) -> Any:
-        if isinstance(item, list):
-            return [mark(v, nested=True, in_list=True) for v in item]
-        if not isinstance(item, dict):
-            return item
-        marked = {k: mark(v, nested=True) for k, v in item.items()}
-        plain = not any(isinstance(v, list | dict) for v in marked.values())
-        short = nested and plain and len(_dump(_OneLine(marked))) <= ONE_LINE
-        return _OneLine(marked) if in_list or short else marked
-
-    return _dump(mark(value, nested=False)).rstrip()
+    """YAML with collections of plain values on one line (`image_size: [384, 384]`)."""
+    if not isinstance(value, dict):
+        return _flow(value)
+    lines = []
+    for key, item in value.items():
+        inner = item.values() if isinstance(item, dict) else item if isinstance(item, list) else []
+        if any(isinstance(v, dict | list) for v in inner):
+            dump = yaml.safe_dump({key: item}, default_flow_style=None, sort_keys=False, width=1000)
+            lines.append(dump.rstrip())
+        else:
+            lines.append(f"{key}: {_flow(item)}")
+    return "\n".join(lines)
 
 
 def config_tree(cfg: DictConfig, choices: dict[str, str] | None = None) -> Tree:

@@ -121,12 +121,3 @@ def computed_bar_values(trainer: Any) -> dict[str, Any]:
     if values is None:
         raise _gone("Trainer._logger_connector._progress_bar_metrics")
     return dict(values)
-
-
-def check_precision(precision: Any) -> None:
-    """Raise ValueError for a `trainer.precision` the Trainer would refuse, as it reads it."""
-    try:
-        from lightning.fabric.connector import _convert_precision_to_unified_args
-    except ImportError as err:
-        raise _gone("lightning.fabric.connector._convert_precision_to_unified_args") from err
-    _convert_precision_to_unified_args(precision)

@@ -29,7 +29,7 @@ from nailseg.model.checkpoint import (
     read_checkpoint,
 )
 from nailseg.model.schedules import schedule_length
-from nailseg.training.evaluation import take_card
+from nailseg.training.checks import take_card
 
 LAST = "last"
 CHECKPOINTS = "checkpoints"  # the checkpoint callback's folder in a run (conf/callbacks)

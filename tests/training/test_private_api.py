@@ -4,8 +4,10 @@ pinned: these fail when the library renames, removes or changes one."""
 from __future__ import annotations
 
 import inspect
+import sys
 from types import SimpleNamespace
 
+import hydra
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -87,8 +89,20 @@ def test_the_computed_bar_values_are_the_ones_the_trainer_shows():
         private_api.computed_bar_values(SimpleNamespace())
 
 
-def test_the_trainers_reading_of_precision_is_checked():
-    for good in ("32-true", "16-mixed", "bf16-mixed", 32):
-        private_api.check_precision(good)
-    with pytest.raises(ValueError, match="17"):
-        private_api.check_precision("17")
+def test_an_error_hydra_reports_is_given_in_the_line_asked_for(tmp_path, monkeypatch, capsys):
+    """hydra_errors swaps hydra._internal.utils.run_and_report, which hydra.main calls."""
+    from hydra._internal import utils
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+    def app(cfg) -> None:
+        raise AssertionError("composed")
+
+    monkeypatch.setattr(sys, "argv", ["app", "trainer.max_epoch=3", f"hydra.run.dir={tmp_path}"])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    original = utils.run_and_report
+    with pytest.raises(SystemExit) as done, private_api.hydra_errors(lambda err: "one line"):
+        app()
+    assert done.value.code == "one line" and utils.run_and_report is original
+    with pytest.raises(SystemExit) as done, private_api.hydra_errors(lambda err: None):
+        app()  # Hydra's own report
+    assert done.value.code == 1 and "max_epoch" in capsys.readouterr().err

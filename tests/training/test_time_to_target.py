@@ -39,12 +39,12 @@ def test_a_target_reached_before_a_resume_is_reported_as_it_was(prepared, tmp_pa
 
 def test_a_target_reached_after_a_resume_counts_the_earlier_session(prepared, tmp_path):
     # a target the first session never met, lowered for the second: met at its first validation
-    train(prepared, tmp_path, "trainer.max_epochs=1", "callbacks.time_to_target.target=1.01",
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "callbacks.time_to_target.target=1.01",
           *COMMON)  # fmt: skip
-    assert _report(tmp_path)["time_to_target"] is None
-    train(prepared, tmp_path, "trainer.max_epochs=2", "callbacks.time_to_target.target=0.0",
+    assert _report(tmp_path / "run")["time_to_target"] is None
+    train(prepared, tmp_path / "run", "trainer.max_epochs=2", "callbacks.time_to_target.target=0.0",
           "ckpt_path=last", *COMMON)  # fmt: skip
-    reached = _report(tmp_path)["time_to_target"]
+    reached = _report(tmp_path / "run")["time_to_target"]
     assert (reached["epoch"], reached["global_step"]) == (1, 6)
     # epoch 0's training is the first session's, and counts in the second's total
     assert 0 < reached["first_epoch_train_s"] < reached["train_s"]
@@ -53,10 +53,10 @@ def test_a_target_reached_after_a_resume_counts_the_earlier_session(prepared, tm
 
 def test_with_stop_a_resumed_fit_that_had_reached_its_target_trains_no_further(prepared, tmp_path):
     stop = ("callbacks.time_to_target.target=0.0", "callbacks.time_to_target.stop=true")
-    train(prepared, tmp_path, "trainer.max_epochs=3", *stop, *COMMON)
-    stopped = _report(tmp_path)
-    train(prepared, tmp_path, "trainer.max_epochs=3", *stop, "ckpt_path=last", *COMMON)
-    rerun = _report(tmp_path)
+    train(prepared, tmp_path / "run", "trainer.max_epochs=3", *stop, *COMMON)
+    stopped = _report(tmp_path / "run")
+    train(prepared, tmp_path / "run", "trainer.max_epochs=3", *stop, "ckpt_path=last", *COMMON)
+    rerun = _report(tmp_path / "run")
     assert (rerun["epochs"], rerun["global_step"]) == (stopped["epochs"], stopped["global_step"])
     assert rerun["resumed_from"] is not None
     assert {k: rerun[k] for k in MEASURED} == {k: stopped[k] for k in MEASURED}
