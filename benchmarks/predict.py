@@ -38,7 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.output import claim_output, scratch
-from nailseg.config import CONF_DIR, require_values
+from nailseg.config import CONF_DIR
+from nailseg.errors import require_values
 from nailseg.inference.engine import OnnxNet, build_engine
 from nailseg.inference.photos import find_images
 from nailseg.inference.pipeline import STAGES

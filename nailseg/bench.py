@@ -39,18 +39,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import hydra
 import matplotlib
 import pandas as pd
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
-from nailseg.config import CONF_DIR
+from nailseg.config import (
+    CONF_DIR,
+    AugConfig,
+    DatasetConfig,
+    ModelConfig,
+    NormalizeConfig,
+    PathsConfig,
+)
 from nailseg.data.datamodule import NailDataModule
 from nailseg.device import resolve_device
 from nailseg.io.atomic import NotOursError
@@ -64,6 +73,36 @@ from nailseg.training.build import use_channels_last
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+
+@dataclass
+class BenchConfig:
+    """`python -m nailseg bench`; values in conf/bench.yaml."""
+
+    paths: PathsConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    optimizer: Any = MISSING  # the training's (an optimizer group option, its own schema)
+    loaders: dict[str, Any] = MISSING  # name -> a loader group option (its own schema)
+    augs: dict[str, AugConfig] = MISSING
+    normalize: NormalizeConfig = MISSING
+    output_dir: str = MISSING
+    image_size: list[int] = MISSING
+    device: str = MISSING  # auto | cpu | cuda
+    measure_train: Any = MISSING  # auto | true | false
+    precision: str = MISSING  # auto | bf16 | fp32
+    channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
+    compile: bool = MISSING
+    compile_mode: str = MISSING
+    cudnn_benchmark: bool = MISSING
+    peak_tflops: float | None = MISSING  # null: measured on CUDA
+    loss: str = MISSING
+    seed: int = MISSING
+    warmup_batches: int = MISSING
+    measure_batches: int = MISSING
+    repeats: int = MISSING
+
+
+ConfigStore.instance().store(name="bench_schema", node=BenchConfig)  # conf/bench.yaml
 OUTPUTS = ["bench.csv", "bench.png", "bench.json"]
 COLUMNS = [
     "loader", "aug", "device", "model", "batch_size", "image_size", "workers",

@@ -44,8 +44,8 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from nailseg.config import CONF_DIR, require_values
-from nailseg.errors import UserError
+from nailseg.config import CONF_DIR
+from nailseg.errors import UserError, require_values
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder, read_regular
 from nailseg.training.run_folder import job_folders, read_failure

@@ -7,25 +7,19 @@ are never offered as a group's options.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from nailseg.device import auto_accelerator, auto_precision
-from nailseg.errors import UserError
 
 # every entry point's config folder: one resolution, whichever way a command is started
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 # the project: the folder holding conf/ and train.py, where `paths.root_dir` anchors every default
 PROJECT_ROOT = str(Path(CONF_DIR).parent)
-
-
-class ConfigError(UserError, ValueError):
-    """A config value that cannot work; the message names the key and the value."""
 
 
 @dataclass
@@ -41,8 +35,6 @@ class PathsConfig:
 
 @dataclass
 class SyntheticConfig:
-    """Procedural data the project generates itself (the default on a fresh clone)."""
-
     n: int = MISSING
     seed: int = MISSING
 
@@ -72,8 +64,6 @@ class DatasetConfig:
 
 @dataclass
 class SplitConfig:
-    """How prepare.py splits the pairs; values in conf/prepare.yaml."""
-
     valid_fraction: float = MISSING
     test_fraction: float = MISSING
     seed: int = MISSING
@@ -85,8 +75,6 @@ class SplitConfig:
 
 @dataclass
 class PrepareConfig:
-    """prepare.py; values in conf/prepare.yaml."""
-
     paths: PathsConfig = MISSING
     dataset: DatasetConfig = MISSING
     input_dir: str = MISSING
@@ -142,8 +130,6 @@ class LoaderConfig:
 
 @dataclass
 class TorchLoaderConfig(LoaderConfig):
-    """`loader=torch` and `loader=kornia`: a torch DataLoader underneath."""
-
     pin_memory: bool = MISSING
     persistent_workers: bool = MISSING
 
@@ -191,12 +177,10 @@ class CosineConfig:
 
 @dataclass
 class OneCycleConfig:
-    """OneCycleLR; total_steps None: the whole fit."""
-
     _target_: str = MISSING
     _partial_: bool = MISSING
     max_lr: float = MISSING
-    total_steps: int | None = None
+    total_steps: int | None = None  # None: the whole fit
     pct_start: float = MISSING
     div_factor: float = MISSING
     final_div_factor: float = MISSING
@@ -218,8 +202,6 @@ class WarmupCosineConfig:
 
 @dataclass
 class ModuleConfig:
-    """The LightningModule's knobs (optimizer and scheduler are groups of their own)."""
-
     loss: str = MISSING  # dice | bce | focal | lovasz | dice_bce
     threshold: float = MISSING
     channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
@@ -303,39 +285,10 @@ class TrainConfig:
     overlay_every_n_epochs: int = MISSING
 
 
-@dataclass
-class BenchConfig:
-    """`python -m nailseg bench`; values in conf/bench.yaml."""
-
-    paths: PathsConfig = MISSING
-    dataset: DatasetConfig = MISSING
-    model: ModelConfig = MISSING
-    optimizer: Any = MISSING  # the training's (an optimizer group option, its own schema)
-    loaders: dict[str, Any] = MISSING  # name -> a loader group option (its own schema)
-    augs: dict[str, AugConfig] = MISSING
-    normalize: NormalizeConfig = MISSING
-    output_dir: str = MISSING
-    image_size: list[int] = MISSING
-    device: str = MISSING  # auto | cpu | cuda
-    measure_train: Any = MISSING  # auto | true | false
-    precision: str = MISSING  # auto | bf16 | fp32
-    channels_last: bool | None = MISSING  # null: on for CUDA only (the YAML says true)
-    compile: bool = MISSING
-    compile_mode: str = MISSING
-    cudnn_benchmark: bool = MISSING
-    peak_tflops: float | None = MISSING  # null: measured on CUDA
-    loss: str = MISSING
-    seed: int = MISSING
-    warmup_batches: int = MISSING
-    measure_batches: int = MISSING
-    repeats: int = MISSING
-
-
 # stored at the top, in no group: a group's options are its YAML files only
 SCHEMAS: dict[str, type] = {
     "prepare_schema": PrepareConfig,
     "train_schema": TrainConfig,
-    "bench_schema": BenchConfig,
     "paths_schema": PathsConfig,
     "dataset_schema": DatasetConfig,
     "aug_schema": AugConfig,
@@ -354,29 +307,6 @@ SCHEMAS: dict[str, type] = {
 
 # optimized_mode as an Optuna study direction: `${nailseg.direction:${optimized_mode}}`
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
-
-
-def require_values(cfg: DictConfig, command: str) -> None:
-    """Exit with one line naming the required keys (`???`) the command line left out, before
-    anything is read or written."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        keys = ", ".join(f"{key}=" for key in missing)
-        sys.exit(f"{command}: missing {keys} (python -m {command} --help says what each is)")
-
-
-def require_model_group(command: str, overrides: list[str]) -> None:
-    """Exit with one line when the command line sets a key of `model` without naming the model
-    (predict's and export's `model` is null, the checkpoint's, unless `model=` names one)."""
-    keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
-    if "model" in keys:
-        return
-    for arg, key in zip(overrides, keys, strict=True):
-        if key.startswith("model."):
-            sys.exit(
-                f"{command}: {arg} changes the model, and model= does not name one (the model "
-                f"is the checkpoint's): give it as well, e.g. model=unet {arg}"
-            )
 
 
 def study_direction(mode: str) -> str:

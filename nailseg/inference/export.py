@@ -20,8 +20,8 @@ from omegaconf import MISSING, DictConfig
 from rich.console import Console
 from torch import nn
 
-from nailseg.config import CONF_DIR, require_model_group, require_values
-from nailseg.errors import UserError
+from nailseg.config import CONF_DIR
+from nailseg.errors import UserError, require_model_group, require_values
 from nailseg.inference.engine import (
     INPUT_NAME,
     OUTPUT_NAME,

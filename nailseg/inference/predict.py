@@ -20,8 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from rich.console import Console
 
-from nailseg.config import CONF_DIR, require_model_group, require_values
-from nailseg.errors import UserError
+from nailseg.config import CONF_DIR
+from nailseg.errors import UserError, require_model_group, require_values
 from nailseg.inference.engine import GraphedNet, build_engine, capture
 from nailseg.inference.output import (
     PredictSummary,

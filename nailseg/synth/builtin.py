@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.config import CONF_DIR, ConfigError
+from nailseg.config import CONF_DIR
+from nailseg.errors import ConfigError
 from nailseg.io.folder import BusyError, read_marker
 from nailseg.prep.format import split_file
 from nailseg.prep.prepare import claim_root, run

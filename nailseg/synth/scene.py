@@ -24,7 +24,8 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from nailseg.config import CONF_DIR, require_values
+from nailseg.config import CONF_DIR
+from nailseg.errors import require_values
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import Journal, OwnedFolder, read_marker
 from nailseg.lifetime import die_with_parent

@@ -31,10 +31,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.progress import track
 
-from nailseg.config import DIRECTIONS, ConfigError
+from nailseg.config import DIRECTIONS
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
-from nailseg.errors import refusal
+from nailseg.errors import ConfigError, refusal
 from nailseg.training.private_api import (
     basic_launcher_target,
     basic_sweep_jobs,
@@ -247,7 +247,7 @@ def check_weights(model: DictConfig) -> None:
             f"model.encoder_weights={weights}: {encoder}'s {weights} weights are not on disk "
             f"({repo}), and a run downloads nothing: save them once as a file where there is "
             f"internet and pass it, model.encoder_weights=/models/{encoder}.pth "
-            "(docs/TRAINING.md, 'Pretrained encoders offline')"
+            "(docs/TRAINING.md, 'Pretrained encoders')"
         )
 
 

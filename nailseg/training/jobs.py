@@ -40,8 +40,7 @@ from hydra.types import RunMode
 from hydra.utils import get_original_cwd, to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.config import ConfigError
-from nailseg.errors import refusal
+from nailseg.errors import ConfigError, refusal
 from nailseg.lifetime import die_with_parent
 from nailseg.training.checks import composed_jobs, leave
 from nailseg.training.private_api import basic_sweeper_target, ddp_child_command, hydra_args_parser

@@ -19,8 +19,8 @@ from support.prepared import write_prepared
 from support.train import TINY_UNET, train
 from wandb import env as wandb_env
 
-from nailseg.training.console import CONFIG_TREE
 from nailseg.training.loggers import WANDB_DIRS
+from nailseg.training.run import CONFIG_TREE
 
 # what libraries printed on every run before: Lightning's tips and FLOPs, torch's LeafSpec
 # deprecation raised from Lightning, W&B's banner and history (its lines start "wandb:")

@@ -12,7 +12,7 @@ from hydra.core.singleton import Singleton
 from hydra.errors import InstantiationException
 from support.slurm import TRAIN, slurm_sweep
 
-from nailseg.config import ConfigError
+from nailseg.errors import ConfigError
 from nailseg.training.jobs import swept_keys
 
 

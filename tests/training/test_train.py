@@ -25,7 +25,7 @@ from support.prepared import write_split
 from support.train import FreezeProbe, compose_train, small_overrides, train
 from support.wandb_records import history, run_id, summary
 
-from nailseg.config import ConfigError
+from nailseg.errors import ConfigError
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.model.net import build_net, compile_net
 from nailseg.prep.format import read_table, write_table

@@ -18,7 +18,8 @@ from support.cli import run_command
 from support.inference import compose_cli
 from support.train import compose_train, train
 
-from nailseg.config import CONF_DIR, ConfigError
+from nailseg.config import CONF_DIR
+from nailseg.errors import ConfigError
 from nailseg.inference.spec import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.checks import check
