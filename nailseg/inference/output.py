@@ -37,16 +37,18 @@ def claim_output(request: Request) -> OwnedFolder:
     folders = OUTPUT_FOLDERS if request.overlays else OUTPUT_FOLDERS[:1]
     outputs = [f"{folder}/{photo.key}.png" for photo in request.photos for folder in folders]
     outputs += [SUMMARY] + ([SCORES] if request.truths is not None else [])
+    folder = None
     try:
         folder = OwnedFolder.claim(request.output, "predict", key="output")
         folder.check_free(outputs)
         for rel in list(folder.journal.files):  # a link on the way to an earlier output
             folder.file(rel)
         folder.prune(keep=[SUMMARY])
-    except NotOursError as err:
-        raise PredictError(str(err)) from err
-    except OSError as err:  # a file where the folder would be
-        raise PredictError(f"output={request.output}: {err.strerror}: {err.filename}") from err
+    except (NotOursError, OSError) as err:  # OSError: a file where the folder would be
+        if folder is not None:
+            folder.release()
+        why = f"output={request.output}: {err.strerror}" if isinstance(err, OSError) else err
+        raise PredictError(str(why)) from err
     return folder
 
 

@@ -62,8 +62,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class _OnDevice:
-    """A photo whose probability map is queued on the device; `shown` is the overlay's photo (None:
-    no overlay; a tensor: decoded on the GPU, to be copied back)."""
+    """A photo's map queued on the device; `shown`: its overlay's photo (a tensor: to copy back)."""
 
     photo: Photo
     shown: np.ndarray | torch.Tensor | None
@@ -87,8 +86,7 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 def read_ahead(
     photos: Sequence[Photo], pool: Executor, depth: int, chunk: int, gpu_jpeg: bool
 ) -> Iterator[tuple[Photo, Loaded | UnreadableImage]]:
-    """Loaded photos in order, read by the workers `chunk` at a time with at most `depth` photos
-    in flight (`pool.map` would hold every decoded photo of a folder in memory)."""
+    """Loaded photos in order, `chunk` a task, at most `depth` in flight (not `pool.map`: all)."""
     parts = chunks(photos, chunk)
     queue: deque[tuple[Sequence[Photo], Future]] = deque()
     for part in parts:

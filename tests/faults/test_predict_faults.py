@@ -26,7 +26,7 @@ import nailseg.inference.photos
 import nailseg.inference.predict
 from nailseg.inference.predict import PredictError, run
 from nailseg.io.atomic import temp_path
-from nailseg.io.folder import JOURNAL, MARKER, Journal
+from nailseg.io.folder import JOURNAL, MARKER, Journal, is_live
 from nailseg.model.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,6 +317,7 @@ def test_a_users_file_where_a_rerun_would_write_is_refused_before_any_write(
     with pytest.raises(PredictError, match=rf"{output / mine} lies where nailseg would write"):
         _predict(ckpt, data / "photos", output, data / "DATA" / "masks")
     assert _files(output) | {JOURNAL: b""} == before | {JOURNAL: b""}  # the journal: compacted
+    assert not is_live(output)  # the refused run holds the folder no more
 
 
 def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp_path):
