@@ -16,6 +16,8 @@ from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import small_overrides
 
+from nailseg.io.folder import MARKER
+
 ROOT = Path(__file__).resolve().parents[2]
 RAW, PREPARED, RUN = "data/synthetic/raw", "data/synthetic/prepared", "outputs/prepare/run"
 USERS = [
@@ -83,27 +85,40 @@ def test_make_clean_removes_what_nailseg_wrote_and_names_what_it_keeps(tmp_path,
 
 
 @pytest.mark.parametrize(
-    ("folder", "marker", "content"),
+    "content",
     [
-        (RAW, "synthetic.json", {"n": 8, "seed": 0, "version": 1}),  # what f5710aa wrote
-        (PREPARED, "prepare.json", {"format": 2, "mask_threshold": 127}),
-        ("data/synthetic-mix/raw", "synthetic.json", {"n": 8}),
-        ("outputs/train/run", ".nailseg.json", {"tool": "nailseg", "kind": "run"}),
-        ("multirun/sweep", ".nailseg.json", {"note": "mine"}),
+        {"tool": "nailseg", "kind": "run"},  # no id, no home: not a marker nailseg wrote
+        {"note": "mine"},
+        "not json",
     ],
 )
-def test_make_clean_keeps_a_folder_whose_marker_nailseg_did_not_write(
-    tmp_path, folder, marker, content
-):
-    """A marker's name proves nothing: its content must be nailseg's (tool, kind, the folder's
-    id). Before, a folder holding a file of that name went whole."""
-    photo = tmp_path / folder / "Images" / "g" / "photo.png"
+def test_make_clean_keeps_a_folder_whose_marker_nailseg_did_not_write(tmp_path, content):
+    """A marker's name proves nothing: its content must be nailseg's (tool, kind, id, the
+    folder's own device and inode). Before, a folder holding a file of that name went whole."""
+    folder = tmp_path / "outputs" / "train" / "run"
+    photo = folder / "Images" / "g" / "photo.png"
     _write(tmp_path, [photo.relative_to(tmp_path).as_posix()])
-    (tmp_path / folder / marker).write_text(json.dumps(content))
+    text = content if isinstance(content, str) else json.dumps(content)
+    (folder / MARKER).write_text(text)
     out = _make_clean(tmp_path)
     assert photo.read_text().startswith("the user's")
-    assert json.loads((tmp_path / folder / marker).read_text()) == content
-    assert f"kept folder {folder} (its {marker} is not nailseg's)" in out
+    assert (folder / MARKER).read_text() == text
+    assert f"kept {photo.relative_to(tmp_path)}" in out
+
+
+def test_make_clean_keeps_copies_of_nailsegs_folders_whole(tmp_path, capsys):
+    """A `cp -a` backup of a prepared root and of the generator's photos is the user's: kept
+    whole, its marker included, and named. Before, clean removed the copies' files and markers."""
+    _prepare(tmp_path, capsys)
+    for name in (RAW, PREPARED):
+        shutil.copytree(tmp_path / name, tmp_path / f"{name}-backup", symlinks=True)
+    before = {name: _files(tmp_path / f"{name}-backup") for name in (RAW, PREPARED)}
+    out = _make_clean(tmp_path)
+    for name in (RAW, PREPARED):
+        assert _files(tmp_path / f"{name}-backup") == before[name]
+        assert MARKER in before[name]
+        assert f"kept {name}-backup: a copy of a nailseg folder" in out
+    assert not (tmp_path / RAW).exists() and not (tmp_path / PREPARED).exists()
 
 
 def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path, capsys):
@@ -113,7 +128,6 @@ def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path, capsy
     edited = [
         f"{RAW}/Images/studio/s0000.png",
         f"{PREPARED}/train.csv",
-        f"{RUN}/.hydra/config.yaml",
     ]
     for name in edited:
         with open(tmp_path / name, "a") as file:
