@@ -109,9 +109,10 @@ def write_file(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], 
 
 
 def remove_file(path: str | os.PathLike[str]) -> bool:
-    """Remove the file at `path` while it is nailseg's; False, leaving it, where it is not."""
-    folder, rel = _holder(path)
-    return folder.remove(rel)
+    """Remove the file at `path` while it is nailseg's in a held folder; False, leaving it, where
+    it is not."""
+    found = _within(path)
+    return found is not None and found[0].remove(found[1])
 
 
 def is_ours(path: str | os.PathLike[str]) -> bool:
