@@ -106,7 +106,7 @@ def refuse_foreign(folder: Path, kind: str, key: str) -> None:
     else:
         return
     raise PrepareError(
-        f"{key}={folder} is not a folder prepare made ({why}): nothing was written; choose a new "
+        f"{key}={folder} is not a folder nailseg made ({why}): nothing was written; choose a new "
         "or empty folder"
     )
 

@@ -79,7 +79,7 @@ def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(
     before = _files(out)
     done = _prepare_py(command, tmp_path, raw, out)
     assert done.returncode == 1
-    assert f"output_dir={out} is not a folder prepare made" in done.stderr
+    assert f"output_dir={out} is not a folder nailseg made" in done.stderr
     assert _files(out) == before
 
 
