@@ -22,7 +22,7 @@ from nailseg.io.folder import read_regular
 from nailseg.training.jobs import sweep_job
 from nailseg.training.private_api import drop_unset_wandb_anonymous
 from nailseg.training.resume import Resume
-from nailseg.training.run_folder import reserve, write_file
+from nailseg.training.run_folder import first_rank, reserve, write_file
 
 # where W&B keeps its caches and stages tables, unless told (else under the home folder)
 WANDB_DIRS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data"}
@@ -49,8 +49,9 @@ def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
 
 
 def reserve_folders(loggers: list[Logger], run_dir: str) -> None:
-    """Each logger's folder reserved in the run folder before it writes there."""
-    for logger in loggers:
+    """Each logger's folder reserved in the run folder before it writes there (by the first
+    rank: the loggers write on it alone)."""
+    for logger in loggers if first_rank() else []:
         if isinstance(logger, WandbLogger):
             reserve(Path(logger.save_dir or run_dir) / "wandb")
         elif isinstance(logger, CSVLogger | TensorBoardLogger):
