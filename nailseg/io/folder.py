@@ -134,7 +134,9 @@ class Journal:
             text = read_regular(folder / JOURNAL).decode("utf-8", "surrogateescape")
         except FileNotFoundError:
             text = ""
-        for line in text.splitlines():
+        lines = text.splitlines()
+        self.lines = len(lines)
+        for line in lines:
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 self._apply(json.loads(line))
 
@@ -248,9 +250,12 @@ class OwnedFolder:
         _claimed[folder] = owned
         if not shared:
             owned._writer = True
-            journal = folder / JOURNAL  # a hard-linked snapshot's must not grow with this one's
-            if os.path.lexists(journal) and os.lstat(journal).st_nlink > 1:
-                owned.journal.compact()
+            journal = owned.journal  # rewritten when a hard-linked snapshot shares it (it must
+            # not grow with this one's) or when stale lines outnumber the live ones
+            live = len(journal.files) + len(journal.reserved)
+            linked = os.path.lexists(folder / JOURNAL) and os.lstat(folder / JOURNAL).st_nlink > 1
+            if linked or journal.lines > 2 * live + 64:
+                journal.compact()
             owned._remove_temp_files()
         return owned
 

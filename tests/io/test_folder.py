@@ -237,3 +237,12 @@ def test_a_loose_file_is_never_written_into_a_claimed_folder(tmp_path):
     OwnedFolder.claim(tmp_path / "out", "predict").release()
     with pytest.raises(NotOursError, match="is a nailseg predict folder"):
         check_loose(tmp_path / "out" / "model.onnx")
+
+
+def test_a_journal_of_many_reruns_is_rewritten_to_what_holds(tmp_path: Path) -> None:
+    for _ in range(40):
+        folder = _claim(tmp_path / "out")
+        for name in ("a", "b"):
+            folder.write(name, b"x")
+        folder.release()
+    assert len((tmp_path / "out" / JOURNAL).read_text().splitlines()) <= 2 * 2 + 64 + 2

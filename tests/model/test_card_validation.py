@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from nailseg.model.checkpoint import (
     CheckpointError,
     load_net,
     make_card,
+    read_checkpoint,
     validate_card,
 )
 
@@ -197,3 +199,20 @@ def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo,
         assert f"{ckpt}: card key {key}=" in lines[0] and "refused" in lines[0]
         assert opened == {str(ckpt)} and not out.exists()
         assert sorted(p.name for p in watch.iterdir()) == ["bait.pth", "run.ckpt"]  # nothing new
+
+
+@pytest.mark.parametrize("keep", [1, 150])
+def test_a_cut_checkpoint_is_one_line_naming_it(keep, tmp_path):
+    """A checkpoint whose pickle was cut short (a copy stopped part-way, then zipped again):
+    CheckpointError naming the file, never the unpickler's own traceback (an IndexError)."""
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(64)}, "epoch": 1}, whole)
+    cut = tmp_path / "cut.ckpt"
+    with zipfile.ZipFile(whole) as source, zipfile.ZipFile(cut, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("data.pkl"):
+                data = data[:keep]
+            target.writestr(item, data)
+    with pytest.raises(CheckpointError, match=r"cut\.ckpt"):
+        read_checkpoint(cut)
