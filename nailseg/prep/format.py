@@ -9,7 +9,6 @@ training; names with commas, quotes or newlines are quoted by the writer and rou
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,18 +54,3 @@ def table_bytes(rows: pd.DataFrame) -> bytes:
 
 def write_table(path: Path, rows: pd.DataFrame) -> None:
     write_bytes(path, table_bytes(rows))
-
-
-def new_stamp() -> int:
-    """A modification time (ns) to give every file one run writes, so a later run can tell its
-    files (still bearing it) from ones put in their place: whole even seconds, which every
-    filesystem's timestamps keep exactly, FAT's included."""
-    return time.time_ns() // 2_000_000_000 * 2_000_000_000
-
-
-def stamp_of(path: Path) -> int | None:
-    """A file's modification time (ns), None when there is none (not a file, or not there)."""
-    try:
-        return path.stat().st_mtime_ns if path.is_file() else None
-    except OSError:
-        return None
