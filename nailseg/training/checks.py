@@ -334,10 +334,8 @@ def check_optimization(optimizer: Any, scheduler: Any, trainer: DictConfig) -> N
 
     from nailseg.model.module import schedule_length_args
 
-    try:
-        stand_in = optimizer([torch.nn.Parameter(torch.zeros(1))])
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"optimizer: {err}") from None
+    param = [torch.nn.Parameter(torch.zeros(1))]
+    stand_in = _built("optimizer", lambda kw: optimizer.func(param, **kw), optimizer.keywords)
     if scheduler is None:
         return
     for arg, length in schedule_length_args(scheduler, lambda: None).items():
@@ -357,10 +355,26 @@ def check_optimization(optimizer: Any, scheduler: Any, trainer: DictConfig) -> N
                 )
     if scheduler.keywords.get("eta_min", 0) < 0:  # the LR it decays to
         raise ConfigError(f"scheduler.eta_min={scheduler.keywords['eta_min']}: must be >= 0")
+    lengths = schedule_length_args(scheduler, lambda: 1000)
+    kwargs = {**scheduler.keywords, **lengths}
+    _built("scheduler", lambda kw: scheduler.func(stand_in, **kw), kwargs)
+
+
+def _built(node: str, build: Callable[[dict[str, Any]], Any], kwargs: Mapping[str, Any]) -> Any:
+    """`build(kwargs)`; a library's refusal becomes one line naming the key at fault: the one
+    without which it builds."""
     try:
-        scheduler(stand_in, **schedule_length_args(scheduler, lambda: 1000))
-    except (ValueError, TypeError, ZeroDivisionError) as err:
-        raise ConfigError(f"scheduler: {err}") from None
+        return build(dict(kwargs))
+    except Exception as err:  # maybe wrapped by Hydra's instantiate, with the cause
+        text = " ".join(str(err.__cause__ or err).split())
+    for key in kwargs:
+        try:
+            build({k: v for k, v in kwargs.items() if k != key})
+        except Exception:
+            continue
+        if key not in HYDRA_KEYS:
+            raise ConfigError(f"{node}.{key}={kwargs[key]}: {text}")
+    raise ConfigError(f"{node}: {text}")
 
 
 def trainer_kwargs(trainer: DictConfig, leave_out: Iterable[str] = ()) -> dict[str, Any]:
@@ -378,22 +392,7 @@ def build_trainer(trainer: DictConfig, here: bool) -> None:
     so its own checks of every value answer now, in one line naming the key."""
 
     kwargs = trainer_kwargs(trainer, ("default_root_dir", *(() if here else DEVICE_KEYS)))
-    try:
-        _build_quietly(kwargs)
-    except Exception as err:  # Lightning's refusal, maybe wrapped by Hydra's instantiate
-        text = " ".join(str(err.__cause__ or err).split())
-        # the key at fault: the one without which the Trainer builds
-        key = next((k for k in kwargs if k != "_target_" and _builds(kwargs, k)), None)
-        where = f"trainer.{key}={kwargs[key]}" if key else "trainer"
-        raise ConfigError(f"{where}: {text}") from None
-
-
-def _builds(kwargs: dict[str, Any], without: str) -> bool:
-    try:
-        _build_quietly({k: v for k, v in kwargs.items() if k != without})
-    except Exception:
-        return False
-    return True
+    _built("trainer", _build_quietly, kwargs)
 
 
 def _build_quietly(kwargs: dict[str, Any]) -> None:
