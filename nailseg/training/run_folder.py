@@ -214,6 +214,7 @@ class RunFolders(Callback):
 
     def __init__(self) -> None:
         self._job = ExitStack()  # the job's log, closed at its end
+        self._sweep: OwnedFolder | None = None  # held from the sweep's start to its end
 
     def on_run_start(self, config: DictConfig, **_: Any) -> None:
         _or_leave(lambda: hold(config.hydra.run.dir))
@@ -221,6 +222,7 @@ class RunFolders(Callback):
     def on_multirun_start(self, config: DictConfig, **_: Any) -> None:
         def claim() -> None:
             sweep = OwnedFolder.claim(config.hydra.sweep.dir, SWEEP, key="hydra.sweep.dir")
+            self._sweep = sweep
             sweep.update_marker(session=secrets.token_hex(8))
             for name in SWEEPER_FILES:  # the sweepers write them in place: a new file each time
                 sweep.remove(name)
@@ -261,6 +263,8 @@ class RunFolders(Callback):
         release(config.hydra.runtime.output_dir)
 
     def on_multirun_end(self, config: DictConfig, **_: Any) -> None:
+        if self._sweep is not None:  # compare may write into it next, in this process or another
+            self._sweep.release()
         sweep_dir = Path(config.hydra.sweep.dir)
         session = (read_marker(sweep_dir) or {}).get("session")
         jobs = [
