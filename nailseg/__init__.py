@@ -1,0 +1,33 @@
+"""nailseg's Python API: `nailseg.load(ckpt)` gives a Segmenter whose `predict` and
+`probabilities` take photos in memory (inference/segmenter.py). torch loads at the first use of
+`load`, not at `import nailseg`: the commands' quick error paths import this package."""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Segmenter", "__version__", "load"]
+_LAZY = {"load": "nailseg.inference.predict", "Segmenter": "nailseg.inference.segmenter"}
+
+
+def _version() -> str:
+    """The installed version; in a source checkout that is not installed, pyproject.toml's."""
+    try:
+        return metadata.version("nailseg")
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+__version__ = _version()
+
+
+def __getattr__(name: str) -> Any:
+    """`load` and `Segmenter`, imported at their first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'nailseg' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -38,8 +38,8 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from nailseg.inference.photos import EncodedJpeg, Loaded, Photo, Skipped, read_photos
 from nailseg.inference.request import Request
 from nailseg.inference.scoring import ImageScore
-from nailseg.inference.spec import Net
-from nailseg.inference.views import image_tensors, photo_probabilities
+from nailseg.inference.segmenter import Segmenter
+from nailseg.inference.views import image_tensors
 from nailseg.inference.workers import NotWritten, PhotoWriter, Prediction
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
@@ -121,14 +121,13 @@ class _Pipeline:
 
     def __init__(
         self,
-        net: Net,
+        model: Segmenter,
         request: Request,
-        threshold: float,
         writer: PhotoWriter,
         pool: Executor,
         advance: Callable[[int], None],
     ) -> None:
-        self.net, self.request, self.threshold = net, request, threshold
+        self.model, self.request, self.threshold = model, request, model.threshold
         self.writer, self.pool, self.advance = writer, pool, advance
         self.depth = max(2 * request.batch_size, request.num_workers)  # photos in flight
         self.chunk = -(-request.batch_size // request.num_workers)  # a batch over every worker
@@ -189,10 +188,7 @@ class _Pipeline:
             kept.append((photo, item if isinstance(item, np.ndarray) else image))
         if not images:
             return []
-        request = self.request
-        probs = photo_probabilities(
-            self.net, images, request.spec, request.views, request.batch_size
-        )
+        probs = self.model.maps(images)
         return [
             _OnDevice(photo, shown if self.request.overlays else None, prob)
             for (photo, shown), prob in zip(kept, probs, strict=True)
@@ -253,16 +249,11 @@ class _Pipeline:
 
 
 def predict_photos(
-    net: Net,
-    request: Request,
-    threshold: float,
-    writer: PhotoWriter,
-    pool: Executor,
-    console: Console,
+    model: Segmenter, request: Request, writer: PhotoWriter, pool: Executor, console: Console
 ) -> Outcome:
-    """Predict every photo of `request` at `threshold`, read and written by `pool`'s workers."""
+    """Predict every photo of `request` with `model`, read and written by `pool`'s workers."""
     with progress_bar(console, len(request.photos)) as advance, fast_gil_handoff(request.device):
-        return _Pipeline(net, request, threshold, writer, pool, advance).run()
+        return _Pipeline(model, request, writer, pool, advance).run()
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.device import resolve_device
 from nailseg.inference.photos import (
     Photo,
     Skipped,
@@ -19,8 +18,9 @@ from nailseg.inference.photos import (
     list_inputs,
     read_true_masks,
 )
-from nailseg.inference.spec import InferenceSpec, PredictError, resolve_spec
-from nailseg.inference.views import Views, views_of
+from nailseg.inference.segmenter import how_to_run
+from nailseg.inference.spec import InferenceSpec, PredictError
+from nailseg.inference.views import Views
 from nailseg.io.overlap import overlap
 from nailseg.io.permissions import unwritable_folder
 from nailseg.prep.imageio import check_mask_threshold
@@ -47,9 +47,7 @@ def check_request(cfg: DictConfig) -> Request:
     """`cfg` checked, in this order, before anything is written; raises PredictError (or the
     checkpoint's CheckpointError) naming the first fault. Every true mask is read here."""
     _check_numbers(cfg)
-    device = _engine_device(cfg.engine, str(cfg.device))
-    spec = resolve_spec(cfg)  # the checkpoint and the overrides of its card
-    views = views_of(cfg, spec)
+    spec, device, views = how_to_run(cfg)  # the checkpoint, its card's overrides, the device
     inputs = OmegaConf.to_object(cfg.input) if OmegaConf.is_list(cfg.input) else [cfg.input]
     output = Path(cfg.output)
     _check_paths(output, [Path(p) for p in inputs], Path(cfg.masks) if cfg.masks else None)
@@ -65,30 +63,12 @@ def check_request(cfg: DictConfig) -> Request:
 
 
 def _check_numbers(cfg: DictConfig) -> None:
-    if cfg.batch_size < 1:
-        raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
     if cfg.num_workers is not None and cfg.num_workers < 1:
         raise PredictError(
             f"num_workers={cfg.num_workers}: must be at least 1 (null: see the help)"
         )
     try:
         check_mask_threshold(cfg.mask_threshold)
-    except ValueError as err:
-        raise PredictError(str(err)) from err
-
-
-def _engine_device(engine: str, device: str) -> torch.device:
-    """`device`, resolved; ONNX Runtime runs on the CPU, so with `engine=onnx` auto means the CPU
-    and a GPU is refused."""
-    if engine not in ("torch", "onnx"):
-        raise PredictError(f"engine={engine}: use torch or onnx")
-    if engine == "onnx" and device not in ("auto", "cpu"):
-        raise PredictError(
-            f"engine=onnx runs on the CPU (ONNX Runtime's CPU provider), not device={device}: "
-            "pass device=cpu, or engine=torch"
-        )
-    try:
-        return resolve_device("cpu" if engine == "onnx" else device)
     except ValueError as err:
         raise PredictError(str(err)) from err
 

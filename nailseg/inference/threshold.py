@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,12 +25,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from nailseg.errors import UserError
-from nailseg.inference.request import Request
 from nailseg.inference.scoring import dice_iou
-from nailseg.inference.spec import InferenceSpec, Net, PredictError
-from nailseg.inference.views import Views, image_tensors, photo_probabilities
+from nailseg.inference.spec import InferenceSpec, PredictError
+from nailseg.inference.views import Views, image_tensors
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import check_loose, read_regular, write_loose
+
+if TYPE_CHECKING:
+    from nailseg.inference.segmenter import Segmenter
 
 THRESHOLDS = np.round(np.arange(1, 100) / 100, 2)
 CACHE_FILE = "threshold.json"
@@ -50,12 +52,10 @@ class ThresholdChoice:
     samples: int
 
 
-def choose_threshold(
-    cfg: DictConfig, request: Request, net: Net, console: Console
-) -> tuple[float, str]:
+def choose_threshold(cfg: DictConfig, model: Segmenter, console: Console) -> tuple[float, str]:
     """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
-    validation, its photos run with predict's views."""
-    spec = request.spec
+    validation, its photos run as `model` runs photos."""
+    spec = model.spec
     if cfg.threshold is None:
         return spec.threshold, "checkpoint"
     if str(cfg.threshold) != "auto":
@@ -69,7 +69,7 @@ def choose_threshold(
     root = Path(cfg.data_root) if cfg.data_root else spec.data_root
     if root is None:
         raise ThresholdError("threshold=auto needs the prepared data: pass data_root=PREPARED")
-    choice = _auto(net, request, root, console)
+    choice = _auto(model, root, console)
     at_run = (
         f"; {choice.dice_at_run_threshold:.4f} at the run's {spec.threshold:g})"
         if choice.dice_at_run_threshold is not None
@@ -84,15 +84,15 @@ def choose_threshold(
     return choice.threshold, "auto"
 
 
-def _auto(net: Net, request: Request, root: Path, console: Console) -> ThresholdChoice:
+def _auto(model: Segmenter, root: Path, console: Console) -> ThresholdChoice:
     """The cached choice for this checkpoint and setting, else a fresh sweep (then cached)."""
-    key = _cache_key(request.spec, root, request.views)
-    cache = request.spec.ckpt.parent / CACHE_FILE
+    key = _cache_key(model.spec, root, model.views)
+    cache = model.spec.ckpt.parent / CACHE_FILE
     entries = _cached(cache)
     for entry in entries or []:
         if entry["key"] == key:
             return ThresholdChoice(**entry["choice"])
-    choice = sweep(net, request, root, console)
+    choice = sweep(model, root, console)
     if entries is not None:
         entries = [e for e in entries if e["key"] != key] + [{"key": key, "choice": asdict(choice)}]
         with contextlib.suppress(NotOursError):  # a folder nailseg writes only as another's
@@ -141,7 +141,7 @@ def _cache_key(spec: InferenceSpec, root: Path, views: Views) -> dict[str, Any]:
     return key | {name: value for name, value in views.record().items() if value is not None}
 
 
-def sweep(net: Net, request: Request, root: Path, console: Console) -> ThresholdChoice:
+def sweep(model: Segmenter, root: Path, console: Console) -> ThresholdChoice:
     """Score every threshold in `THRESHOLDS` on the validation split of the prepared `root`."""
     from nailseg.data.datamodule import read_split  # imports Lightning: only this path needs it
 
@@ -151,7 +151,7 @@ def sweep(net: Net, request: Request, root: Path, console: Console) -> Threshold
         raise ThresholdError(f"threshold=auto: {err}; or pass data_root=PREPARED") from err
     if rows.empty:
         raise ThresholdError(f"{root}/{SPLIT}.csv has no rows to choose a threshold on")
-    spec, device, batch_size = request.spec, request.device, request.batch_size
+    spec, device, batch_size = model.spec, model.device, model.batch_size
     bounds = torch.tensor(THRESHOLDS, dtype=torch.float32, device=device)
     fg = torch.zeros(len(THRESHOLDS) + 1, dtype=torch.long, device=device)
     bg = torch.zeros_like(fg)
@@ -163,7 +163,7 @@ def sweep(net: Net, request: Request, root: Path, console: Console) -> Threshold
                 [np.load(Path(root) / p, allow_pickle=False) for p in chunk["images"]], device
             )
             masks = [np.load(Path(root) / p, allow_pickle=False) for p in chunk["masks"]]
-            probs = photo_probabilities(net, images, spec, request.views, batch_size)
+            probs = model.maps(images)
             for prob, mask in zip(probs, masks, strict=True):
                 # bin i holds probabilities in (t[i-1], t[i]]: foreground at t[j] for every j < i
                 bins = torch.bucketize(prob.flatten(), bounds)
