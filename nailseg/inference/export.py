@@ -1,18 +1,24 @@
-"""A checkpoint as an ONNX model. `python -m nailseg export ckpt=RUN/checkpoints/last.ckpt
-[format=onnx] [output=model.onnx]`
+"""A checkpoint as a model others load. `python -m nailseg export ckpt=RUN/checkpoints/last.ckpt
+[format=onnx|smp] [output=model.onnx|FOLDER]`
 
 The model (engine.py, as predict's `engine=onnx` makes it) takes `image`, float32 B×3×H×W
 normalised as in training, returns `logits` B×1×H×W, and holds size, normalisation, threshold and
 model in its metadata (`nailseg.*`). It is written once ONNX Runtime matches PyTorch (`verify`),
 journaled in its folder (`nailseg.io.folder.write_loose`): a later export replaces it only while
 it is as exported, never a model edited since, nor anyone's file.
+
+`format=smp` writes the folder `segmentation_models_pytorch.from_pretrained` loads (config.json,
+model.safetensors and smp's README.md, as its `save_pretrained` writes them) with the checkpoint's
+card beside them (`CARD_FILE`), in a folder claimed as nailseg's (`OwnedFolder`).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -32,10 +38,12 @@ from nailseg.inference.engine import (
 )
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import check_loose, write_loose
-from nailseg.model.checkpoint import load_net
+from nailseg.io.folder import OwnedFolder, check_loose, read_regular, write_loose
+from nailseg.model.checkpoint import card_of, load_net, read_checkpoint
 
-FORMATS = ("onnx",)
+FORMATS = ("onnx", "smp")
+CARD_FILE = "nailseg_card.json"  # beside smp's files in a format=smp export
+SCRATCH = ".smp"  # where smp's save_pretrained writes in the export folder, before the files move
 
 
 @dataclass
@@ -43,7 +51,7 @@ class ExportConfig(InferenceConfig):
     """Types only: the values are in conf/export.yaml."""
 
     format: str = MISSING
-    output: str | None = None  # None: next to the checkpoint, <checkpoint name>.onnx
+    output: str | None = None  # None: next to the checkpoint, <name>.onnx or the folder <name>-smp
     opset: int = MISSING
     verify: bool = MISSING  # check ONNX Runtime against PyTorch before writing
 
@@ -68,11 +76,36 @@ def export_onnx(
     return diff
 
 
+def export_smp(net: nn.Module, card: dict[str, Any], out: Path) -> None:
+    """Write `net` as smp's `save_pretrained` does, and `card` as `CARD_FILE`, into the folder
+    `out`, claimed as an export's: a rerun replaces its own files while they are as it wrote them,
+    and a file a user put or edited there stops it before any is written."""
+    with OwnedFolder.claim(out, "export", key="output") as folder:
+        scratch = folder.reserve(SCRATCH)
+        _clear(folder)  # what a killed export left: save_pretrained keeps a README.md it finds
+        net.save_pretrained(scratch)  # smp's own parameter names: fused attention keeps them
+        files = {path.name: read_regular(path) for path in sorted(scratch.iterdir())}
+        _clear(folder)
+        files[CARD_FILE] = (json.dumps(card, indent=1, sort_keys=True) + "\n").encode()
+        folder.check_free(files)
+        for name, data in files.items():
+            folder.write(name, data)
+
+
+def _clear(folder: OwnedFolder) -> None:
+    """Remove the scratch files of `export_smp` (all nailseg's: the folder is reserved)."""
+    scratch = folder.file(SCRATCH)
+    for name in sorted(p.name for p in scratch.iterdir()) if scratch.is_dir() else []:
+        folder.remove(f"{SCRATCH}/{name}")
+
+
 def run(cfg: DictConfig, console: Console | None = None) -> Path:
-    """Export `cfg.ckpt`; returns the written file."""
+    """Export `cfg.ckpt`; returns the written file (format=smp: folder)."""
     console = console or Console()
     if cfg.format not in FORMATS:
         raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
+    if cfg.format == "smp":
+        return _run_smp(cfg, console)
     lowest, highest = exporter_opsets()
     if not lowest <= cfg.opset <= highest:
         raise ExportError(f"opset={cfg.opset}: the exporter writes opsets {lowest} to {highest}")
@@ -95,6 +128,28 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
         soft_wrap=True,
     )
     return path
+
+
+def _run_smp(cfg: DictConfig, console: Console) -> Path:
+    """`run` for format=smp: the card written holds the model and inputs the export used."""
+    spec = resolve_spec(cfg)
+    out = Path(cfg.output) if cfg.output else spec.ckpt.with_name(f"{spec.ckpt.stem}-smp")
+    card = card_of(read_checkpoint(spec.ckpt), spec.ckpt) or {}
+    card |= {
+        "model": dict(spec.model),
+        "image_size": list(spec.image_size),
+        "mean": list(spec.mean),
+        "std": list(spec.std),
+        "threshold": spec.threshold,
+    }
+    export_smp(load_net(spec.ckpt, spec.model), card, out)
+    console.print(
+        f"exported {spec.ckpt} → {out}/ (segmentation_models_pytorch.from_pretrained loads it; "
+        f"nailseg's card in {CARD_FILE})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return out
 
 
 def exporter_opsets() -> tuple[int, int]:

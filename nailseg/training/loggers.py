@@ -1,6 +1,7 @@
 """The `logger=` group's loggers: each one's folder reserved in the run folder before it writes
-there (a user's file or a link in the way is refused, naming it), W&B kept inside it and named
-for a sweep's job, and a CSV log that a resumed fit continues."""
+there (a user's file or a link in the way is refused, naming it), W&B kept inside it, named for a
+sweep's job and, online, given the best checkpoint as a model artifact, and a CSV log that a
+resumed fit continues."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -39,6 +41,8 @@ def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
         if name == "wandb":
             keep_wandb_inside(Path(conf.get("save_dir") or cfg.run_dir) / "wandb")
             extra = _wandb_run(conf, resumed)
+            if conf.get("log_model") and not wandb_online(conf):
+                extra["log_model"] = False  # an offline run has nowhere to upload it
         if name == "csv" and resumed is not None and cfg.train:
             extra["keep_steps_before"] = resumed.global_step
         logger = instantiate(conf, **extra)
@@ -70,6 +74,22 @@ def _wandb_run(conf: DictConfig, resumed: Resume | None) -> dict[str, Any]:
         if conf.get("name") is None:
             extra["name"] = run_name(hydra.overrides.task)
     return extra
+
+
+def wandb_online(conf: DictConfig) -> bool:
+    """Whether the W&B run will be online: its `mode` (else WANDB_MODE) is, as wandb.init reads
+    them, and Lightning's `offline` is not set."""
+    mode = conf.get("mode") or os.environ.get("WANDB_MODE") or "online"
+    return mode in ("online", "shared") and not conf.get("offline")
+
+
+class BestModelWandbLogger(WandbLogger):
+    """Lightning's W&B logger; `log_model=true` logs the monitored checkpoint (the best) at the
+    end of a fit, not `last.ckpt`, which would take the `best` alias as the last one logged."""
+
+    def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
+        if checkpoint_callback.monitor is not None:
+            super().after_save_checkpoint(checkpoint_callback)
 
 
 def keep_wandb_inside(folder: Path) -> None:

@@ -154,3 +154,56 @@ def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     assert np.abs(expected).max() > 1e3  # the logits are large indeed
     assert np.abs(got - expected).max() > 1e-3  # what the absolute rule refused
     assert logits_difference(path.read_bytes(), net, spec.image_size) == pytest.approx(diff)
+
+
+def test_an_smp_export_loads_with_from_pretrained_and_gives_the_checkpoints_logits(
+    trained, tmp_path, capsys
+):
+    """`format=smp` writes the folder smp's `from_pretrained` loads, nailseg's card beside it; a
+    rerun replaces only its own files, and a file the user edited there stops it in one line."""
+    import segmentation_models_pytorch as smp
+
+    from nailseg.inference.export import CARD_FILE
+    from nailseg.model.checkpoint import validate_card
+
+    out = tmp_path / "hub"
+    args = ["-m", "nailseg", "export", f"ckpt={trained}", "format=smp", f"output={out}"]
+    assert run_command(args, capsys).returncode == 0
+    files = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert files == sorted(["README.md", "config.json", "model.safetensors", CARD_FILE])
+    assert not (out / ".smp").exists()  # smp's scratch folder is gone
+    card = validate_card(json.loads((out / CARD_FILE).read_text()), CARD_FILE)
+    assert card["image_size"] == [32, 32] and card["model"]["arch"].lower() == "unet"
+
+    net = load_net(trained, card["model"])
+    loaded = smp.from_pretrained(str(out)).eval()
+    batch = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(batch), net(batch), rtol=0, atol=1e-6)
+
+    kept = {name: (out / name).read_bytes() for name in files}
+    assert run_command(args, capsys).returncode == 0  # a rerun: the same files, nothing added
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in kept} == kept
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == files
+
+    (out / "config.json").write_text('{"edited": true}')
+    done = run_command(args, capsys)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "config.json lies where nailseg would write" in done.stderr
+    assert (out / "config.json").read_text() == '{"edited": true}'
+    assert (out / "model.safetensors").read_bytes() == kept["model.safetensors"]
+
+
+def test_a_segformer_exports_under_smps_own_parameter_names(tmp_path):
+    """nailseg's SegFormer runs fused attention (model/attention.py); smp builds its own."""
+    import segmentation_models_pytorch as smp
+
+    from nailseg.inference.export import export_smp
+    from nailseg.model.net import build_net
+
+    net = build_net("Segformer", "mit_b0").eval()
+    export_smp(net, {}, tmp_path / "segformer")
+    loaded = smp.from_pretrained(str(tmp_path / "segformer")).eval()
+    batch = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(batch), net(batch), rtol=0, atol=1e-5)
