@@ -15,7 +15,7 @@ import sys
 # name -> (the module whose `main` runs it, what it does)
 COMMANDS = {
     "predict": ("nailseg.inference.predict", "masks (and overlays) for photos, from a checkpoint"),
-    "export": ("nailseg.inference.export", "a checkpoint as an ONNX model"),
+    "export": ("nailseg.inference.export", "a checkpoint as ONNX, or the folder smp loads"),
     "compare": ("nailseg.compare", "a table and plot of a train.py sweep's jobs"),
     "bench": ("nailseg.bench", "loader benchmark: images/s of each loader x aug"),
 }
