@@ -289,6 +289,12 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
                 f"loader.device={device}: torch sees {torch.cuda.device_count()} CUDA device(s) "
                 "here; use auto or cpu"
             )
+        name = cfg.trainer.accelerator  # Lightning's answer names no key and no way out
+        gpus = torch.cuda.is_available() or (name == "gpu" and torch.backends.mps.is_available())
+        if name in ("gpu", "cuda") and not gpus:
+            raise ConfigError(
+                f"trainer.accelerator={name}: torch sees no GPU here; trainer=cpu trains on the CPU"
+            )
     build_trainer(cfg.trainer, here)
 
 

@@ -30,7 +30,7 @@ ABSENT_DEVICE = f"cuda:{CUDA}" if CUDA else "gpu"
 ABSENT_GPUS = (
     (f"trainer.accelerator=gpu trainer.devices={CUDA + 1}", f"trainer.devices={CUDA + 1}: ")
     if CUDA
-    else ("trainer.accelerator=gpu", "trainer.accelerator=gpu: No supported gpu backend")
+    else ("trainer.accelerator=gpu", "trainer.accelerator=gpu: torch sees no GPU")
 )
 
 
