@@ -216,8 +216,8 @@ def check_trainer(trainer: DictConfig, train: bool) -> None:
 
 
 def check_schema_keys(cfg: DictConfig, node: str = "") -> None:
-    """A key added with `+` to a typed node that is not built from a `_target_` (whose keys its
-    target's signature checks, `check_targets`) is read by nothing."""
+    """A key added with `+` to a typed node is read by nothing, unless the node's `_target_`
+    takes it (`check_target_keys`, once torch may load)."""
     fields = getattr(OmegaConf.get_type(cfg), "__dataclass_fields__", None)
     for key in cfg:
         path = f"{node}.{key}" if node else str(key)
@@ -227,7 +227,10 @@ def check_schema_keys(cfg: DictConfig, node: str = "") -> None:
             or OmegaConf.is_missing(cfg, key)
         ):
             continue
-        if fields is not None and "_target_" not in cfg and key not in fields:
+        # a `_target_` node's other keys are its target's to judge (`check_target_keys`), but
+        # one this close to a schema key is a typo of it (+trainer.max_epoch)
+        typo = difflib.get_close_matches(str(key), fields or (), n=1, cutoff=0.8)
+        if fields is not None and key not in fields and ("_target_" not in cfg or typo):
             raise ConfigError(f"{path}: no such key{did_you_mean(str(key), fields, node)}")
         if isinstance(cfg[key], DictConfig):
             check_schema_keys(cfg[key], path)

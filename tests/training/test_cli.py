@@ -47,6 +47,10 @@ HEAVY = ("torch", "lightning", "segmentation_models_pytorch", "nvidia.dali")
             "trainer.max_epochs?",
         ),
         (["+module.los=dice"], "train.py: ConfigError: module.los: no such key; did you mean"),
+        (
+            ["+trainer.max_epoch=3"],
+            "trainer.max_epoch: no such key; did you mean trainer.max_epochs?",
+        ),
         (["loader.batch_size=0"], "train.py: ConfigError: loader.batch_size=0: must be at least 1"),
         (
             ["model.encoder_weights=imagenet", "paths.root_dir=ROOT"],
@@ -92,8 +96,7 @@ def test_a_misspelt_added_key_is_refused_in_one_line_before_the_run_folder(tmp_p
     proc = run_command(["train.py", "+trainer.max_epoch=3"], capsys, cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "train.py: ConfigError: trainer.max_epoch: Trainer takes no such argument; did you mean "
-        "trainer.max_epochs?"
+        "train.py: ConfigError: trainer.max_epoch: no such key; did you mean trainer.max_epochs?"
     )
     assert _written(tmp_path) == []
 

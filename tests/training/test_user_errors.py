@@ -55,7 +55,7 @@ def _refused(capsys: pytest.CaptureFixture[str], cwd: Path, *argv: str) -> str:
         ),
         (
             ["+trainer.max_epoch=3"],
-            "trainer.max_epoch: Trainer takes no such argument; did you mean trainer.max_epochs?",
+            "trainer.max_epoch: no such key; did you mean trainer.max_epochs?",
         ),
         ([f"loader.device={ABSENT_DEVICE}"], f"ConfigError: loader.device={ABSENT_DEVICE}: "),
         (
