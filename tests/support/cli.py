@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hydra.core.singleton import Singleton
 
-import nailseg.config  # noqa: F401  (its schemas are in Hydra's store before any state is saved)
+import nailseg.config  # its schemas are in Hydra's store before any state is saved
 import nailseg.synth.scene  # noqa: F401  (the generator's schema, the same)
 
 ROOT = Path(__file__).resolve().parents[2]
