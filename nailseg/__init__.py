@@ -14,16 +14,11 @@ __all__ = ["Segmenter", "__version__", "load"]
 _LAZY = {"load": "nailseg.inference.predict", "Segmenter": "nailseg.inference.segmenter"}
 
 
-def _version() -> str:
-    """The installed version; in a source checkout that is not installed, pyproject.toml's."""
-    try:
-        return metadata.version("nailseg")
-    except metadata.PackageNotFoundError:
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        return tomllib.loads(pyproject.read_text())["project"]["version"]
-
-
-__version__ = _version()
+try:
+    __version__ = metadata.version("nailseg")
+except metadata.PackageNotFoundError:  # a source checkout that is not installed
+    _PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    __version__ = tomllib.loads(_PYPROJECT.read_text())["project"]["version"]
 
 
 def __getattr__(name: str) -> Any:

@@ -68,11 +68,10 @@ class Segmenter:
         views: Views,
         console: Console | None = None,
     ) -> None:
-        sizes = input_sizes(views, spec)
+        sizes, batch_size = input_sizes(views, spec), cfg.batch_size
         loaded = load_net(spec.ckpt, spec.model)
         self.net = build_engine(cfg.engine, loaded, spec, device, cfg.cuda_graphs, sizes)
         self.graphed = isinstance(self.net, GraphedNet)
-        batch_size = cfg.batch_size
         self.capture_seconds = (
             capture(self.net, spec, batch_size, views.tta, sizes) if self.graphed else 0.0
         )

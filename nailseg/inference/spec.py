@@ -1,11 +1,13 @@
 """How to run a checkpoint: what predict, the threshold sweep and export share.
 
 The input size, normalisation and threshold come from the checkpoint's card (model/checkpoint.py),
-each overridable, so a model runs as it was validated, even away from its run.
+each overridable, so a model runs as it was validated, even away from its run. A folder that
+`export format=smp` wrote runs as its checkpoint: its card is beside the weights.
 """
 
 from __future__ import annotations
 
+import json
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from omegaconf import MISSING, DictConfig
 from nailseg.config import ModelConfig
 from nailseg.data.augment import rgb_triple
 from nailseg.errors import UserError
+from nailseg.io.folder import read_regular
 from nailseg.model.checkpoint import (
     CheckpointError,
     card_of,
@@ -25,6 +28,7 @@ from nailseg.model.checkpoint import (
     plain_model,
     read_checkpoint,
     run_dir_of,
+    validate_card,
 )
 
 DEFAULT_THRESHOLD = 0.5
@@ -65,7 +69,7 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
     """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
     plain config values) with `cfg`'s non-null overrides applied."""
     ckpt = checkpoint_file(cfg.ckpt)
-    card = card_of(read_checkpoint(ckpt), ckpt)
+    card = _exported_card(ckpt) if ckpt.is_dir() else card_of(read_checkpoint(ckpt), ckpt)
     if card is None:
         run_dir = run_dir_of(ckpt)
         card = legacy_card(run_dir) if run_dir is not None else {}
@@ -104,14 +108,29 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
     )
 
 
+def _exported_card(folder: Path) -> dict[str, Any]:
+    """The card `export format=smp` wrote beside the weights, validated."""
+    from nailseg.inference.export import CARD_FILE  # export imports this module
+
+    try:
+        card = json.loads(read_regular(folder / CARD_FILE))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{folder / CARD_FILE} cannot be read as a card: {err}") from err
+    return validate_card(card, str(folder / CARD_FILE))
+
+
 def checkpoint_file(ckpt: str) -> Path:
-    """`ckpt` as a path, when it is a file torch.save could have written (a zip archive); else
-    a CheckpointError naming `ckpt=` and what it is instead."""
+    """`ckpt` as a path, when it is a file torch.save could have written (a zip archive) or a
+    folder `export format=smp` wrote; else a CheckpointError naming `ckpt=` and what it is."""
+    from nailseg.inference.export import CARD_FILE
+
     path = Path(ckpt)
     if path.is_dir():
+        if (path / CARD_FILE).exists():
+            return path
         raise CheckpointError(
             f"ckpt={ckpt} is a folder: pass a checkpoint file (a run keeps its checkpoints in "
-            "<run>/checkpoints/)"
+            "<run>/checkpoints/) or a folder `nailseg export format=smp` wrote"
         )
     if not path.is_file():
         raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")

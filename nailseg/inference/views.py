@@ -90,18 +90,22 @@ def photo_probabilities(
     batch_size: int,
 ) -> list[torch.Tensor]:
     """One H×W probability map per C×H×W photo, at its own size, in order: the mean over
-    `views` (the module docstring); tiles go through the net `batch_size` at a time."""
+    `views` (the module docstring); tiles go through the net `batch_size` at a time. Photos run
+    in order of size: consecutive photos of one size are resized in one call."""
+    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
+    ordered = [images[i] for i in order]
     maps: list[torch.Tensor] = []
     for scale in views.scales or (1.0,):
         if views.tile is None:
             size = scaled_size(spec.image_size, scale)
-            got = full_size_probabilities(net, images, spec, views.tta, size)
+            got = full_size_probabilities(net, ordered, spec, views.tta, size)
         else:
             tiling = replace(views.tile, long_side=round(scale * views.tile.long_side))
-            got = tiled_probabilities(net, images, spec, tiling, views.tta, batch_size)
+            got = tiled_probabilities(net, ordered, spec, tiling, views.tta, batch_size)
         maps = [m + g for m, g in zip(maps, got, strict=True)] if maps else got
     count = len(views.scales or (1.0,))
-    return maps if count == 1 else [m / count for m in maps]
+    maps = maps if count == 1 else [m / count for m in maps]
+    return [maps[j] for j in sorted(range(len(order)), key=order.__getitem__)]
 
 
 def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -175,17 +179,14 @@ def full_size_probabilities(
     size: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """One H×W probability map per C×H×W photo, at its own size, in order, the net run at `size`
-    (None: the input size); photos are taken in order of size, each size resized in one call."""
-    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
-    ordered = [images[i] for i in order]
-    probs = probabilities(net, to_batch(ordered, spec, size), tta)
+    (None: the input size)."""
+    probs = probabilities(net, to_batch(images, spec, size), tta)
     maps: list[torch.Tensor] = []
-    for run in runs_of_one_size(ordered):
+    for run in runs_of_one_size(images):
         run_probs, probs = probs[: len(run)], probs[len(run) :]
         full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
         maps += full[:, 0].unbind()
-    by_photo = dict(zip(order, maps, strict=True))
-    return [by_photo[i] for i in range(len(images))]
+    return maps
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,7 @@ def tiled_probabilities(
     """One H×W probability map per C×H×W photo, at its own size, in order, run in tiles (the module
     docstring): every photo's tiles through the net `batch_size` at a time."""
     tile = spec.image_size
-    order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
-    runs = runs_of_one_size([images[i] for i in order])
+    runs = runs_of_one_size(images)
     layouts = [tile_layout(tuple(run[0].shape[1:]), tile, tiling) for run in runs]
     crops = [
         photo[:, y : y + tile[0], x : x + tile[1]]
@@ -289,8 +289,7 @@ def tiled_probabilities(
             blended[:, None], size=run[0].shape[1:], mode="bilinear", align_corners=False
         )
         maps += full[:, 0].unbind()
-    by_photo = dict(zip(order, maps, strict=True))
-    return [by_photo[i] for i in range(len(images))]
+    return maps
 
 
 def _blend(probs: torch.Tensor, layout: Layout, tile: tuple[int, int]) -> torch.Tensor:

@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import segmentation_models_pytorch as smp
 import timm
 import torch
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nailseg.errors import UserError
+from nailseg.io.folder import read_regular
 from nailseg.model.net import build_net, state_dict_mismatch
 from nailseg.prep.format import SPLITS, split_file
 
@@ -358,9 +360,17 @@ def _plain_data(value: Any) -> bool:
 
 def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
     """The net `model` describes with the checkpoint's weights (never downloaded ones), in eval
-    mode on the CPU."""
-    state = read_checkpoint(ckpt)["state_dict"]
-    weights = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
+    mode on the CPU; a folder `export format=smp` wrote: its safetensors, smp's names."""
+    if Path(ckpt).is_dir():
+        try:
+            weights = safetensors.torch.load(read_regular(Path(ckpt) / "model.safetensors"))
+        except (OSError, safetensors.SafetensorError) as err:
+            raise CheckpointError(f"{ckpt}/model.safetensors cannot be loaded: {err}") from err
+    else:
+        state = read_checkpoint(ckpt)["state_dict"]
+        weights = {
+            k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)
+        }
     spec = plain_model(model, f"model for {ckpt}")
     net = _built(spec, f"model for {ckpt}")
     problems = state_dict_mismatch(weights, net.state_dict())

@@ -1,5 +1,6 @@
 """`nailseg.load`: the README's Python example run as written, its masks those predict writes;
-photos as paths, arrays, PIL images or lists, each at its own size; `import nailseg` light."""
+photos as paths, arrays, PIL images or lists, each at its own size; an smp export folder loads as
+its checkpoint; `import nailseg` leaves torch unloaded."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from support.inference import compose_cli, make_run
 from support.prepared import write_prepared
 
 import nailseg
+from nailseg.inference.export import run as export_run
 from nailseg.inference.predict import run
 from nailseg.inference.spec import PredictError
+from nailseg.model.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [(37, 53), (64, 20), (45, 45), (30, 31), (90, 120), (16, 70), (33, 33), (50, 40), (21, 60)]
@@ -119,3 +122,20 @@ def test_import_nailseg_leaves_torch_unloaded_and_has_a_version():
     )
     assert shown.stdout.split() == [nailseg.__version__, "False"]
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", nailseg.__version__)
+
+
+def test_an_smp_export_folder_loads_and_gives_the_checkpoints_masks(trained, photos, tmp_path):
+    folder = tmp_path / "exported"
+    export_cfg = compose_cli("export", [f"ckpt={trained}", "format=smp", f"output={folder}"])
+    export_run(export_cfg, console=Console(quiet=True))
+    files = sorted(photos.iterdir())
+    exported = nailseg.load(folder, device="cpu", tta=True)
+    checkpoint = nailseg.load(trained, device="cpu", tta=True)
+    assert exported.spec.image_size == checkpoint.spec.image_size
+    for got, expected in zip(exported.predict(files), checkpoint.predict(files), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    (folder / "model.safetensors").write_bytes(b"not weights")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors cannot be loaded"):
+        nailseg.load(folder, device="cpu")
+    with pytest.raises(CheckpointError, match="or a folder `nailseg export format=smp` wrote"):
+        nailseg.load(tmp_path, device="cpu")
