@@ -119,14 +119,12 @@ class Segmenter:
 
 def _rgb(photo: Photo) -> np.ndarray:
     """RGB uint8 H×W×3: a file decoded by predict's decoder, an array or PIL image converted as
-    PIL converts (grey repeated, alpha dropped)."""
+    PIL converts (grey repeated, alpha dropped; a shape PIL cannot take is a TypeError)."""
     if isinstance(photo, str | os.PathLike):
         return read_rgb(Path(photo))
     if isinstance(photo, np.ndarray):
-        if photo.dtype != np.uint8 or not (photo.ndim == 2 or photo.shape[2:] in ((3,), (4,))):
-            raise ValueError(
-                f"a photo array must be uint8 H×W, H×W×3 or H×W×4, not {photo.dtype} {photo.shape}"
-            )
+        if photo.dtype != np.uint8:  # PIL would clip a float photo in [0, 1] to black
+            raise TypeError(f"a photo array must be uint8 (RGB, grey or RGBA), not {photo.dtype}")
         photo = Image.fromarray(photo)
     if isinstance(photo, Image.Image):
         return np.asarray(photo.convert("RGB"))

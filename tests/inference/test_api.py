@@ -105,8 +105,10 @@ def test_a_path_an_array_a_pil_image_and_lists_give_one_mask_at_the_photos_size(
 
 def test_bad_photos_and_options_are_one_line(trained):
     model = nailseg.load(trained, device="cpu")
-    with pytest.raises(ValueError, match=r"uint8 H×W, H×W×3 or H×W×4, not float32 \(4, 4, 3\)"):
+    with pytest.raises(TypeError, match=r"must be uint8 \(RGB, grey or RGBA\), not float32$"):
         model.predict(np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(TypeError, match="Cannot handle this data type"):
+        model.predict(np.zeros((4, 4, 5), np.uint8))
     with pytest.raises(TypeError, match="a photo is a path, a uint8 array or a PIL image, not int"):
         model.predict(3)
     with pytest.raises(PredictError, match=r"^nailseg\.load: Key 'colour' not in 'PredictConfig'$"):
