@@ -69,10 +69,10 @@ def _read_sources(pair: Pair) -> tuple[np.ndarray, int, np.ndarray, tuple[Source
     """The decoded image, its bit depth, the mask's values, and the sources' identities of that
     content: a source saved while it was read is read again."""
     for _ in range(_READ_ATTEMPTS):
-        before = _source(pair.image), _source(pair.mask)
+        before = _source(pair.image), _source(pair.mask_file)
         image, bits = decode_rgb(pair.image)
-        values = read_mask_values(pair.mask)
-        after = _source(pair.image, with_digest=True), _source(pair.mask, with_digest=True)
+        values = pair.coco.decode(image.shape) if pair.coco else read_mask_values(pair.mask)
+        after = _source(pair.image, with_digest=True), _source(pair.mask_file, with_digest=True)
         if [replace(s, digest="") for s in after] == list(before):
             return image, bits, values, after
     changed = pair.image if before[0] != replace(after[0], digest="") else pair.mask
@@ -88,7 +88,7 @@ def convert_pair(pair: Pair, folder: OwnedFolder | None, threshold: int, setting
         image, bits, values, sources = _read_sources(pair)
     except UnreadableImage as err:
         return Outcome(exclusion=Exclusion(err.path, UNREADABLE, err.reason))
-    turned = orientation_mismatch(pair.image, pair.mask, image.shape, values.shape)
+    turned = orientation_mismatch(pair.image, pair.mask_file, image.shape, values.shape)
     if turned is not None:
         exclusion = Exclusion(pair.mask, ORIENTATION_MISMATCH, turned)
         return Outcome(exclusion=exclusion, image_bits=bits)

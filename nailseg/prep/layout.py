@@ -3,7 +3,9 @@
 Layout: `<root>/Images/<group>/<name>.<ext>` and `<root>/Masks/<group>/<name>.<ext>`. Groups are the
 sub-folders of `Images/` (any names, any number); files directly in `Images/` form the group
 `FLAT_GROUP`. An image pairs with the mask of the same group and file stem, whatever either's
-extension or its case (`x.JPG` pairs with `x.png`).
+extension or its case (`x.JPG` pairs with `x.png`). A COCO instance JSON at `Masks/<sub>/<any>.json`
+holds masks too (`nailseg.prep.coco`): each image entry pairs with the photo under `Images/<sub>/`
+of its file name's stem, in any group when the JSON lies directly in `Masks/`.
 
 Nothing is skipped silently: symlinked folders are followed, and a folder reached a second time (a
 symlink loop, or two links to one folder, which would put the same photos in two places) is listed
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from nailseg.errors import MissingFile
+from nailseg.prep.coco import CocoMask, read_coco
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"})
 FLAT_GROUP = "all"
@@ -44,6 +47,7 @@ UNLISTABLE = "folder cannot be listed"
 OUTPUT_TAKEN = "output path holds a file nailseg did not write"
 OUTPUT_CLASH = "output paths clash (a file and a folder of one name)"
 UNSUPPORTED = "not an image file"
+COCO_UNUSABLE = "COCO file, image entry or annotation that cannot be used"
 EXCLUSION_KINDS = (
     NO_MASK,
     NO_IMAGE,
@@ -61,6 +65,7 @@ EXCLUSION_KINDS = (
     OUTPUT_TAKEN,
     OUTPUT_CLASH,
     UNSUPPORTED,
+    COCO_UNUSABLE,
 )
 
 
@@ -71,16 +76,22 @@ def display_path(path: os.PathLike[str] | str) -> str:
 
 @dataclass(frozen=True)
 class Pair:
-    """An image and its mask; `key` (group/stem, POSIX) names the pair and its outputs."""
+    """An image and its mask; `key` (group/stem, POSIX) names the pair and its outputs. A COCO
+    mask's `mask` is its entry's label; `mask_file`, the JSON, is the file read."""
 
     group: str
     stem: str
     image: Path
     mask: Path
+    coco: CocoMask | None = None
 
     @property
     def key(self) -> str:
         return f"{self.group}/{self.stem}"
+
+    @property
+    def mask_file(self) -> Path:
+        return self.mask if self.coco is None else self.coco.json
 
 
 @dataclass(frozen=True)
@@ -163,15 +174,19 @@ def _identity(folder: Path) -> tuple[int, int]:
     return stat.st_dev, stat.st_ino
 
 
-def _scan(folder: Path) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusion]]:
+def _scan(
+    folder: Path, jsons: list[Path] | None = None
+) -> tuple[dict[tuple[str, str], list[Path]], list[Exclusion]]:
     """Map (group, stem) → files under `folder`; files and folders that cannot be used are
-    reported, dotfiles ignored."""
+    reported, dotfiles ignored; `.json` files go to `jsons` when given."""
     found: dict[tuple[str, str], list[Path]] = defaultdict(list)
     names, excluded = files_under(folder)
     for name in names:
         rel, path = PurePosixPath(name), folder / name
         if not _is_utf8(name):
             excluded.append(Exclusion(path, NOT_UTF8, "rename it: the CSVs are UTF-8"))
+        elif jsons is not None and rel.suffix.lower() == ".json":
+            jsons.append(path)
         elif rel.suffix.lower() not in IMAGE_EXTENSIONS:
             excluded.append(Exclusion(path, UNSUPPORTED, f"extension {rel.suffix or '(none)'!r}"))
         elif len(rel.parts) == 1:
@@ -194,10 +209,41 @@ def _case_clashes(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
     return {key for same in by_folded.values() if len(same) > 1 for key in same}
 
 
-def _counterpart(path: Path, folder: Path, other: str) -> str:
-    """Where the file pairing with `path` would be: the same place under the other folder (a
-    flat layout's group, FLAT_GROUP, is no folder of the input)."""
-    return f"{other}/{path.relative_to(folder).with_suffix('').as_posix()}.*"
+def _under(key: tuple[str, str]) -> str:
+    """The key's place under `Images/` or `Masks/` (a flat layout's group is no folder)."""
+    return key[1] if key[0] == FLAT_GROUP else "/".join(key)
+
+
+def _coco_masks(
+    root: Path, jsons: list[Path], masks: dict[tuple[str, str], list[Path]], image_keys: set
+) -> tuple[dict[Path, CocoMask], list[Exclusion]]:
+    """The COCO files' entries by label, each label added to `masks` at the key of the one photo
+    of its name under `Images/<sub>/` for a file in `Masks/<sub>/`; what cannot be used excluded."""
+    by_name = defaultdict(list)
+    for key in image_keys:
+        by_name[PurePosixPath(key[1]).name].append(key)
+    entries, excluded = {}, []
+    for path in jsons:
+        try:
+            found, left_out = read_coco(path)
+        except ValueError as err:
+            excluded.append(Exclusion(path, COCO_UNUSABLE, str(err)))
+            continue
+        excluded += [Exclusion(where, COCO_UNUSABLE, why) for where, why in left_out]
+        sub = path.parent.relative_to(root / "Masks").as_posix()
+        inside = "/" if sub == "." else f"/{sub}/"
+        for entry in found:
+            stem = PurePosixPath(entry.file_name).stem
+            keys = [k for k in by_name[stem] if f"/{_under(k)}".startswith(inside)]
+            if len(keys) == 1:
+                masks.setdefault(keys[0], []).append(entry.label)
+                entries[entry.label] = entry
+            else:
+                detail = f"{len(keys)} photos named {stem}.* under Images{inside}"
+                excluded.append(
+                    Exclusion(entry.label, DUPLICATE_STEM if keys else NO_IMAGE, detail)
+                )
+    return entries, excluded
 
 
 def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
@@ -214,8 +260,11 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
                 "and Masks/<group>/<name>.png"
             )
     images, excluded = _scan(images_dir)
-    masks, excluded_masks = _scan(masks_dir)
+    jsons: list[Path] = []
+    masks, excluded_masks = _scan(masks_dir, jsons)
     excluded += excluded_masks
+    coco, excluded_coco = _coco_masks(root, jsons, masks, set(images))
+    excluded += excluded_coco
     clashes = _case_clashes(set(images) | set(masks))
 
     pairs = []
@@ -230,11 +279,12 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
             detail = f"cannot tell which files pair: {names}"
             excluded += [Exclusion(p, DUPLICATE_STEM, detail) for p in files]
         elif not mask_files:
-            where = _counterpart(image_files[0], images_dir, "Masks")
-            excluded.append(Exclusion(image_files[0], NO_MASK, f"no {where} found"))
+            detail = f"no Masks/{_under(key)}.* found"
+            excluded.append(Exclusion(image_files[0], NO_MASK, detail))
         elif not image_files:
-            where = _counterpart(mask_files[0], masks_dir, "Images")
-            excluded.append(Exclusion(mask_files[0], NO_IMAGE, f"no {where} found"))
+            detail = f"no Images/{_under(key)}.* found"
+            excluded.append(Exclusion(mask_files[0], NO_IMAGE, detail))
         else:
-            pairs.append(Pair(group=key[0], stem=key[1], image=image_files[0], mask=mask_files[0]))
+            mask = mask_files[0]
+            pairs.append(Pair(key[0], key[1], image_files[0], mask, coco.get(mask)))
     return pairs, excluded

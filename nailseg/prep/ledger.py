@@ -189,7 +189,7 @@ def _up_to_date(pair: Pair, folder: OwnedFolder, record: Record | None, settings
     image, mask = Source.parse(record.image_source), Source.parse(record.mask_source)
     if image is None or mask is None or not all(folder.owns(rel) for rel in record.outputs):
         return None
-    image, mask = image.current(pair.image), mask.current(pair.mask)
+    image, mask = image.current(pair.image), mask.current(pair.mask_file)
     if image is None or mask is None:
         return None
     return replace(record, image_source=str(image), mask_source=str(mask))
