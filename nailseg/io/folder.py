@@ -22,8 +22,8 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -33,7 +33,6 @@ MARKER = ".nailseg.json"
 JOURNAL = ".nailseg.journal"
 OWN_NAMES = frozenset({MARKER, JOURNAL})
 VERSION = 2
-_CLOCK_SLACK_NS = 20_000_000  # file times come from the kernel's coarse clock, a tick behind
 
 
 class ForeignFolderError(NotOursError):
@@ -132,7 +131,7 @@ class Journal:
         self.reserved: set[str] = set()
         try:
             text = read_regular(folder / JOURNAL).decode("utf-8", "surrogateescape")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotOursError):  # none, or not a file nailseg wrote: no proof
             text = ""
         lines = text.splitlines()
         self.lines = len(lines)
@@ -213,7 +212,6 @@ class OwnedFolder:
         self._fd = fd
         self.journal = Journal(path)
         self.kept: list[Path] = []  # files in the way that were left as the user's
-        self._writer = False  # claimed not shared: its release sweeps killed writes' leftovers
 
     @classmethod
     def claim(
@@ -223,11 +221,9 @@ class OwnedFolder:
         *,
         key: str = "the output folder",
         wait_s: float = 0.0,
-        shared: bool = False,
     ) -> OwnedFolder:
         """The folder at `path` as nailseg's `kind`: made and marked when missing or empty, opened
-        when it is nailseg's of that kind, and locked for this process (`shared`: a reader's lock,
-        which other readers share and writers wait for).
+        when it is nailseg's of that kind, and locked for this process.
 
         Raises:
             ForeignFolderError: the folder holds files but no marker of `kind` (a user's), a link,
@@ -239,24 +235,19 @@ class OwnedFolder:
             return _claimed[folder]
         refuse_linked(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _locked(folder, wait_s, False, key)
         try:
-            _lock(fd, folder, wait_s, shared, key)
             marker = _marker_for(folder, kind, key)
         except BaseException:
             os.close(fd)
             raise
-        owned = cls(folder, marker, fd)
-        _claimed[folder] = owned
-        if not shared:
-            owned._writer = True
-            journal = owned.journal  # rewritten when a hard-linked snapshot shares it (it must
-            # not grow with this one's) or when stale lines outnumber the live ones
-            live = len(journal.files) + len(journal.reserved)
-            linked = os.path.lexists(folder / JOURNAL) and os.lstat(folder / JOURNAL).st_nlink > 1
-            if linked or journal.lines > 2 * live + 64:
-                journal.compact()
-            owned._remove_temp_files()
+        owned = _claimed[folder] = cls(folder, marker, fd)
+        journal = owned.journal  # rewritten when a hard-linked snapshot shares it (it must not
+        # grow with this one's) or when stale lines outnumber the live ones
+        linked = os.path.lexists(folder / JOURNAL) and os.lstat(folder / JOURNAL).st_nlink > 1
+        if linked or journal.lines > 2 * (len(journal.files) + len(journal.reserved)) + 64:
+            journal.compact()
+        owned._remove_temp_files()
         return owned
 
     @classmethod
@@ -273,8 +264,7 @@ class OwnedFolder:
         killed before their rename left of the paths it wrote since its claim."""
         _claimed.pop(self.path, None)
         if self._fd is not None:
-            if self._writer:
-                self._remove_temp_files()
+            self._remove_temp_files()
             os.close(self._fd)
             self._fd = None
 
@@ -361,7 +351,7 @@ class OwnedFolder:
             return False
         path.unlink()
         self.journal.append([{"op": "del", "path": rel}])
-        _remove_empty_parents(path.parent, self.path)
+        remove_empty_parents(path.parent, self.path)
         return True
 
     def prune(self, keep: Iterable[str]) -> None:
@@ -397,15 +387,10 @@ class OwnedFolder:
         for folder in {PurePosixPath(t).parent for t in targets}:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 for entry in os.scandir(self.path / folder):
-                    name = entry.name
-                    if (
-                        name.startswith(".")
-                        and name.endswith(".tmp")
-                        and entry.is_file(follow_symlinks=False)
-                    ):
-                        target = (folder / name[1:].rsplit(".", 2)[0]).as_posix()
-                        if target in targets:
-                            os.unlink(entry.path)
+                    target = (folder / entry.name[1:].rsplit(".", 2)[0]).as_posix()
+                    temp = entry.name.startswith(".") and entry.name.endswith(".tmp")
+                    if temp and target in targets and entry.is_file(follow_symlinks=False):
+                        os.unlink(entry.path)
 
 
 def check_loose(path: Path) -> None:
@@ -448,17 +433,24 @@ def refuse_linked(path: Path, top: Path | None = None) -> None:
             )
 
 
-def _lock(fd: int, folder: Path, wait_s: float, shared: bool, key: str) -> None:
+def _locked(folder: Path, wait_s: float, shared: bool, key: str) -> int:
+    """A descriptor of `folder` holding its lock (a reader's: `shared`), waiting up to `wait_s`
+    for another process's; BusyError after that. A writer never goes through a link; a reader
+    may (a dataset root linked to where the data lies)."""
+    nofollow = 0 if shared else os.O_NOFOLLOW
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
     mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, mode)
-            return
+            return fd
         except OSError as err:
             if err.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
                 raise
         if time.monotonic() >= deadline:
+            os.close(fd)
             raise BusyError(
                 f"another nailseg command is using {folder}: wait for it to finish, or choose "
                 f"another {key}"
@@ -469,15 +461,11 @@ def _lock(fd: int, folder: Path, wait_s: float, shared: bool, key: str) -> None:
 def is_live(folder: Path) -> bool:
     """Whether a live process holds `folder` (a writer's or a reader's lock)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+        os.close(_locked(folder, 0.0, False, ""))
+    except BusyError:
         return True
-    finally:
-        os.close(fd)
+    except OSError:
+        pass
     return False
 
 
@@ -524,7 +512,7 @@ def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
     write_atomic(folder / MARKER, lambda f: f.write(text.encode()))
 
 
-def _remove_empty_parents(folder: Path, top: Path) -> None:
+def remove_empty_parents(folder: Path, top: Path) -> None:
     while folder != top and top in folder.parents:
         try:
             folder.rmdir()
@@ -533,68 +521,8 @@ def _remove_empty_parents(folder: Path, top: Path) -> None:
         folder = folder.parent
 
 
-@dataclass
-class Cleaned:
-    """What `clean` did: files removed, and what it left, each with why."""
-
-    removed: int = 0
-    skipped: dict[Path, str] = field(default_factory=dict)  # whole folders left, and why
-
-
-def clean(top: Path, cleaned: Cleaned | None = None) -> Cleaned:
-    """Remove, under `top`, the files nailseg's folders show as nailseg's, their journals and
-    markers, and the folders this leaves empty; a folder in use (its lock held), a copy of a
-    nailseg folder, and every file nailseg did not write stay (the folders named in `skipped`)."""
-    cleaned = cleaned or Cleaned()
-    if top.is_symlink() or not top.is_dir():
-        return cleaned
-    marker = read_marker(top)
-    if marker is not None and is_live(top):
-        cleaned.skipped[top] = "in use by a running nailseg command"
-        return cleaned
-    if marker is not None and is_copy(top, marker):
-        cleaned.skipped[top] = "a copy of a nailseg folder: yours"
-        return cleaned
-    for entry in sorted(os.scandir(top), key=lambda e: e.name):
-        if entry.is_dir(follow_symlinks=False):
-            clean(Path(entry.path), cleaned)
-    if marker is not None:
-        journal = Journal(top)
-        for rel in sorted(_files_below(top)):
-            if journal.proves(rel):
-                (top / rel).unlink()
-                cleaned.removed += 1
-                _remove_empty_parents((top / rel).parent, top)
-        for name in (JOURNAL, MARKER):
-            with contextlib.suppress(FileNotFoundError):
-                (top / name).unlink()
-                cleaned.removed += 1
-    with contextlib.suppress(OSError):
-        top.rmdir()
-    return cleaned
-
-
-def _files_below(folder: Path, rel: str = "") -> Iterator[str]:
-    """Paths of the plain files below `folder`, not descending into links nor into a folder with a
-    marker of its own (it is cleaned by itself)."""
-    for entry in os.scandir(folder / rel if rel else folder):
-        path = f"{rel}{entry.name}"
-        if entry.is_dir(follow_symlinks=False):
-            if not os.path.lexists(Path(entry.path) / MARKER):
-                yield from _files_below(folder, f"{path}/")
-        elif entry.is_file(follow_symlinks=False) and path not in OWN_NAMES:
-            yield path
-
-
 def lock_shared(path: str | os.PathLike[str], key: str) -> int:
     """A reader's lock on the folder at `path`, marker or none (a prepared root a training
     reads): the descriptor holding it, until closed. A writer's claim waits for it; BusyError
     while a writer holds the folder."""
-    folder = Path(os.path.abspath(path))
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _lock(fd, folder, 0.0, True, key)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _locked(Path(os.path.abspath(path)), 0.0, True, key)

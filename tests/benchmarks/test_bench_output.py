@@ -12,7 +12,8 @@ from support.inference import compose_cli
 
 from benchmarks import predict, prepare, scale
 from nailseg import bench
-from nailseg.io.folder import OwnedFolder, clean
+from nailseg.io.clean import clean
+from nailseg.io.folder import OwnedFolder
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -16,7 +16,7 @@ from support.cli import run_command
 from support.prepared import write_prepared
 from support.train import small_overrides
 
-from nailseg.io.folder import MARKER
+from nailseg.io.folder import JOURNAL, MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW, PREPARED, RUN = "data/synthetic/raw", "data/synthetic/prepared", "outputs/prepare/run"
@@ -56,6 +56,7 @@ def _make_clean(project: Path) -> str:
         cwd=project,
         check=True,
         capture_output=True,
+        timeout=120,  # a hang (a FIFO read) fails the test
         text=True,
     )
     return done.stdout
@@ -186,3 +187,15 @@ def test_make_clean_removes_a_sweeps_runs_and_keeps_a_users_files_among_them(tmp
     )
     assert _files(tmp_path / "prepared") == before
     assert all(f"kept {name}" in out for name in users)
+
+
+@pytest.mark.parametrize("name", [MARKER, JOURNAL])
+def test_make_clean_never_waits_on_a_fifo_in_a_folder_of_nailsegs(tmp_path, capsys, name):
+    """A FIFO where nailseg reads its marker or journal: clean reads neither (a read would wait
+    forever), removes nothing the journal cannot prove, and leaves the FIFO."""
+    _prepare(tmp_path, capsys)
+    fifo = tmp_path / PREPARED / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    out = _make_clean(tmp_path)
+    assert fifo.exists() and "clean: removed" in out

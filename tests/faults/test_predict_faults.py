@@ -544,7 +544,7 @@ def test_make_clean_keeps_a_users_copy_of_a_predict_folder(ckpt, data, tmp_path)
         text=True,
     )
     assert _files(copy) == kept and not output.exists()
-    assert "outputs/backup (a copy of a nailseg folder: yours)" in done.stdout
+    assert "kept outputs/backup: a copy of a nailseg folder" in done.stdout
 
 
 def test_masks_set_to_the_photo_folder_is_refused_in_one_line(ckpt, data, tmp_path, capsys):

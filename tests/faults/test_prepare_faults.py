@@ -517,7 +517,7 @@ GENERATE = "import sys; from nailseg.synth.scene import generate; generate(sys.a
 @pytest.mark.parametrize("command", ["prepare", "generator"])
 def test_make_clean_leaves_a_live_prepare_or_generator_whole(tmp_path, command):
     """A live generator's set lost files to `make clean`, then was marked complete."""
-    from nailseg.io.folder import clean
+    from nailseg.io.clean import clean
 
     raw, top = tmp_path / "raw", tmp_path / "data"
     folder = top / ("prepared" if command == "prepare" else "synthetic")
@@ -574,8 +574,8 @@ def test_prepare_refuses_a_root_a_training_is_reading(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from nailseg.io.folder import OwnedFolder; "
-            "OwnedFolder.claim(sys.argv[1], 'prepare', shared=True); print('reading', flush=True); "
+            "import sys; from nailseg.io.folder import lock_shared; "
+            "lock_shared(sys.argv[1], 'dataset.root'); print('reading', flush=True); "
             "sys.stdin.read()",
             str(out),
         ],

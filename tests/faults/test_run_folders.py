@@ -21,7 +21,8 @@ from support.prepared import write_prepared
 from support.train import small_overrides, train
 
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import OwnedFolder, clean
+from nailseg.io.clean import clean
+from nailseg.io.folder import OwnedFolder
 from nailseg.model.checkpoint import CARD_KEY, CheckpointError
 
 ONE_EPOCH = ("trainer.max_epochs=1", "logger=none", "test=false", "scheduler=none")

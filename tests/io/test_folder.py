@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nailseg.io.atomic import NotOursError
+from nailseg.io.clean import clean
 from nailseg.io.folder import (
     JOURNAL,
     MARKER,
@@ -19,7 +20,6 @@ from nailseg.io.folder import (
     ForeignFolderError,
     OwnedFolder,
     check_loose,
-    clean,
     is_live,
     lock_shared,
     read_regular,
@@ -163,9 +163,11 @@ def test_a_hard_linked_snapshot_keeps_its_contents_on_append(tmp_path: Path) -> 
 
 _HOLD = """
 import sys, time
-from nailseg.io.folder import OwnedFolder
-folder = OwnedFolder.claim(sys.argv[1], "run", shared=sys.argv[2] == "shared")
-folder.write("best.ckpt", b"x")
+from nailseg.io.folder import OwnedFolder, lock_shared
+if sys.argv[2] == "shared":
+    held = lock_shared(sys.argv[1], "dataset.root")
+else:
+    OwnedFolder.claim(sys.argv[1], "run").write("best.ckpt", b"x")
 print("held", flush=True)
 time.sleep(60)
 """
