@@ -238,6 +238,7 @@ class OwnedFolder:
         fd = _locked(folder, wait_s, False, key)
         try:
             marker = _marker_for(folder, kind, key)
+            refuse_non_file(folder / JOURNAL)  # a FIFO there: refused, never read nor appended to
         except BaseException:
             os.close(fd)
             raise
