@@ -4,7 +4,7 @@
 The model (engine.py, as predict's `engine=onnx` makes it) takes `image`, float32 B×3×H×W
 normalised as in training, returns `logits` B×1×H×W, and holds size, normalisation, threshold and
 model in its metadata (`nailseg.*`). It is written once ONNX Runtime matches PyTorch (`verify`),
-journaled in its folder (`nailseg.io.folder.write_loose`): a later export replaces it only while
+journaled in its folder (`nailseg.io.loose.write_loose`): a later export replaces it only while
 it is as exported, never a model edited since, nor anyone's file.
 
 `format=smp` writes the folder `segmentation_models_pytorch.from_pretrained` loads (config.json,
@@ -38,7 +38,8 @@ from nailseg.inference.engine import (
 )
 from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import OwnedFolder, check_loose, read_regular, write_loose
+from nailseg.io.folder import OwnedFolder, read_regular
+from nailseg.io.loose import check_loose, write_loose
 from nailseg.model.checkpoint import card_of, load_net, read_checkpoint
 
 FORMATS = ("onnx", "smp")

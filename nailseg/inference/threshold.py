@@ -4,7 +4,7 @@ The sweep scores what predict writes (full-size probabilities, `p > t`, with pre
 scales and tiles) by Dice from pixel counts summed over the split, every threshold in one pass:
 per-bin foreground/background counts give TP/FP/FN at each by a cumulative sum. Ties go to the
 threshold nearest the run's own. The choice is cached in `threshold.json` beside the checkpoint
-(journaled there: `nailseg.io.folder.write_loose`), per checkpoint file (name, size, modification
+(journaled there: `nailseg.io.loose.write_loose`), per checkpoint file (name, size, modification
 time) and per setting that changes it.
 """
 
@@ -29,7 +29,8 @@ from nailseg.inference.scoring import dice_iou
 from nailseg.inference.spec import InferenceSpec, PredictError
 from nailseg.inference.views import Views, image_tensors
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import check_loose, read_regular, write_loose
+from nailseg.io.folder import read_regular
+from nailseg.io.loose import check_loose, write_loose
 
 if TYPE_CHECKING:
     from nailseg.inference.segmenter import Segmenter

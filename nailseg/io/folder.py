@@ -1,15 +1,10 @@
-"""One way to own a folder: every writer of nailseg claims its folder here, and `make clean` asks here.
+"""One way to own a folder: every writer of nailseg claims its folder here (docs/FAULTS.md).
 
-A folder is nailseg's when it holds `.nailseg.json` (the marker: tool, kind, a random id and the
-folder's own device and inode, so a copy of it is known as a copy) written by nailseg. Beside it,
-`.nailseg.journal` lists, a JSON line each, what nailseg wrote there: a file with its record (size,
-modification time, inode: an edit, a replacement or a copy changes one of them), a removal, or a
-path reserved for a library (Hydra, Lightning, a logger) before it writes there, which makes what
-lies under it nailseg's. A file is replaced or removed only while it is nailseg's by the journal;
-anything else stays and is named. Writes are atomic, never through a link, never in place into a
-file with other names (hard links). While a command works in a folder it holds the folder's lock
-(`flock` on the folder itself: it dies with the process), which `make clean` and other writers
-respect.
+The marker `.nailseg.json` (tool, kind, a random id, the folder's device and inode: a copy is known
+as one) makes a folder nailseg's; the journal `.nailseg.journal` lists a JSON line per file written
+(size, mtime, inode), removed, or reserved for a library before it writes. Only what the journal
+proves is replaced or removed; writes are atomic and never go through a link or into a hard-linked
+file in place. A claim holds the folder's `flock` (it dies with the process).
 """
 
 from __future__ import annotations
@@ -96,15 +91,12 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         content = json.loads(read_regular(folder / MARKER, 1 << 20))
     except (OSError, ValueError, NotOursError):  # none, not JSON, or not a plain file
         return None
-    valid = (
-        isinstance(content, dict)
-        and content.get("tool") == "nailseg"
-        and content.get("version") == VERSION
-        and isinstance(content.get("kind"), str)
-        and isinstance(content.get("id"), str)
-        and isinstance(content.get("home"), list)
-    )
-    return content if valid else None
+    types = {"tool": str, "version": int, "kind": str, "id": str, "home": list}
+    if not isinstance(content, dict) or any(
+        type(content.get(k)) is not t for k, t in types.items()
+    ):
+        return None
+    return content if (content["tool"], content["version"]) == ("nailseg", VERSION) else None
 
 
 def is_copy(folder: Path, marker: dict[str, Any]) -> bool:
@@ -120,6 +112,10 @@ def _first_foreign(folder: Path, names: Iterable[str]) -> str:
     names = sorted(names)
     more = f" and {len(names) - 1} more" if len(names) > 1 else ""
     return f"{folder / names[0]}{more}"
+
+
+def _added(rel: str, r: Record) -> dict[str, Any]:
+    return {"op": "add", "path": rel, "rec": [r.size, r.mtime_ns, r.ino]}
 
 
 class Journal:
@@ -159,19 +155,15 @@ class Journal:
         data = "".join(json.dumps(e, ensure_ascii=True) + "\n" for e in entries).encode()
         path = self.folder / JOURNAL
         refuse_non_file(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o644), "wb", buffering=0) as f:
+            f.write(data)
 
     def add(self, rel: str, at: Path | None = None) -> None:
         """Journal the file nailseg wrote at `rel` (or is about to rename from `at` to `rel`)."""
         found = Record.of(at or self.folder / rel)
         if found is not None:
-            self.append(
-                [{"op": "add", "path": rel, "rec": [found.size, found.mtime_ns, found.ino]}]
-            )
+            self.append([_added(rel, found)])
 
     def proves(self, rel: str) -> bool:
         """Whether the file at `rel` is nailseg's: recorded and unchanged, or under a reserved path."""
@@ -181,18 +173,13 @@ class Journal:
         if self.files.get(rel) == found:
             return True
         parts = PurePosixPath(rel).parts
-        return any(
-            PurePosixPath(*parts[:n]).as_posix() in self.reserved for n in range(1, len(parts) + 1)
-        )
+        return any("/".join(parts[:n]) in self.reserved for n in range(1, len(parts) + 1))
 
     def compact(self) -> None:
         """Rewrite the journal as what holds now: the files still as recorded, the reservations."""
         self.files = {rel: r for rel, r in self.files.items() if Record.of(self.folder / rel) == r}
         lines = [{"op": "reserve", "path": rel} for rel in sorted(self.reserved)]
-        lines += [
-            {"op": "add", "path": rel, "rec": [r.size, r.mtime_ns, r.ino]}
-            for rel, r in sorted(self.files.items())
-        ]
+        lines += [_added(rel, r) for rel, r in sorted(self.files.items())]
         text = "".join(json.dumps(e, ensure_ascii=True) + "\n" for e in lines)
         write_atomic(self.folder / JOURNAL, lambda f: f.write(text.encode()))
 
@@ -333,11 +320,9 @@ class OwnedFolder:
         """Make `rel` (a file or folder a library is about to write) nailseg's, all that will lie
         under it included: it must be free, or nailseg's already."""
         path = self.file(rel)
-        if os.path.lexists(path) and not (self.owns(rel) or rel in self.journal.reserved):
-            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-                pass  # an empty folder a library made first holds nothing of anyone's
-            else:
-                self.check_free([rel])
+        empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+        if os.path.lexists(path) and not (self.owns(rel) or rel in self.journal.reserved or empty):
+            self.check_free([rel])  # an empty folder a library made first holds nothing of anyone's
         if rel not in self.journal.reserved:
             self.journal.append([{"op": "reserve", "path": rel}])
         return path
@@ -392,33 +377,6 @@ class OwnedFolder:
                     temp = entry.name.startswith(".") and entry.name.endswith(".tmp")
                     if temp and target in targets and entry.is_file(follow_symlinks=False):
                         os.unlink(entry.path)
-
-
-def check_loose(path: Path) -> None:
-    """Raise NotOursError unless nailseg may write the one file at `path` in a folder no command
-    claims (a user's: export's model): nothing there, or a file that folder's journal shows as
-    nailseg's and unchanged; a claimed folder is its owner's."""
-    refuse_non_file(path)
-    if (marker := read_marker(path.parent)) is not None:
-        raise NotOursError(
-            f"{path.parent} is a nailseg {marker['kind']} folder: nothing else writes there; "
-            "choose another folder"
-        )
-    if os.path.lexists(path) and not Journal(path.parent).proves(path.name):
-        raise NotOursError(
-            f"{path} exists and nailseg did not write it (or it changed since), so it is not "
-            "replaced: nothing was written; move it, or choose another path"
-        )
-
-
-def write_loose(path: Path, data: bytes) -> None:
-    """Write `data` at `path` atomically where `check_loose` allows, journaled in its folder (before
-    the rename), so a later write replaces it only while it is as written."""
-    check_loose(path)
-    journal = Journal(path.parent)
-    write_atomic(
-        path, lambda f: f.write(data), before_rename=lambda tmp: journal.add(path.name, tmp)
-    )
 
 
 def refuse_linked(path: Path, top: Path | None = None) -> None:

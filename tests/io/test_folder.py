@@ -19,12 +19,11 @@ from nailseg.io.folder import (
     BusyError,
     ForeignFolderError,
     OwnedFolder,
-    check_loose,
     is_live,
     lock_shared,
     read_regular,
-    write_loose,
 )
+from nailseg.io.loose import check_loose, write_loose
 
 
 def _claim(path: Path, kind: str = "run") -> OwnedFolder:
