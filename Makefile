@@ -4,7 +4,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATASET ?= synthetic
-EXPERIMENT ?= cpu
 REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
@@ -40,9 +39,9 @@ $(STAMP): pyproject.toml
 prepare: install  ## images + masks -> npy + CSV for DATASET (synthetic: generated first)
 	$(PY) prepare.py dataset=$(DATASET) $(ARGS)
 
-train: install  ## prepare DATASET, then train on it with EXPERIMENT (cpu: sized for 2 cores; a GPU runs it too)
+train: install  ## prepare DATASET, then train on it with the defaults (CPU on this machine)
 	$(PY) prepare.py dataset=$(DATASET)
-	$(PY) train.py dataset=$(DATASET) experiment=$(EXPERIMENT) $(ARGS)
+	$(PY) train.py dataset=$(DATASET) $(ARGS)
 
 # one process more than the cores (many tests wait on their subprocesses), a file's tests (and its
 # shared fixtures) in one of them, one thread each

@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 from hydra.core.singleton import Singleton
 
-import nailseg.config  # its schemas are in Hydra's store before any state is saved
-import nailseg.synth.scene  # noqa: F401  (the generator's schema, the same)
+# the modules registering schemas in Hydra's store, imported before any state is saved
+import nailseg.config
+import nailseg.inference.export
+import nailseg.inference.predict
+import nailseg.synth.scene  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 # the folders watched now, each with the files below it opened meanwhile (files_opened_below)
