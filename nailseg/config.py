@@ -286,6 +286,68 @@ class TrainConfig:
 
 
 # stored at the top, in no group: a group's options are its YAML files only
+@dataclass
+class SyntheticCliConfig:
+    """`python -m nailseg.synth`; values in conf/synthetic.yaml."""
+
+    out: str = MISSING
+    n: int = MISSING
+    seed: int = MISSING
+    num_workers: int = MISSING
+
+
+@dataclass
+class InferenceConfig:
+    """Keys that predict and export share: the checkpoint and overrides of what its card says
+    (None: take the checkpoint's value)."""
+
+    ckpt: str = MISSING
+    model: ModelConfig | None = None  # model=unet model.encoder_name=...: a `model=` group
+    image_size: list[int] | None = None  # [height, width] the net runs at
+    mean: list[float] | None = None  # normalisation, per RGB channel
+    std: list[float] | None = None
+
+
+@dataclass
+class TileConfig:
+    """Types only: the values are in conf/predict.yaml."""
+
+    long_side: int | None = None  # the photo's long side, in pixels, before tiling (None: no tiles)
+    overlap: float = MISSING  # neighbouring tiles' least overlap, a fraction of a tile
+
+
+@dataclass
+class PredictConfig(InferenceConfig):
+    """Types only: the values are in conf/predict.yaml."""
+
+    input: Any = MISSING  # a folder (searched recursively), a file, or a list of either
+    output: str = MISSING
+    masks: str | None = None  # true masks, matched by key: writes scores.csv
+    tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
+    scales: list[float] | None = None  # factors of the input size, maps averaged (None: 1 size)
+    tile: TileConfig = MISSING  # photos in tiles of the input size (long_side None: whole)
+    threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
+    data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
+    batch_size: int = MISSING
+    device: str = MISSING  # auto | cpu | cuda | cuda:N
+    gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else by the worker processes)
+    engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
+    cuda_graphs: bool = MISSING  # on a GPU: the net's forward replayed as a CUDA graph
+    overlays: bool = MISSING  # also write OUT/overlays/<key>.png
+    num_workers: int | None = None  # processes reading and writing files (None: worker_count)
+    mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
+
+
+@dataclass
+class ExportConfig(InferenceConfig):
+    """Types only: the values are in conf/export.yaml."""
+
+    format: str = MISSING
+    output: str | None = None  # None: next to the checkpoint, <name>.onnx or the folder <name>-smp
+    opset: int = MISSING
+    verify: bool = MISSING  # check ONNX Runtime against PyTorch before writing
+
+
 SCHEMAS: dict[str, type] = {
     "prepare_schema": PrepareConfig,
     "train_schema": TrainConfig,
@@ -302,6 +364,9 @@ SCHEMAS: dict[str, type] = {
     "onecycle_schema": OneCycleConfig,
     "cosine_warmup_schema": WarmupCosineConfig,
     "trainer_schema": TrainerConfig,
+    "synthetic_schema": SyntheticCliConfig,
+    "predict_schema": PredictConfig,
+    "export_schema": ExportConfig,
 }
 
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 from rich.console import Console
 from torch import nn
 
@@ -36,7 +34,7 @@ from nailseg.inference.engine import (
     checked_difference,
     onnx_model,
 )
-from nailseg.inference.spec import InferenceConfig, InferenceSpec, resolve_spec
+from nailseg.inference.spec import InferenceSpec, resolve_spec
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder, read_regular
 from nailseg.io.loose import check_loose, write_loose
@@ -45,19 +43,6 @@ from nailseg.model.checkpoint import card_of, load_net, read_checkpoint
 FORMATS = ("onnx", "smp")
 CARD_FILE = "nailseg_card.json"  # beside smp's files in a format=smp export
 SCRATCH = ".smp"  # where smp's save_pretrained writes in the export folder, before the files move
-
-
-@dataclass
-class ExportConfig(InferenceConfig):
-    """Types only: the values are in conf/export.yaml."""
-
-    format: str = MISSING
-    output: str | None = None  # None: next to the checkpoint, <name>.onnx or the folder <name>-smp
-    opset: int = MISSING
-    verify: bool = MISSING  # check ONNX Runtime against PyTorch before writing
-
-
-ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 
 
 def export_onnx(

@@ -14,17 +14,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from nailseg.config import CONF_DIR
+from nailseg.config import CONF_DIR, PredictConfig
 from nailseg.errors import UserError, require_model_group, require_values
 from nailseg.inference.output import (
     PredictSummary,
@@ -37,41 +35,8 @@ from nailseg.inference.output import (
 from nailseg.inference.pipeline import predict_photos
 from nailseg.inference.request import check_request
 from nailseg.inference.segmenter import Segmenter, how_to_run
-from nailseg.inference.spec import InferenceConfig, PredictError
+from nailseg.inference.spec import PredictError
 from nailseg.inference.workers import PhotoWriter, worker_processes
-
-
-@dataclass
-class TileConfig:
-    """Types only: the values are in conf/predict.yaml."""
-
-    long_side: int | None = None  # the photo's long side, in pixels, before tiling (None: no tiles)
-    overlap: float = MISSING  # neighbouring tiles' least overlap, a fraction of a tile
-
-
-@dataclass
-class PredictConfig(InferenceConfig):
-    """Types only: the values are in conf/predict.yaml."""
-
-    input: Any = MISSING  # a folder (searched recursively), a file, or a list of either
-    output: str = MISSING
-    masks: str | None = None  # true masks, matched by key: writes scores.csv
-    tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
-    scales: list[float] | None = None  # factors of the input size, maps averaged (None: 1 size)
-    tile: TileConfig = MISSING  # photos in tiles of the input size (long_side None: whole)
-    threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
-    data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
-    batch_size: int = MISSING
-    device: str = MISSING  # auto | cpu | cuda | cuda:N
-    gpu_decode: bool = MISSING  # on a GPU: JPEGs decoded by nvJPEG (else by the worker processes)
-    engine: str = MISSING  # torch | onnx (ONNX Runtime, CPU only)
-    cuda_graphs: bool = MISSING  # on a GPU: the net's forward replayed as a CUDA graph
-    overlays: bool = MISSING  # also write OUT/overlays/<key>.png
-    num_workers: int | None = None  # processes reading and writing files (None: worker_count)
-    mask_threshold: int = MISSING  # a true mask's value > this is nail (0/1 masks taken as is)
-
-
-ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
-from nailseg.config import ModelConfig
 from nailseg.data.augment import rgb_triple
 from nailseg.errors import UserError
 from nailseg.io.folder import read_regular
@@ -38,18 +37,6 @@ Net = Callable[[torch.Tensor], torch.Tensor]
 
 class PredictError(UserError, RuntimeError):
     """A request predict refuses, or a run it cannot finish: the message says why."""
-
-
-@dataclass
-class InferenceConfig:
-    """Keys that predict and export share: the checkpoint and overrides of what its card says
-    (None: take the checkpoint's value)."""
-
-    ckpt: str = MISSING
-    model: ModelConfig | None = None  # model=unet model.encoder_name=...: a `model=` group
-    image_size: list[int] | None = None  # [height, width] the net runs at
-    mean: list[float] | None = None  # normalisation, per RGB channel
-    std: list[float] | None = None
 
 
 @dataclass(frozen=True)

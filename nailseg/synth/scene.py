@@ -21,8 +21,7 @@ from typing import Any
 import cv2
 import hydra
 import numpy as np
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
 from nailseg.config import CONF_DIR
 from nailseg.errors import require_values
@@ -203,19 +202,6 @@ def generate(
             log.warning("kept %s: an earlier set's picture, changed since nailseg wrote it", path)
         folder.update_marker(complete=True)
     return out_dir
-
-
-@dataclass
-class SyntheticCliConfig:
-    """`python -m nailseg.synth`; values in conf/synthetic.yaml."""
-
-    out: str = MISSING
-    n: int = MISSING
-    seed: int = MISSING
-    num_workers: int = MISSING
-
-
-ConfigStore.instance().store(name="synthetic_schema", node=SyntheticCliConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="synthetic")

@@ -18,11 +18,7 @@ from pathlib import Path
 import pytest
 from hydra.core.singleton import Singleton
 
-# the modules registering schemas in Hydra's store, imported before any state is saved
-import nailseg.config
-import nailseg.inference.export
-import nailseg.inference.predict
-import nailseg.synth.scene  # noqa: F401
+import nailseg.config  # noqa: F401  (its schemas are in Hydra's store before any state is saved)
 
 ROOT = Path(__file__).resolve().parents[2]
 # the folders watched now, each with the files below it opened meanwhile (files_opened_below)
