@@ -10,8 +10,9 @@ import pytest
 from support.cli import run_command
 from support.inference import compose_cli
 
-from benchmarks import predict, prepare, scale
+from benchmarks import output, predict, prepare, scale
 from nailseg import bench
+from nailseg.io.atomic import NotOursError
 from nailseg.io.clean import clean
 from nailseg.io.folder import OwnedFolder
 
@@ -86,3 +87,16 @@ def test_outputs_are_replaced_and_make_clean_removes_them_alone(tmp_path):
     (out / "notes.txt").write_text("the user's")
     clean(tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_users_files_at_the_scratch_name_are_refused_never_removed(tmp_path: Path) -> None:
+    """The scratch folder is emptied before use only while it is the benchmark's own: a user's
+    folder of that name in the benchmark's folder is refused, naming it, and stays whole."""
+    folder = OwnedFolder.claim(tmp_path / "bench", "bench")
+    mine = tmp_path / "bench" / output.SCRATCH / "mine.txt"
+    mine.parent.mkdir()
+    mine.write_text("the user's")
+    with pytest.raises(NotOursError, match=output.SCRATCH), output.scratch(folder):
+        pass
+    folder.release()
+    assert mine.read_text() == "the user's"
