@@ -1,27 +1,7 @@
-"""Train a nail segmentation model. `python train.py model=segformer aug=heavy`; `-m` sweeps."""
+"""Train a nail segmentation model. `python train.py model=segformer aug=heavy`; `-m` sweeps.
+The checkout's name for `nailseg train` (nailseg/train.py)."""
 
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
-from nailseg.config import CONF_DIR
-from nailseg.errors import UserError, refusal
-
-
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    # imported here: --help, --cfg and a config error answer before torch and Lightning load
-    from nailseg.training.run import run_job
-
-    try:
-        return run_job(cfg)
-    except UserError as err:  # a single run's (a sweep's job records its error and goes on)
-        sys.exit(refusal("train.py", err))
-
+from nailseg.__main__ import run
 
 if __name__ == "__main__":
-    from nailseg.training.checks import one_line_errors
-
-    with one_line_errors("train.py"):
-        main()
+    run("train")

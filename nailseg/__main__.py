@@ -14,25 +14,20 @@ import sys
 
 # name -> (the module whose `main` runs it, what it does)
 COMMANDS = {
+    "prepare": ("nailseg.prepare", "images + masks -> the prepared npy and CSVs"),
+    "train": ("nailseg.train", "train, evaluate or sweep (-m)"),
     "predict": ("nailseg.inference.predict", "masks (and overlays) for photos, from a checkpoint"),
     "export": ("nailseg.inference.export", "a checkpoint as ONNX, or the folder smp loads"),
-    "compare": ("nailseg.compare", "a table and plot of a train.py sweep's jobs"),
+    "compare": ("nailseg.compare", "a table and plot of a train sweep's jobs"),
     "bench": ("nailseg.bench", "loader benchmark: images/s of each loader x aug"),
-}
-# the two commands that stay scripts at the repository's top
-SCRIPTS = {
-    "prepare.py": "images + masks -> the prepared npy and CSVs (python prepare.py --help)",
-    "train.py": "train, evaluate or sweep (python train.py --help)",
 }
 
 
 def usage(program: str) -> str:
     """The command list: one line each."""
-    width = max(map(len, [*COMMANDS, *SCRIPTS]))
+    width = max(map(len, COMMANDS))
     lines = [f"usage: {program} <command> [overrides] (<command> --help: its options)", ""]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
-    lines += ["", "at the repository's top:"]
-    lines += [f"  {name:<{width}}  {what}" for name, what in SCRIPTS.items()]
     return "\n".join(lines)
 
 
@@ -41,6 +36,17 @@ def _program() -> str:
     if os.path.basename(sys.argv[0]) == "__main__.py":
         return "python -m nailseg"
     return os.path.basename(sys.argv[0]) or "nailseg"
+
+
+def run(name: str) -> None:
+    """Run command `name`'s Hydra app on the command line: a misspelt key or option exits in one
+    line, named by the program (`os.path.basename(sys.argv[0])`), and `--help` answers without
+    Hydra's walk over every config group."""
+    from nailseg.training.checks import one_line_errors
+    from nailseg.training.private_api import help_without_group_walk
+
+    with one_line_errors(os.path.basename(sys.argv[0])), help_without_group_walk():
+        importlib.import_module(COMMANDS[name][0]).main()
 
 
 def main() -> None:
@@ -54,12 +60,8 @@ def main() -> None:
     name, *overrides = args
     if name not in COMMANDS:
         sys.exit(f"{program}: unknown command {name!r}; the commands: {', '.join(COMMANDS)}")
-    module, _ = COMMANDS[name]
     sys.argv = [f"{program} {name}", *overrides]
-    from nailseg.training.checks import one_line_errors
-
-    with one_line_errors(sys.argv[0]):
-        importlib.import_module(module).main()
+    run(name)
 
 
 if __name__ == "__main__":

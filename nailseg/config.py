@@ -7,6 +7,7 @@ are never offered as a group's options.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,16 +17,19 @@ from omegaconf import MISSING, OmegaConf
 
 from nailseg.device import auto_accelerator, auto_precision
 
+_PACKAGE = Path(__file__).resolve().parent
+_INSTALLED = (_PACKAGE / "conf").is_dir()  # a wheel carries conf/ inside (pyproject.toml maps it)
 # every entry point's config folder: one resolution, whichever way a command is started
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-# the project: the folder holding conf/ and train.py, where `paths.root_dir` anchors every default
-PROJECT_ROOT = str(Path(CONF_DIR).parent)
+CONF_DIR = str(_PACKAGE / "conf" if _INSTALLED else _PACKAGE.parent / "conf")
+# the checkout (the folder holding conf/ and train.py), where `paths.root_dir` anchors every
+# default; None when installed, where the current folder does
+PROJECT_ROOT = None if _INSTALLED else str(_PACKAGE.parent)
 
 
 @dataclass
 class PathsConfig:
-    """Where runs and data go by default (conf/paths/default.yaml): under the project, wherever a
-    command is started from."""
+    """Where runs and data go by default (conf/paths/default.yaml): under the checkout, wherever a
+    command is started from; installed, under the current folder."""
 
     root_dir: str = MISSING
     data_dir: str = MISSING
@@ -402,7 +406,7 @@ def register() -> None:
     for name, node in SCHEMAS.items():
         cs.store(name=name, node=node)
     # every entry point imports this module before Hydra composes (and a sweeper resolves)
-    OmegaConf.register_new_resolver("nailseg.root", lambda: PROJECT_ROOT)
+    OmegaConf.register_new_resolver("nailseg.root", lambda: PROJECT_ROOT or os.getcwd())
     OmegaConf.register_new_resolver("nailseg.direction", study_direction)
     OmegaConf.register_new_resolver("nailseg.study_seed", study_seed)
     # trainer=auto's device and precision: the one choice loader.device=auto makes too

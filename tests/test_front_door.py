@@ -3,6 +3,7 @@ still a Hydra app with its own help, its overrides passed through unchanged."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import nailseg
-from nailseg.__main__ import COMMANDS, main
+from nailseg.__main__ import COMMANDS, main, run
 
 ROOT = Path(__file__).resolve().parents[1]
 # sys.argv[0] as `python -m nailseg` sets it
@@ -24,7 +25,7 @@ def test_the_front_door_lists_each_command_in_one_line():
     assert proc.returncode == 0 and proc.stderr == ""
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("usage: python -m nailseg <command>")
-    for name in [*COMMANDS, "prepare.py", "train.py"]:
+    for name in COMMANDS:
         (line,) = [line for line in lines if line.split()[:1] == [name]]
         assert len(line.split()) > 2, line  # the name and what it does
 
@@ -34,8 +35,8 @@ def test_an_unknown_command_is_one_line_naming_it_and_the_commands(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == (
-        "python -m nailseg: unknown command 'bench_predict'; the commands: predict, export, "
-        "compare, bench"
+        "python -m nailseg: unknown command 'bench_predict'; the commands: prepare, train, "
+        "predict, export, compare, bench"
     )
 
 
@@ -45,7 +46,53 @@ def test_each_command_has_its_own_hydra_help_through_the_front_door(name, monkey
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.startswith(f"python -m nailseg {name} ")
+    assert f"nailseg {name} " in capsys.readouterr().out.split("\n\n")[0]
+
+
+@pytest.mark.parametrize("name", ["train", "prepare"])
+def test_help_is_hydras_own_without_its_walk_over_the_config_groups(name, monkeypatch, capsys):
+    """`--help` skips Hydra's listing of every config group (about a second) for a template
+    that does not print it; the text is the one Hydra prints with the listing."""
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    helps = []
+    for start in (lambda: run(name), importlib.import_module(COMMANDS[name][0]).main):
+        with pytest.raises(SystemExit) as exit_:
+            start()  # ours, then Hydra's own
+        assert exit_.value.code == 0
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1] and helps[0].startswith(f"python {name}.py ")
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        (["train", "--help"], "nailseg train [group=option ...]"),
+        (["prepare", "--help"], "nailseg prepare [options]"),
+        (["train", "loader.batch_size=0"], "nailseg train: ConfigError: loader.batch_size=0: must"),
+        (["train", "model=unetx"], "nailseg train: ConfigError: model=unetx: no such option"),
+        (["prepare", "input_dir=ROOT/nope", "output_dir=ROOT/out"], "ROOT/nope does not exist"),
+    ],
+)
+def test_train_and_prepare_answer_help_and_errors_before_torch_loads(tmp_path, args, answer):
+    """As the `nailseg` script starts them: the answer, with none of torch, Lightning, smp or
+    DALI imported, and nothing written."""
+    heavy = ("torch", "lightning", "segmentation_models_pytorch", "nvidia.dali")
+    argv = [a.replace("ROOT", str(tmp_path)) for a in args]
+    probe = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print('imported:', [m for m in {heavy!r} if m in sys.modules],"
+        " file=sys.stderr))\n"
+        f"sys.argv = ['nailseg', *{argv!r}]\n"
+        "from nailseg.__main__ import main\n"
+        "sys.exit(main())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert answer.replace("ROOT", str(tmp_path)) in proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "imported: []"
+    assert proc.returncode == (0 if "--help" in args else 1)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hydra_names_the_command_as_the_user_typed_it(monkeypatch, capsys):

@@ -171,10 +171,10 @@ def hydra_child_command(local_rank: int) -> tuple[Sequence[str], str]:
 
     hydra_cfg = HydraConfig.get()
     args = hydra_args_parser().parse_args(sys.argv[1:])
-    if __main__.__spec__ is None:
+    if __main__.__spec__ is None and os.path.isfile(sys.argv[0]):  # python train.py
         command = [sys.executable, to_absolute_path(sys.argv[0])]
-    else:
-        command = [sys.executable, "-m", __main__.__spec__.name]
+    else:  # nailseg train, python -m nailseg train
+        command = [sys.executable, "-m", "nailseg", "train"]
     for flag, value in (
         ("--config-path", args.config_path),
         ("--config-name", args.config_name),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import string
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -77,6 +78,33 @@ def hydra_errors(one_line: Callable[[Exception], str | None]) -> Iterator[None]:
         yield
     finally:
         utils.run_and_report = original
+
+
+@contextmanager
+def help_without_group_walk() -> Iterator[None]:
+    """Within the block, `--help` lists Hydra's config groups only for a help template that
+    prints them: listing them walks every group twice, deep-copying the config repository at
+    each step (a second), also for nailseg's templates, which name their groups themselves."""
+    from hydra._internal.hydra import Hydra
+    from omegaconf import OmegaConf
+
+    original = getattr(Hydra, "get_help", None)
+    if original is None:
+        raise _gone("hydra._internal.hydra.Hydra.get_help")
+
+    def get_help(self: Any, help_cfg: Any, cfg: Any, args_parser: Any, resolve: bool) -> str:
+        if "CONFIG_GROUPS" in help_cfg.template:
+            return original(self, help_cfg, cfg, args_parser, resolve)
+        return string.Template(help_cfg.template).substitute(
+            FLAGS_HELP=self.format_args_help(args_parser),
+            CONFIG=OmegaConf.to_yaml(cfg, resolve=resolve),
+        )
+
+    Hydra.get_help = get_help
+    try:
+        yield
+    finally:
+        Hydra.get_help = original
 
 
 def hydra_args_parser() -> argparse.ArgumentParser:
