@@ -9,9 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from omegaconf import open_dict
 
 import nailseg
 from nailseg.__main__ import COMMANDS, main, run
+from nailseg.config import CONF_DIR
+from nailseg.training.jobs import hydra_child_command
 
 ROOT = Path(__file__).resolve().parents[1]
 # sys.argv[0] as `python -m nailseg` sets it
@@ -123,3 +129,28 @@ def test_the_nailseg_script_runs_a_command_with_its_arguments_unchanged(tmp_path
         "a sweep's folder (multirun/<time>) whose jobs are its subfolders\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv0", "started_as"),
+    [
+        ("nailseg train", ["-m", "nailseg", "train"]),  # the script, or python -m nailseg
+        (str(ROOT / "train.py"), [str(ROOT / "train.py")]),
+    ],
+)
+def test_a_ddp_rank_restarts_the_command_the_user_ran(argv0, started_as, monkeypatch):
+    """Lightning's DDP ranks under Hydra start the same command with the job's overrides."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", ["seed=3"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir, cfg.hydra.runtime.cwd = "/run", "/home"
+    state = Singleton.get_state()
+    HydraConfig.instance().set_config(cfg)
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None)
+    monkeypatch.setattr(sys, "argv", [argv0, "seed=3"])
+    try:
+        command, cwd = hydra_child_command(1)
+    finally:
+        Singleton.set_state(state)
+    assert command[: 1 + len(started_as)] == [sys.executable, *started_as]
+    assert command[len(started_as) + 1] == "seed=3" and cwd == "/home"
