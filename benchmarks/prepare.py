@@ -29,8 +29,7 @@ from rich.table import Table
 from benchmarks.output import claim_output, scratch
 from nailseg.config import CONF_DIR
 from nailseg.io.folder import OwnedFolder
-from nailseg.prep.prepare import prepare
-from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.prep.prepare import PrepareSettings, compose_prepare, prepare
 from nailseg.synth.scene import generate
 from nailseg.tables import print_table
 

@@ -55,8 +55,7 @@ from benchmarks.prepare import seconds
 from nailseg.config import CONF_DIR, PROJECT_ROOT
 from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
-from nailseg.prep.prepare import prepare
-from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.prep.prepare import PrepareSettings, compose_prepare, prepare
 from nailseg.synth.scene import generate, manifest
 from nailseg.tables import print_table
 

@@ -2,30 +2,15 @@
 
     python -m nailseg bench output_dir=DIR [loaders=...] [model=...] [image_size=[384,384]]
 
-For every loader backend × aug spec, in one process and one run:
-
-* `loader_img_s`: images/s of the loader alone (batches pulled and on the device);
-* `train_img_s`: images/s of a training loop (forward, loss, backward, step) fed by the loader;
-* `ceiling_img_s`: the same loop on one batch already resident on the device, the most any
-  loader could deliver at that row's batch size (measured once per distinct batch size, the only
-  per-loader setting that changes the step; `ceiling_batch_size` records the batch it ran on);
-* `data_wait_frac`: the share of the training loop's time spent waiting for the next batch;
-* `gflop_per_image`: the model's training FLOPs per image (forward and backward, the matrix
-  multiplies and convolutions `torch.utils.flop_counter` counts), counted once on the eager model;
-* `ceiling_mfu`, `train_mfu`: model FLOPs utilisation, images/s × FLOPs per image ÷ `peak_tflops`,
-  the device's dense bf16 matrix-multiply peak, measured once per run on CUDA (its clocks that
-  day included: `peak_tflops=N` fixes it, for MFU comparable across runs); left empty on the
-  CPU, where no peak is measured;
-* with `compile=true` the model is `torch.compile`d (`compile_mode`; reduce-overhead adds CUDA
-  graphs) and `eager_ceiling_img_s` is the ceiling of the same model uncompiled, measured in the
-  same run.
-
-Warm-up batches are excluded; each figure is the median of `repeats` timed windows. Training is
-measured on CUDA by default only (`measure_train: auto`): on a 2-core CPU the model, not the
-loader, is the story and one window would take minutes. Writes `bench.csv`, `bench.png` and
-`bench.json` (the config) into `output_dir`, a folder of its own (new or empty, or one it made
-before: a user's folder, or a user's file where an output goes, is refused in one line before
-anything is written), and prints a table.
+For every loader x aug, in one run: images/s of the loader alone (`loader_img_s`), of a training
+loop it feeds (`train_img_s`, with `data_wait_frac`, the share of its time spent waiting for a
+batch), and of that loop on one resident batch (`ceiling_img_s`: the most any loader could give,
+once per batch size); the model's training FLOPs per image, and MFU against the device's bf16
+matrix-multiply peak, measured once on CUDA (`peak_tflops=N` fixes it; no MFU on the CPU). With
+`compile=true`, `eager_ceiling_img_s` is the uncompiled ceiling of the same run. Each figure is
+the median of `repeats` windows after a warm-up; training is measured on CUDA only by default
+(`measure_train: auto`). Writes bench.csv, bench.png and bench.json into `output_dir`, a folder
+of its own, and prints a table.
 """
 
 from __future__ import annotations
@@ -150,12 +135,9 @@ class TrainStep:
 
 
 def training_flops_per_image(step: TrainStep, image_size: tuple[int, int]) -> float:
-    """FLOPs of one image's forward and backward pass through `step`'s net, as
-    `FlopCounterMode` counts them (matrix multiplies and convolutions): MFU's numerator.
-
-    Counted on a copy of the net, so the step's weights, BatchNorm statistics, gradients and
-    optimizer stay as they were; `step` must be eager (a copy of a compiled net is compiled).
-    """
+    """FLOPs of one image's forward and backward pass through `step`'s net (the matrix multiplies
+    and convolutions `FlopCounterMode` counts), on a copy of its eager net: the step's weights,
+    BatchNorm statistics, gradients and optimizer stay as they were."""
     images = 2  # BatchNorm in training mode needs more than one value per channel
     batch = {
         "image": torch.randn(images, 3, *image_size, device=step.device),
@@ -187,18 +169,6 @@ def measured_peak_tflops(device: torch.device) -> float:
     return 2 * n**3 * PEAK_MATMULS / fastest / 1e12
 
 
-def _peak_tflops(cfg: DictConfig, device: torch.device) -> float | None:
-    """`peak_tflops` as given, else measured on CUDA; None on the CPU (no MFU there)."""
-    if cfg.peak_tflops is not None:
-        return float(cfg.peak_tflops)
-    return measured_peak_tflops(device) if device.type == "cuda" else None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _batches(loader) -> Iterator[dict[str, torch.Tensor]]:
     """Endless batches: a new full pass whenever one ends."""
     while True:
@@ -211,13 +181,11 @@ def _window(
     device: torch.device,
     step: Callable[[dict[str, torch.Tensor]], None] | None,
 ) -> tuple[float, float]:
-    """(images/s, wait fraction) over `n` batches; wait = time blocked in `next()`.
-
-    The device is synchronised at the window's ends only, so the CPU queues the next step while
-    the device works, as in real training.
-    """
+    """(images/s, wait fraction) over `n` batches; wait = time blocked in `next()`. The device
+    is synchronised at the window's ends only: the CPU queues the next step while it works."""
     images, wait = 0, 0.0
-    _sync(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
+    sync(device)
     start = time.perf_counter()
     for _ in range(n):
         before = time.perf_counter()
@@ -226,41 +194,19 @@ def _window(
         images += len(batch["image"])
         if step is not None:
             step(batch)
-    _sync(device)
+    sync(device)
     elapsed = time.perf_counter() - start
     return images / elapsed, wait / elapsed
 
 
-class GpuBusy:
-    """Mean GPU utilisation (NVML, as nvidia-smi reports it) sampled every 50 ms in a thread;
-    NaN on the CPU or where NVML is missing."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.samples = device, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            self.samples.append(torch.cuda.utilization(self.device))
-
-    def __enter__(self) -> GpuBusy:
-        if self.device.type == "cuda":
-            try:
-                torch.cuda.utilization(self.device)
-            except Exception:  # NVML missing: report NaN rather than fail the benchmark
-                return self
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    @property
-    def percent(self) -> float:
-        return statistics.mean(self.samples) if self.samples else float("nan")
+def _gpu_busy(device: torch.device, stop: threading.Event, samples: list[float]) -> None:
+    """GPU utilisation (NVML, as nvidia-smi reports it) every 50 ms until `stop`; none on the CPU
+    or where NVML is missing (the mean is then NaN rather than a failed benchmark)."""
+    try:
+        while device.type == "cuda" and not stop.wait(0.05):
+            samples.append(torch.cuda.utilization(device))
+    except Exception:
+        samples.clear()
 
 
 def _measure(
@@ -268,13 +214,14 @@ def _measure(
 ) -> tuple[float, float, float]:
     """Median images/s, wait fraction and mean GPU busy % over `repeats` windows after a warm-up."""
     _window(batches, cfg.warmup_batches, device, step)
-    with GpuBusy(device) as busy:
-        results = [_window(batches, cfg.measure_batches, device, step) for _ in range(cfg.repeats)]
-    return (
-        statistics.median(r[0] for r in results),
-        statistics.median(r[1] for r in results),
-        busy.percent,
-    )
+    stop, samples = threading.Event(), []
+    sampler = threading.Thread(target=_gpu_busy, args=(device, stop, samples), daemon=True)
+    sampler.start()
+    results = [_window(batches, cfg.measure_batches, device, step) for _ in range(cfg.repeats)]
+    stop.set()
+    sampler.join()
+    busy = statistics.mean(samples) if samples else float("nan")
+    return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results), busy
 
 
 def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainStep:
@@ -289,34 +236,27 @@ def _train_step(cfg: DictConfig, device: torch.device, compile: bool) -> TrainSt
     return TrainStep(model, optimizer, build_loss(cfg.loss), device, dtype, channels_last)
 
 
-@dataclass(frozen=True)
-class Ceiling:
-    """The step on one resident batch: comparable only to training at the same batch size."""
-
-    batch_size: int
-    img_s: float
-    gpu_busy_pct: float
-    eager_img_s: float
-
-
 def _ceiling(
     batch: dict[str, torch.Tensor], cfg: DictConfig, device: torch.device, step: TrainStep
-) -> Ceiling:
-    """`step` on `batch` made resident; with `compile`, also the eager model on it, so what
-    compiling bought is measured in the same run."""
+) -> dict[str, float]:
+    """`step` on `batch` made resident, comparable only to training at its batch size; with
+    `compile`, also the eager model on it, so what compiling bought is measured in the same run."""
     resident = {k: v.to(device) for k, v in batch.items()}
     img_s, _, busy = _measure(itertools.repeat(resident), cfg, device, step)
     eager_img_s = img_s
     if cfg.compile:
         eager = _train_step(cfg, device, compile=False)
         eager_img_s, _, _ = _measure(itertools.repeat(resident), cfg, device, eager)
-    return Ceiling(len(resident["image"]), img_s, busy, eager_img_s)
+    return {
+        "ceiling_img_s": img_s, "ceiling_batch_size": len(resident["image"]),
+        "ceiling_gpu_busy_pct": busy, "eager_ceiling_img_s": eager_img_s,
+    }  # fmt: skip
 
 
 def _train_figures(
     batches: Iterator[dict[str, torch.Tensor]],
     batch_size: int,
-    ceilings: dict[int, Ceiling],
+    ceilings: dict[int, dict[str, float]],
     cfg: DictConfig,
     device: torch.device,
     step: TrainStep,
@@ -328,10 +268,8 @@ def _train_figures(
     ceiling = ceilings[batch_size]
     train_img_s, wait, busy = _measure(batches, cfg, device, step)
     return {
-        "train_img_s": train_img_s, "ceiling_img_s": ceiling.img_s,
-        "ceiling_batch_size": ceiling.batch_size, "train_vs_ceiling": train_img_s / ceiling.img_s,
-        "data_wait_frac": wait, "gpu_busy_pct": busy, "ceiling_gpu_busy_pct": ceiling.gpu_busy_pct,
-        "eager_ceiling_img_s": ceiling.eager_img_s,
+        **ceiling, "train_img_s": train_img_s, "data_wait_frac": wait, "gpu_busy_pct": busy,
+        "train_vs_ceiling": train_img_s / ceiling["ceiling_img_s"],
     }  # fmt: skip
 
 
@@ -361,21 +299,15 @@ def _plot(rows: pd.DataFrame, folder: OwnedFolder) -> None:
     plt.close(fig)
 
 
-def _mfu_note(flops: float, peak: float | None, given: bool) -> str:
-    """The line under the table: what the MFU columns divide by, or why they are empty."""
-    if peak is None:
-        return (
-            "no MFU: the bf16 matrix-multiply peak is measured on CUDA only "
-            "(peak_tflops=N gives one)"
-        )
-    source = "as given" if given else "measured"
-    return (
-        f"MFU = images/s x {flops / 1e9:.2f} GFLOP per image (forward and backward) / "
-        f"{peak:.4g} TFLOP/s (dense bf16 matrix-multiply peak, {source})"
+def _print(rows: pd.DataFrame, flops: float, peak: float | None, given: bool) -> None:
+    """The table, and under it what the MFU columns divide by, or why they are empty."""
+    note = (
+        f"MFU = images/s x {flops / 1e9:.2f} GFLOP per image (forward and backward) / {peak:.4g} "
+        f"TFLOP/s (dense bf16 matrix-multiply peak, {'as given' if given else 'measured'})"
+        if peak is not None
+        else "no MFU: the bf16 matrix-multiply peak is measured on CUDA only "
+        "(peak_tflops=N gives one)"
     )
-
-
-def _print(rows: pd.DataFrame, note: str) -> None:
     first = rows.iloc[0]  # the model is named: a ceiling is only comparable for the same one
     table = Table(
         title=f"loader benchmark, {first['model']}, {first['image_size']}, {first['device']} "
@@ -405,9 +337,11 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     image_size = tuple(cfg.image_size)
     # counted on an eager step of its own, before anything is compiled or measured
     flops = training_flops_per_image(_train_step(cfg, device, compile=False), image_size)
-    peak = _peak_tflops(cfg, device)
+    peak = cfg.peak_tflops
+    if peak is None and device.type == "cuda":
+        peak = measured_peak_tflops(device)
     step = _train_step(cfg, device, cfg.compile) if measure_train else None
-    ceilings: dict[int, Ceiling] = {}
+    ceilings: dict[int, dict[str, float]] = {}
     rows = []
     for aug_name, aug_cfg in cfg.augs.items():
         spec = instantiate(aug_cfg, mean=cfg.normalize.mean, std=cfg.normalize.std, _convert_="all")
@@ -431,14 +365,12 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             )
             rows.append({
                 "loader": loader_name, "aug": aug_name, "device": device.type,
-                "model": f"{cfg.model.arch}-{cfg.model.encoder_name}", "batch_size": loader_cfg.batch_size,
-                "image_size": "x".join(map(str, cfg.image_size)),
+                "model": f"{cfg.model.arch}-{cfg.model.encoder_name}",
+                "batch_size": loader_cfg.batch_size, "image_size": "x".join(map(str, image_size)),
                 "workers": loader_cfg.num_workers, "loader_img_s": loader_img_s,
                 "compile": cfg.compile_mode if cfg.compile else "off", **train,
             })  # fmt: skip
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
+            datamodule.teardown("fit")  # its loader and its lock on the root
     # columns of training left unmeasured are NaN; the ceiling's batch stays an integer
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"ceiling_batch_size": "Int64"})
     frame["gflop_per_image"] = flops / 1e9
@@ -449,7 +381,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     _plot(frame, out)
     config = OmegaConf.to_container(cfg, resolve=True)
     out.write("bench.json", json.dumps({"config": config}, indent=2).encode())
-    _print(frame, _mfu_note(flops, peak, given=cfg.peak_tflops is not None))
+    _print(frame, flops, peak, given=cfg.peak_tflops is not None)
     Console().print(f"written: {out.path / 'bench.csv'}, bench.png, bench.json")
     return frame
 

@@ -26,6 +26,10 @@ class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message names the key and the value."""
 
 
+class PrepareError(UserError, ValueError):
+    """A prepare request refused, or a run left with nothing usable: the message says why."""
+
+
 def require_values(cfg: Any, command: str) -> None:
     """Exit with one line naming the required keys (`???`) the command line left out, before
     anything is read or written."""

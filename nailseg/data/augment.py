@@ -1,13 +1,10 @@
-"""The one augmentation spec every loader backend (DALI, torch, Kornia) reads, and the numbers the
-backends share so that `aug=heavy` means the same whichever runs it.
+"""The one augmentation spec every loader backend reads, and the numbers the backends share, so
+that `aug=heavy` means the same whichever runs it.
 
-An op is declared once, in `OPS`: its stage, its parameters and their bounds. The stages run in
-this order: geometric ops on the image *and* its mask (mask: nearest), then both resized to the
-input size (mask: nearest); colour ops on the resized RGB levels (0..255, each op's result
-rounded and clamped to them); normalisation `(x/255 - mean) / std`; photometric ops on the
-normalised image only. Within a stage, ops run in spec order; each fires with probability `p`
-and draws its parameters uniformly from closed ranges, once per sample. Adding an op: declare it
-here, then give each backend (`loaders/dali.py`, `torch_workers.py`, `kornia_batch.py`) its entry.
+An op is declared once, in `OPS`. Stages run in order: geometric ops on the image and its mask
+(mask: nearest), both resized to the input size; colour ops on the RGB levels 0..255 (each
+result rounded and clamped); normalisation `(x/255 - mean) / std`; photometric ops. Each op fires
+with probability `p` and draws its parameters uniformly from closed ranges, once per sample.
 """
 
 from __future__ import annotations
@@ -102,8 +99,7 @@ class AugSpec:
     def from_config(
         cls, ops: Iterable[Mapping], mean: Iterable[float], std: Iterable[float]
     ) -> AugSpec:
-        """Build from the config form: a list of `{op: name, p: prob, <param>: [lo, hi]}`;
-        parameters set to None (the schema's unset keys) are ignored."""
+        """From `[{op: name, p: prob, <param>: [lo, hi]}]`; None parameters (unset) are left out."""
         parsed = []
         for raw in ops:
             entry = dict(raw)

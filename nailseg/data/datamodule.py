@@ -1,19 +1,16 @@
-"""Reads the prepared CSVs and builds the loader backend named by `loader=` (a partial taking the
-split's records) for each split, sharded by the trainer's global rank and world size.
-
-A rank with no evaluation batch would skip Lightning's evaluation loop and its epoch-end sync,
-leaving the others waiting: an evaluation split smaller than the world size is refused up front.
-Each loader is closed when it is replaced or at `teardown`.
+"""The prepared CSVs read, and the loader backend named by `loader=` (a partial taking a split's
+records) built for each split, sharded by the trainer's global rank and world size.
 
 Mixed sources (`dataset.mix`): the root stays the primary source (its splits train, validate and
-evaluate); each extra source adds only its train rows, after the primary's (whose `index` stays
-their CSV row), with absolute paths, groups named `<name>/<group>` and their source in the `SOURCE` column.
+evaluate); each extra source adds only its train rows, after the primary's, with absolute paths,
+groups named `<name>/<group>` and their source in the `SOURCE` column.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -26,11 +23,11 @@ import pandas as pd
 
 from nailseg.data.augment import AugSpec
 from nailseg.data.loaders.base import SOURCE, DataError, Records, read_records
-from nailseg.data.sampling import is_weight, source_shares
+from nailseg.data.sampling import source_shares
 from nailseg.errors import MissingFile
 from nailseg.io.folder import below, lock_shared
 from nailseg.io.overlap import within
-from nailseg.prep.splits import read_split_file
+from nailseg.prep.format import CSV_COLUMNS, read_table
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +43,7 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
             f"{path} not found: prepare the data first (`python prepare.py dataset=DATASET "
             f"input_dir=RAW output_dir={root}`, RAW holding Images/<group>/ and Masks/<group>/)"
         )
-    rows = read_split_file(path)  # names like `NA` stay text
+    rows = read_table(path, CSV_COLUMNS)  # names like `NA` stay text
     for column in ("images", "masks"):
         outside = [rel for rel in rows[column] if not below(rel)]
         if outside:
@@ -59,8 +56,7 @@ def read_split(root: Path, split: str) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Source:
-    """One source of the train split: `name` ('' for the primary), its prepared root, weight,
-    and its train rows (the rows of `NailDataModule.splits["train"]` it holds)."""
+    """One source of the train split: `name` ('' for the primary), its root, weight and rows."""
 
     name: str
     root: Path
@@ -72,15 +68,14 @@ class Source:
 def _check_weight(key: str, weight: Any, zero: bool = False) -> float:
     """`weight` as a float; a ValueError naming `key` unless finite and > 0 (`zero`: or 0)."""
     number = isinstance(weight, int | float) and not isinstance(weight, bool)
-    if not number or not (is_weight(weight) or (zero and weight == 0)):
+    if not number or not math.isfinite(weight) or weight < 0 or (weight == 0 and not zero):
         bound = ">= 0 (0: it only validates and tests)" if zero else "> 0"
         raise ValueError(f"{key}={weight}: a source's weight must be a finite number {bound}")
     return float(weight)
 
 
 def read_mix(root: Path, weight: float, mix: Sequence[Mapping[str, Any]]) -> list[Source]:
-    """The sources of the train split, primary first, checked before any is read. Each error
-    names its key."""
+    """The sources of the train split, primary first, checked before any is read."""
     primary = Source("", root, _check_weight("dataset.weight", weight, zero=True))
     if primary.weight == 0 and not mix:
         raise ValueError(
@@ -164,7 +159,6 @@ class NailDataModule(L.LightningDataModule):
             raise
 
     def _read(self, final_split: str) -> None:
-        """The splits, the rows training draws from, the groups, and every split's records."""
         mixed = [_mixed_rows(source) for source in self.sources[1:]]
         self.splits = {
             "train": read_split(self.root, "train"),
@@ -213,9 +207,8 @@ class NailDataModule(L.LightningDataModule):
         )
 
     def _hold(self) -> None:
-        """A reader's lock on each prepared root read, from now to `teardown` (again from
-        `setup`): prepare refuses to rewrite or prune a root meanwhile, and training refuses a
-        root prepare is writing."""
+        """A reader's lock on each root, from now (or `setup`) to `teardown`: prepare refuses to
+        rewrite or prune a root meanwhile, and training refuses a root prepare is writing."""
         if self._locks:
             return
         self._locked_by = os.getpid()
@@ -251,8 +244,9 @@ class NailDataModule(L.LightningDataModule):
         return self.trainer is not None and self.trainer.overfit_batches > 0
 
     def check_evaluations(self, world_size: int, fit: bool, final: bool) -> None:
-        """Refuse, before anything runs, an evaluation split with fewer rows than ranks (see the
-        module docstring): validation's when fitting, the final evaluation's when it runs."""
+        """Refuse, before anything runs, an evaluation split with fewer rows than ranks (a rank
+        without a batch would skip the epoch-end sync the others wait in): validation's when
+        fitting, the final evaluation's when it runs."""
         stages = [stage for stage, runs in (("val", fit), ("test", final)) if runs]
         for stage in stages:
             self._check_rows(*self._rows(stage), world_size)
@@ -275,8 +269,7 @@ class NailDataModule(L.LightningDataModule):
             )
 
     def _make(self, stage: str, **extra: Any):
-        """This rank's loader of `stage` (train, val, test; `extra`: loader options over the
-        config's)."""
+        """This rank's loader of `stage` (`extra`: loader options over the config's)."""
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )

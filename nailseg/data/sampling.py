@@ -39,19 +39,16 @@ def epoch_batches(
 ) -> list[np.ndarray]:
     """The batches (int64 arrays of row indices) this rank yields this epoch.
 
-    `drop_last` only applies to train; eval always keeps its last, partial batch. `sources` and
-    `weights` (both or neither) mix the shuffled train rows by source; eval and an unshuffled
-    train plan ignore them. With `draws` each batch is a 2 x B array: its rows, then each row's
-    earlier draws in the epoch (see the module docstring).
+    `drop_last` only applies to train; eval always keeps its last, partial batch. `sources` (a
+    source id per row, every source with rows) and `weights` (finite, >= 0, one > 0) mix the
+    shuffled train rows by source; eval and an unshuffled train plan ignore them. With `draws`
+    each batch is a 2 x B array: its rows, then each row's earlier draws in the epoch.
     """
-    mixed = sources is not None or weights is not None
-    if mixed:
-        sources = check_sources(n, sources, weights)
     share = n // world_size
     if train and shuffle:
         rng = np.random.default_rng((seed, epoch))
-        if mixed and len(weights) > 1:
-            order = _mixed_order(rng, sources, weights)
+        if sources is not None and len(weights) > 1:
+            order = _mixed_order(rng, np.asarray(sources), weights)
         else:
             order = rng.permutation(n)
         mine = slice(rank * share, (rank + 1) * share)
@@ -82,7 +79,6 @@ def source_shares(total: int, weights: Sequence[float]) -> np.ndarray:
     """How many of an epoch's `total` samples each source makes up: total * w_k / sum(w),
     rounded down, the remainder going one each to the largest fractions (ties: the earlier
     source). Exact rational arithmetic, so the counts never depend on float rounding."""
-    _check_weights(weights)
     exact = [Fraction(total) * Fraction(w) / sum(Fraction(v) for v in weights) for w in weights]
     counts = [math.floor(x) for x in exact]
     left = total - sum(counts)
@@ -126,36 +122,3 @@ def num_batches(
     if train and drop_last:
         return rows // batch_size
     return -(-rows // batch_size)
-
-
-def is_weight(value: float) -> bool:
-    """Whether `value` can weigh a source: a finite number above 0."""
-    return math.isfinite(value) and value > 0
-
-
-def _check_weights(weights: Sequence[float]) -> None:
-    # a source at 0 is drawn from never (a primary root that only validates)
-    if not any(is_weight(w) for w in weights) or not all(is_weight(w) or w == 0 for w in weights):
-        raise ValueError(f"need finite weights >= 0, one or more of them > 0, got {list(weights)}")
-
-
-def check_sources(
-    n: int, sources: np.ndarray | None, weights: Sequence[float] | None
-) -> np.ndarray:
-    """`sources` as an array, after checking it: an integer id per row, in [0, len(weights)),
-    every source with at least one row (a weight with nothing to draw cannot be met)."""
-    if sources is None or weights is None:
-        raise ValueError("sources and weights go together: pass both or neither")
-    _check_weights(weights)
-    sources = np.asarray(sources)
-    if sources.shape != (n,) or not np.issubdtype(sources.dtype, np.integer):
-        raise ValueError(
-            f"need an integer source id per row ({n} rows), got {sources.dtype} {sources.shape}"
-        )
-    counts = np.bincount(sources[(sources >= 0) & (sources < len(weights))], minlength=len(weights))
-    if counts.sum() != n:
-        raise ValueError(f"source ids must be in [0, {len(weights)}): one weight per source")
-    if not counts.all():
-        empty = [k for k in range(len(weights)) if not counts[k]]
-        raise ValueError(f"sources {empty} have a weight but no rows to draw from")
-    return sources

@@ -428,31 +428,29 @@ def is_live(folder: Path) -> bool:
     return False
 
 
-def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
+def refuse_foreign(folder: Path, kind: str, key: str) -> dict[str, Any] | None:
+    """The marker of `folder` when it is nailseg's `kind`; None when it is missing or holds
+    nothing; otherwise ForeignFolderError naming it and `key`. `claim` asks again under the lock;
+    a command asks first when it must refuse before any other write."""
     marker = read_marker(folder)
     if marker is None:
-        names = [
-            n for n in os.listdir(folder) if n not in OWN_NAMES and not n.startswith(f"{MARKER}.")
-        ]
-        if os.path.lexists(folder / MARKER) or names:
-            what = (
-                f"its {MARKER} is not one nailseg wrote"
-                if os.path.lexists(folder / MARKER)
-                else f"it holds {_first_foreign(folder, names)}"
-            )
-            raise ForeignFolderError(
-                f"{key}={folder} is not a folder nailseg made ({what}): nothing was written; "
-                f"choose a new or empty folder"
-            )
-        marker = {
-            "tool": "nailseg",
-            "version": VERSION,
-            "kind": kind,
-            "id": secrets.token_hex(16),
-            "home": _home(folder),
-        }
-        _write_marker(folder, marker)
-        return marker
+        being_written = (f"{MARKER}.", *(f".{name}." for name in OWN_NAMES))
+        try:
+            names = [n for n in os.listdir(folder) if not n.startswith(being_written)]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        names = [n for n in names if n not in OWN_NAMES]
+        if not os.path.lexists(folder / MARKER) and not names:
+            return None
+        what = (
+            f"its {MARKER} is not one nailseg wrote"
+            if os.path.lexists(folder / MARKER)
+            else f"it holds {_first_foreign(folder, names)}"
+        )
+        raise ForeignFolderError(
+            f"{key}={folder} is not a folder nailseg made ({what}): nothing was written; "
+            f"choose a new or empty folder"
+        )
     if marker["kind"] != kind:
         raise ForeignFolderError(
             f"{key}={folder} is a nailseg {marker['kind']} folder, not a {kind} one: nothing was "
@@ -463,6 +461,20 @@ def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
             f"{key}={folder} is a copy of a nailseg {kind} folder (a backup, or a folder copied "
             "with its files): nailseg writes only into the folder it made; choose a new folder"
         )
+    return marker
+
+
+def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
+    marker = refuse_foreign(folder, kind, key)
+    if marker is None:
+        marker = {
+            "tool": "nailseg",
+            "version": VERSION,
+            "kind": kind,
+            "id": secrets.token_hex(16),
+            "home": _home(folder),
+        }
+        _write_marker(folder, marker)
     return marker
 
 

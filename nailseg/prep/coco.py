@@ -1,13 +1,11 @@
 """COCO instance JSON, as CVAT, Label Studio and Roboflow export it, as masks: an image entry's
-nail annotations, polygons and RLE alike, joined into one mask by pycocotools (the rasteriser of
-COCO's own tools). Every entry or annotation that cannot be used is named, never raised.
-
-Nail annotations are those of a category whose name holds "nail" when the file has several
-categories, else all. pycocotools is imported only when a COCO file is read.
+nail annotations (of a category named "nail" when there are several), polygons and RLE alike,
+joined by pycocotools. Every entry or annotation that cannot be used is named, never raised.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
@@ -28,6 +26,13 @@ class CocoMask:
     height: int
     width: int
     counts: bytes | None
+
+    @property
+    def source(self) -> str:
+        """What the mask was made from, as prepare's manifest records it: the entry's content
+        as read, so an edit of the file, even during a run, reconverts the entries it changed."""
+        content = f"{self.height} {self.width} ".encode() + (self.counts or b"-")
+        return f"coco {hashlib.blake2b(content, digest_size=16).hexdigest()}"
 
     @property
     def label(self) -> Path:
@@ -110,9 +115,7 @@ def read_coco(path: Path) -> tuple[list[CocoMask], list[tuple[Path, str]]]:
         if isinstance(fields[0], str) and len(sizes) == 2 and math.prod(sizes) <= PIXELS_MAX:
             entries[repr(image.get("id"))] = (CocoMask(path, *fields, None), [])
         else:
-            left_out.append(
-                (path, f"image entry {n}: needs file_name, and a photo's height, width")
-            )
+            left_out.append((path, f"image entry {n}: needs file_name, height and width"))
     for n, ann in enumerate(annotations):
         ann = ann if isinstance(ann, dict) else {}
         name, image_id = f"annotation {ann.get('id', f'#{n}')}", repr(ann.get("image_id"))

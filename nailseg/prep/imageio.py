@@ -1,18 +1,10 @@
 """Decode users' image and mask files into the arrays the project stores, whatever their mode.
 
-Images become RGB uint8 HxWx3 (grey, RGBA, palette and deep converted; EXIF orientation applied).
-Deep images are scaled by their real bit depth: the PNG's `sBIT` when it has one (in the spec's
-scaled-up form or as raw values, told apart by the maximum), else the smallest of 10/12/14/16
-bits that holds the maximum, so a 12-bit image in a 16-bit file does not turn near black. 16-bit
-colour is decoded by OpenCV (PIL cuts it to 8 bits); a float image is scaled from [0, 1] and
-refused outside it.
-
-Masks become one integer channel HxW of their raw label values (binarised later by `binarise`),
-so a 16-bit mask of {0, 1} or {0, 255} means what the 8-bit one means; an RGB(A) mask is reduced
-by the max over its colour channels (a coloured annotation on black is foreground; alpha is
-ignored); a palette mask is read by index, never by colour: index 0 is background, any other
-nail, as in indexed label files (VOC, CVAT). `orientation_mismatch` says when the files' own
-EXIF orientations cannot be trusted to align a mask with its image.
+Images become RGB uint8 HxWx3, EXIF orientation applied. Deep images are scaled by their real bit
+depth: the PNG's `sBIT`, else the smallest of 10/12/14/16 bits that holds the maximum (a 12-bit
+image in a 16-bit file does not turn near black); 16-bit colour is decoded by OpenCV (PIL cuts it
+to 8 bits); a float image is scaled from [0, 1]. Masks become their raw label values, HxW: an
+RGB(A) mask the max over its colours, a palette mask its index (0 background, any other nail).
 """
 
 from __future__ import annotations
@@ -24,10 +16,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from nailseg.errors import ConfigError
+
 DEPTHS = (10, 12, 14, 16, 32)  # candidate bit depths of deep images, smallest first
 MASK_VALUE_MAX = 65535  # of a 16-bit mask: a threshold at or above it leaves every mask empty
 _INT_MODES = frozenset({"I", "I;16", "I;16B", "I;16L"})
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # what PIL raises on a file it cannot decode (a broken header, truncated data, a decompression bomb)
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError)
 _EXIF_ORIENTATION = 0x0112
@@ -55,10 +48,10 @@ class UnreadableImage(ValueError):
 
 
 def _png_depth(path: Path) -> tuple[int, int | None]:
-    """(bits per sample from IHDR, significant bits from sBIT or None) of a PNG file."""
+    """(bits per sample from IHDR, significant bits from sBIT or None): PIL reads no sBIT."""
     depth, colour, significant = 8, 0, None
     with open(path, "rb") as f:
-        f.read(len(_PNG_SIGNATURE))
+        f.read(8)  # the PNG signature
         while len(header := f.read(8)) == 8:
             length, kind = struct.unpack(">I4s", header)
             if kind in (b"IDAT", b"IEND"):
@@ -82,10 +75,8 @@ def _file_depth(im: Image.Image, path: Path) -> tuple[int, int | None]:
 
 
 def exif_orientation(im: Image.Image) -> int:
-    """The image's EXIF orientation (1..8), 1 (as stored) when it has none or its EXIF cannot be
-    read: only this tag is read, so a malformed tag elsewhere in the EXIF (a text value in a
-    number tag) does not stop the pixels being read, as it stopped PIL's exif_transpose, which
-    rewrites the whole EXIF."""
+    """The image's EXIF orientation (1..8; 1 when none or unreadable). Only this tag is read: a
+    malformed tag elsewhere stopped PIL's exif_transpose, which rewrites the whole EXIF."""
     try:
         value = im.getexif().get(_EXIF_ORIENTATION, 1)
     except (*DECODE_ERRORS, TypeError):
@@ -119,27 +110,23 @@ def orientation_mismatch(
     up when the two orientations differ; None when they agree, or the mask fits the image as
     shown only (drawn on the upright photo), or fits neither way (a plain size mismatch)."""
     ours, theirs = file_orientation(image), file_orientation(mask)
-    if ours == theirs:
+    if ours == theirs or _stored(image_shape, ours) != _stored(mask_shape, theirs):
         return None
-    upright = tuple(image_shape[:2]) == tuple(mask_shape[:2])
-    stored = _stored(image_shape, ours) == _stored(mask_shape, theirs)
     tags = f"EXIF orientation {ours} on the image, {theirs} on the mask"
-    if stored and not upright:
+    if tuple(image_shape[:2]) != tuple(mask_shape[:2]):
         return (
             f"{tags}: the mask fits the image as stored, not as shown upright (drawn ignoring "
             "the tag?): save the mask with the image's orientation tag, or both upright"
         )
-    if stored and upright:
-        return (
-            f"{tags}, and the mask fits the image both as stored and as shown upright, so which "
-            "it was drawn on cannot be told: save both upright, or with one orientation tag"
-        )
-    return None
+    return (
+        f"{tags}, and the mask fits the image both as stored and as shown upright, so which "
+        "it was drawn on cannot be told: save both upright, or with one orientation tag"
+    )
 
 
 def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
-    """A PIL image (EXIF orientation applied), or for deep colour a uint16 RGB array; the bits per
-    sample in the file and the significant bits it declares."""
+    """A PIL image turned upright, or deep colour as uint16 RGB; the file's bits per sample and
+    the significant bits it declares."""
     try:
         with Image.open(path) as im:
             depth, significant = _file_depth(im, path)
@@ -160,9 +147,8 @@ def _deep_colour(path: Path) -> np.ndarray:
 
 
 def _significant(array: np.ndarray, depth: int, significant: int | None) -> tuple[np.ndarray, int]:
-    """Deep data as values of the bit depth it is scaled by, and that depth: the declared
-    significant bits, else the smallest depth that holds the max. Declared data above what the
-    significant bits hold is scaled to the file's depth (the PNG spec's sBIT): its top bits."""
+    """Deep data and the bit depth it is scaled by: the declared significant bits (of data above
+    them, the spec's scaled-up form, the top bits), else the smallest depth holding the max."""
     top = int(array.max(initial=0))
     if not significant:
         return array, next((bits for bits in DEPTHS if top < 1 << bits), DEPTHS[-1])
@@ -214,7 +200,8 @@ def read_rgb(path: Path) -> np.ndarray:
 
 
 def read_mask_values(path: Path) -> np.ndarray:
-    """The mask's raw label values as one integer channel HxW (see the module docstring)."""
+    """The mask's raw label values, one integer channel HxW (alpha ignored; a palette by index,
+    never by colour, as indexed label files of VOC and CVAT mean it)."""
     decoded, *_ = _decode(path)
     if isinstance(decoded, np.ndarray):
         array = decoded
@@ -232,23 +219,17 @@ def read_mask_values(path: Path) -> np.ndarray:
 
 
 def check_mask_threshold(threshold: int) -> None:
-    """Refuse a `mask_threshold` that `binarise` cannot use (ValueError naming the key)."""
+    """Refuse a `mask_threshold` that `binarise` cannot use."""
     if not 0 <= threshold < MASK_VALUE_MAX:
-        raise ValueError(
+        raise ConfigError(
             f"mask_threshold={threshold} is outside 0..{MASK_VALUE_MAX - 1}: a mask value above "
-            "it is nail, so below 0 every pixel would be, and at the top none (8-bit masks hold "
-            "0..255, 16-bit ones 0..65535)"
+            "it is nail (8-bit masks hold 0..255, 16-bit ones 0..65535)"
         )
 
 
 def binarise(values: np.ndarray, threshold: int) -> tuple[np.ndarray, int]:
-    """Mask in {0, 1}, and the number of distinct values when the input was not binary (else 0).
-
-    Values above `threshold` are foreground; a mask stored as {0, 1} is taken as is (thresholding
-    it at 127 would empty it). {0, 255} and {0, the type's maximum} count as binary. Noisy masks
-    (JPEG artefacts, anti-aliased edges) are reported by their count of distinct values so a user
-    sees how far from binary they were.
-    """
+    """Mask in {0, 1}: values above `threshold`, a {0, 1} mask as it is; and, for a mask that was
+    not binary ({0, 255} and {0, the type's max} are), its count of distinct values, else 0."""
     distinct = set(np.unique(values).tolist())
     if distinct <= {0, 1}:
         return values.astype(np.uint8), 0

@@ -1,71 +1,54 @@
 """Find image/mask files in the users' layout and pair them; every file left out gets a reason.
 
-Layout: `<root>/Images/<group>/<name>.<ext>` and `<root>/Masks/<group>/<name>.<ext>`. Groups are the
-sub-folders of `Images/` (any names, any number); files directly in `Images/` form the group
-`FLAT_GROUP`. An image pairs with the mask of the same group and file stem, whatever either's
-extension or its case (`x.JPG` pairs with `x.png`). A COCO instance JSON at `Masks/<sub>/<any>.json`
-holds masks too (`nailseg.prep.coco`): each image entry pairs with the photo under `Images/<sub>/`
-of its file name's stem, in any group when the JSON lies directly in `Masks/`.
-
-Nothing is skipped silently: symlinked folders are followed, and a folder reached a second time (a
-symlink loop, or two links to one folder, which would put the same photos in two places) is listed
-as excluded; so is a folder that cannot be listed, a name that is not valid UTF-8 (it could not be
-written to the CSVs), names that differ only in case or Unicode normalisation (NFC/NFD: one file
-on macOS and Windows), a name too long to write, and a special file (a FIFO, socket or device),
-which is never opened: opening a FIFO waits for a writer, forever.
+`<root>/Images/<group>/<name>.<ext>` pairs with `<root>/Masks/<group>/<name>.<ext>` of the same
+group and stem, whatever either's extension or its case; files directly in `Images/` form the
+group `FLAT_GROUP`. A COCO JSON at `Masks/<sub>/<any>.json` holds masks too: each image entry
+pairs with the photo of its file name's stem under `Images/<sub>/`. Symlinked folders are
+followed, each real folder once; a FIFO or device is never opened (opening a FIFO waits forever).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import unicodedata
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from nailseg.errors import MissingFile
+from nailseg.errors import PrepareError
 from nailseg.prep.coco import CocoMask, read_coco
+from nailseg.prep.format import output_paths
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"})
 FLAT_GROUP = "all"
+_SPECIAL = {  # files that are neither regular nor folders, by their type
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
 
-# Exclusion kinds, in the order the summary lists them.
-NO_MASK = "image without mask"
-NO_IMAGE = "mask without image"
-UNREADABLE = "unreadable or corrupt file"
-SIZE_MISMATCH = "image/mask size mismatch"
-ORIENTATION_MISMATCH = "image/mask EXIF orientations disagree"
-EMPTY_MASK = "empty mask"
-DUPLICATE_STEM = "two files with one stem"
-CASE_CLASH = "names that differ only in case or Unicode form (NFC/NFD)"
-NAME_TOO_LONG = "name too long to write"
-NOT_REGULAR = "not a regular file"
-NOT_UTF8 = "name not valid UTF-8"
-FOLDER_TWICE = "folder reached twice (symlink loop or second link)"
-UNLISTABLE = "folder cannot be listed"
-OUTPUT_TAKEN = "output path holds a file nailseg did not write"
-OUTPUT_CLASH = "output paths clash (a file and a folder of one name)"
-UNSUPPORTED = "not an image file"
-COCO_UNUSABLE = "COCO file, image entry or annotation that cannot be used"
+# Exclusion kinds, in the order the summary lists them
 EXCLUSION_KINDS = (
-    NO_MASK,
-    NO_IMAGE,
-    UNREADABLE,
-    SIZE_MISMATCH,
-    ORIENTATION_MISMATCH,
-    EMPTY_MASK,
-    DUPLICATE_STEM,
-    CASE_CLASH,
-    NAME_TOO_LONG,
-    NOT_UTF8,
-    NOT_REGULAR,
-    FOLDER_TWICE,
-    UNLISTABLE,
-    OUTPUT_TAKEN,
-    OUTPUT_CLASH,
-    UNSUPPORTED,
-    COCO_UNUSABLE,
+    NO_MASK := "image without mask",
+    NO_IMAGE := "mask without image",
+    UNREADABLE := "unreadable or corrupt file",
+    SIZE_MISMATCH := "image/mask size mismatch",
+    ORIENTATION_MISMATCH := "image/mask EXIF orientations disagree",
+    EMPTY_MASK := "empty mask",
+    DUPLICATE_STEM := "two files with one stem",
+    CASE_CLASH := "names that differ only in case or Unicode form (NFC/NFD)",
+    NAME_TOO_LONG := "name too long to write",
+    NOT_UTF8 := "name not valid UTF-8",
+    NOT_REGULAR := "not a regular file",
+    FOLDER_TWICE := "folder reached twice (symlink loop or second link)",
+    UNLISTABLE := "folder cannot be listed",
+    OUTPUT_TAKEN := "output path holds a file nailseg did not write",
+    OUTPUT_CLASH := "output paths clash (a file and a folder of one name)",
+    UNSUPPORTED := "not an image file",
+    COCO_UNUSABLE := "COCO file, image entry or annotation that cannot be used",
 )
 
 
@@ -77,7 +60,7 @@ def display_path(path: os.PathLike[str] | str) -> str:
 @dataclass(frozen=True)
 class Pair:
     """An image and its mask; `key` (group/stem, POSIX) names the pair and its outputs. A COCO
-    mask's `mask` is its entry's label; `mask_file`, the JSON, is the file read."""
+    mask's `mask` is its entry's label (`CocoMask.label`)."""
 
     group: str
     stem: str
@@ -88,10 +71,6 @@ class Pair:
     @property
     def key(self) -> str:
         return f"{self.group}/{self.stem}"
-
-    @property
-    def mask_file(self) -> Path:
-        return self.mask if self.coco is None else self.coco.json
 
 
 @dataclass(frozen=True)
@@ -107,36 +86,24 @@ class Exclusion:
 
 
 def _is_utf8(name: str) -> bool:
-    try:
-        name.encode()
-    except UnicodeEncodeError:  # os.fsdecode turned undecodable bytes into lone surrogates
-        return False
-    return True
+    """False for surrogates: os.fsdecode's stand-ins for bytes that are not UTF-8."""
+    return not any("\ud800" <= c <= "\udfff" for c in name)
 
 
 def special_file(path: Path) -> str | None:
-    """What `path` is when it is neither a regular file nor a folder (\"FIFO\", \"socket\",
-    \"character device\", \"block device\"), found without opening it; None otherwise, also for
-    a link to nothing (reading it says why)."""
+    """What `path` is when it is neither a regular file nor a folder (FIFO, socket, device),
+    found without opening it; None otherwise, also for a link to nothing (reading it says why)."""
     try:
-        mode = os.stat(path).st_mode
+        return _SPECIAL.get(stat.S_IFMT(os.stat(path).st_mode))
     except OSError:
         return None
-    kinds = (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), None)
 
 
 def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
     """POSIX paths of the regular files under `folder`, relative to it, sorted (dot files and
-    folders skipped), and the folders and special files left out. Symlinked folders are followed,
-    each real folder once; each file is stat'ed, never opened, to tell a special file."""
+    folders skipped), and the folders and special files (stat'ed, never opened) left out."""
     found, excluded = [], []
-    seen = {_identity(folder)}
+    seen = {((root := os.stat(folder)).st_dev, root.st_ino)}  # each real folder once
 
     def unlistable(err: OSError) -> None:
         excluded.append(Exclusion(Path(err.filename), UNLISTABLE, err.strerror or str(err)))
@@ -146,7 +113,7 @@ def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
         for name in sorted(d for d in dirs if not d.startswith(".")):
             path = Path(top, name)
             try:
-                identity = _identity(path)
+                identity = ((st := path.stat()).st_dev, st.st_ino)
             except OSError as err:
                 excluded.append(Exclusion(path, UNLISTABLE, err.strerror or str(err)))
                 continue
@@ -158,20 +125,12 @@ def files_under(folder: Path) -> tuple[list[str], list[Exclusion]]:
             kept.append(name)
         dirs[:] = kept
         rel_top = PurePosixPath(Path(top).relative_to(folder).as_posix())
-        for name in files:
-            if name.startswith("."):
-                continue
-            special = special_file(Path(top, name))
-            if special is None:
+        for name in (name for name in files if not name.startswith(".")):
+            if (special := special_file(Path(top, name))) is None:
                 found.append(str(rel_top / name))
             else:
                 excluded.append(Exclusion(Path(top, name), NOT_REGULAR, special))
     return sorted(found), excluded
-
-
-def _identity(folder: Path) -> tuple[int, int]:
-    stat = folder.stat()
-    return stat.st_dev, stat.st_ino
 
 
 def _scan(
@@ -197,15 +156,12 @@ def _scan(
 
 
 def _case_clashes(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Keys that equal another key but for case or Unicode normalisation (`é` as one code point,
-    NFC, or as `e` and an accent, NFD): their outputs would be one file on a case-insensitive or
-    normalising filesystem (macOS, Windows), so neither can be told apart safely."""
+    """Keys that equal another key but for case or Unicode form (NFC/NFD): their outputs would be
+    one file on a case-insensitive or normalising filesystem (macOS, Windows)."""
     by_folded: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    nfc = functools.partial(unicodedata.normalize, "NFC")
     for key in keys:
-        folded = unicodedata.normalize(
-            "NFC", unicodedata.normalize("NFC", "/".join(key)).casefold()
-        )
-        by_folded[folded].append(key)
+        by_folded[nfc(nfc("/".join(key)).casefold())].append(key)
     return {key for same in by_folded.values() if len(same) > 1 for key in same}
 
 
@@ -247,26 +203,20 @@ def _coco_masks(
 
 
 def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
-    """Pair every image under `root/Images` with its mask under `root/Masks`.
-
-    Returns pairs sorted by (group, stem) and the files left out, each with its reason. Raises
-    FileNotFoundError naming the folder when `Images/` or `Masks/` is missing.
-    """
-    images_dir, masks_dir = root / "Images", root / "Masks"
-    for folder in (images_dir, masks_dir):
+    """Every image under `root/Images` paired with its mask under `root/Masks`, sorted by (group,
+    stem), and the files left out, each with its reason; PrepareError when a folder is missing."""
+    for folder in (root, root / "Images", root / "Masks"):
         if not folder.is_dir():
-            raise MissingFile(
+            raise PrepareError(
                 f"{folder} does not exist: the input folder must hold Images/<group>/<name>.png "
                 "and Masks/<group>/<name>.png"
             )
-    images, excluded = _scan(images_dir)
+    images, excluded = _scan(root / "Images")
     jsons: list[Path] = []
-    masks, excluded_masks = _scan(masks_dir, jsons)
-    excluded += excluded_masks
+    masks, excluded_masks = _scan(root / "Masks", jsons)
     coco, excluded_coco = _coco_masks(root, jsons, masks, set(images))
-    excluded += excluded_coco
+    excluded += excluded_masks + excluded_coco
     clashes = _case_clashes(set(images) | set(masks))
-
     pairs = []
     for key in sorted(set(images) | set(masks)):
         image_files, mask_files = images.get(key, []), masks.get(key, [])
@@ -287,4 +237,38 @@ def find_pairs(root: Path) -> tuple[list[Pair], list[Exclusion]]:
         else:
             mask = mask_files[0]
             pairs.append(Pair(key[0], key[1], image_files[0], mask, coco.get(mask)))
-    return pairs, excluded
+    return _output_clashes(pairs, root, excluded)
+
+
+def _output_clashes(
+    pairs: list[Pair], root: Path, excluded: list[Exclusion]
+) -> tuple[list[Pair], list[Exclusion]]:
+    """Pairs whose output would be a folder of another pair's output (`g/x.png` and
+    `g/x.npy/y.png`, names compared without case) are both excluded, each naming the other."""
+    outputs = {output_paths(pair.key)[0].casefold(): pair for pair in pairs}
+    clashes: dict[str, str] = {}  # pair key -> detail
+    for pair in pairs:
+        for parent in PurePosixPath(output_paths(pair.key)[0]).parents:
+            if (other := outputs.get(parent.as_posix().casefold())) is not None:
+                names = " and ".join(p.image.relative_to(root).as_posix() for p in (other, pair))
+                detail = f"{names} would write {parent}, as a file and as a folder"
+                clashes[pair.key] = clashes[other.key] = detail
+    excluded += [
+        Exclusion(path, OUTPUT_CLASH, clashes[pair.key])
+        for pair in pairs
+        if pair.key in clashes
+        for path in (pair.image, pair.mask)
+    ]
+    return [pair for pair in pairs if pair.key not in clashes], excluded
+
+
+def nothing_usable(
+    root: Path, pairs: list[Pair], excluded: list[Exclusion], made: str | None = None
+) -> str:
+    """The error of a run without a usable pair; `made`: what it created, if anything."""
+    if not pairs and not excluded:
+        return f"no image files found under {root}/Images and {root}/Masks"
+    reasons = Counter(e.kind for e in excluded)
+    listed = ", ".join(f"{n} {kind}" for kind, n in reasons.most_common())
+    outcome = f"Nothing was converted: {made}" if made else "Nothing was changed"
+    return f"no usable image/mask pair in {root}: {listed}; first: {excluded[0]}. {outcome}"

@@ -1,31 +1,19 @@
 """Seeded train/valid/test splits, stratified by group, that keep each subject on one side.
 
-A subject is what `group_regex` extracts from a file stem (its first non-empty capture group, or
-the whole match; a stem it does not match is its own subject): all photos of one subject land in
-one split, so near-identical shots of one hand cannot leak from train into valid. Every subject
-gets a position in [0, 1) within its group and subjects are taken in order of position, so each
-split draws from every group in proportion and the overall split is within one subject of the
-requested fraction. The result depends only on the seed and the names, never on their order.
-
-Every photo of a group in `holdout_groups` is "test"; the other groups are split as if the
-held-out ones were absent. `read_split_file` reads the split CSVs back, naming the file, row and
-column of a damaged value.
+A subject is what `group_regex` extracts from a file stem: all photos of one subject land in one
+split, so near-identical shots of one hand cannot leak from train into valid. Subjects are taken
+in their seeded order within their group, so each split draws from every group in proportion.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import pandas as pd
-
-from nailseg.errors import UserError
-from nailseg.prep.format import CSV_COLUMNS, NUMERIC_DTYPES
+from nailseg.errors import PrepareError
 
 Unit = tuple[str, str]  # (group, subject): what is kept whole
 
@@ -40,105 +28,49 @@ class SplitSettings:
     group_regex: str | None
     folds: int  # > 1: k-fold by subject, `fold` is the validation fold (valid_fraction unused)
     fold: int
-    holdout_groups: tuple[str | int, ...]  # groups whose every photo is "test"
+    holdout_groups: Sequence[str | int]  # groups whose every photo is "test"
 
 
-class SplitFileError(UserError, ValueError):
-    """A split CSV that cannot be trained on; the message names the file, row and column."""
-
-
-def _fraction(text: str) -> bool:
-    try:
-        value = float(text)
-    except ValueError:
-        return False
-    return math.isfinite(value) and 0.0 <= value <= 1.0
-
-
-# what each of CSV_COLUMNS must hold, as text, and how to say it
-_VALID: dict[str, tuple[Callable[[str], bool], str]] = {
-    "images": (bool, "a path"),
-    "masks": (bool, "a path"),
-    "group": (bool, "a group name"),
-    "height": (lambda text: re.fullmatch("[0-9]+", text) is not None and int(text) > 0, "a size"),
-    "width": (lambda text: re.fullmatch("[0-9]+", text) is not None and int(text) > 0, "a size"),
-    "fg_fraction": (_fraction, "a fraction in [0, 1]"),
-}
-
-
-def read_split_file(path: Path) -> pd.DataFrame:
-    """A split CSV's rows, typed as `format.read_table` types them, every value checked first:
-    a missing column or a value that is not what its column holds (empty, NaN) is a
-    SplitFileError naming the file, the row (1: the first below the header) and the column."""
-    try:
-        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (ValueError, pd.errors.ParserError) as err:  # an empty file, a broken quote
-        raise SplitFileError(f"{path}: not a readable CSV ({err})") from err
-    missing = [column for column in CSV_COLUMNS if column not in rows.columns]
-    if missing:
-        raise SplitFileError(
-            f"{path}: no column {missing[0]!r} (a split CSV has {', '.join(CSV_COLUMNS)}): "
-            "prepare the data again"
-        )
-    for row, values in enumerate(rows[list(_VALID)].itertuples(index=False), start=1):
-        for (column, (valid, what)), text in zip(_VALID.items(), values, strict=True):
-            if not valid(text):
-                raise SplitFileError(
-                    f"{path}, row {row}, column {column}: {text!r} is not {what}; prepare the "
-                    "data again"
-                )
-    return rows.astype({c: NUMERIC_DTYPES[c] for c in CSV_COLUMNS if c in NUMERIC_DTYPES})
-
-
-def holdout_names(holdout_groups: Iterable[object] | None) -> list[str]:
-    """The held-out group names as text, sorted and without repeats (Hydra gives `[2]` as 2)."""
-    if holdout_groups is None:
-        return []
-    if isinstance(holdout_groups, str | bytes):  # a bare name would hold out each of its letters
-        raise ValueError(
-            f"split.holdout_groups={holdout_groups!r} must be a list of group names, "
-            f"e.g. [{holdout_groups}]"
-        )
+def holdout_names(holdout_groups: Iterable[object]) -> list[str]:
+    """The held-out group names as text (the schema's; a caller's `2` is "2"), sorted, unique."""
     return sorted({str(name) for name in holdout_groups})
 
 
 def check_split_settings(settings: SplitSettings, groups: Iterable[str] | None = None) -> None:
-    """Raise ValueError naming the `split.` key and value that is out of range, or the
-    `group_regex` that does not compile; with `groups` (the input's), also a held-out group that
-    is not one of them, or holding out every group."""
+    """PrepareError naming a `split.` key out of range or a `group_regex` that does not compile;
+    with `groups` (the input's), a held-out group not among them, or every group held out."""
     group_regex, folds, fold = settings.group_regex, settings.folds, settings.fold
-    valid_fraction, test_fraction = settings.valid_fraction, settings.test_fraction
-    if group_regex:
-        try:
-            re.compile(group_regex)
-        except re.error as err:
-            raise ValueError(
-                f"split.group_regex={group_regex!r} is not a valid regular expression: {err}"
-            ) from err
-    for key, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+    valid, test = settings.valid_fraction, settings.test_fraction
+    try:
+        re.compile(group_regex or "")
+    except re.error as err:
+        raise PrepareError(
+            f"split.group_regex={group_regex!r} is not a valid regular expression: {err}"
+        ) from err
+    for key, value in (("valid_fraction", valid), ("test_fraction", test)):
         if not 0 <= value < 1:
-            raise ValueError(f"split.{key}={value} is outside [0, 1)")
-    if valid_fraction + test_fraction >= 1:
-        raise ValueError(
-            f"split.valid_fraction={valid_fraction} + split.test_fraction={test_fraction} must be "
-            "below 1: nothing would be left to train on"
+            raise PrepareError(f"split.{key}={value} is outside [0, 1)")
+    if valid + test >= 1:
+        raise PrepareError(
+            f"split.valid_fraction={valid} + split.test_fraction={test} must be below 1: nothing "
+            "would be left to train on"
         )
     if folds < 1:
-        raise ValueError(f"split.folds={folds} must be at least 1")
+        raise PrepareError(f"split.folds={folds} must be at least 1")
     if folds > 1 and not 0 <= fold < folds:
-        raise ValueError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
+        raise PrepareError(f"split.fold={fold} is outside 0..{folds - 1} (split.folds={folds})")
     held = holdout_names(settings.holdout_groups)
     if groups is None or not held:
         return
     existing = sorted(set(groups))
     unknown = [name for name in held if name not in existing]
     if unknown:
-        raise ValueError(
+        raise PrepareError(
             f"split.holdout_groups names {unknown}, not among the input's groups {existing} "
             "(the folder names under Images/)"
         )
     if held == existing:
-        raise ValueError(
+        raise PrepareError(
             f"split.holdout_groups={held} holds out every group of the input: nothing would be "
             "left to train on or validate with"
         )
@@ -146,12 +78,8 @@ def check_split_settings(settings: SplitSettings, groups: Iterable[str] | None =
 
 def subject_of(stem: str, pattern: re.Pattern[str] | None) -> str:
     """The subject id of one file stem (the stem itself when there is no pattern or no match)."""
-    if pattern is None:
-        return stem
-    match = pattern.search(stem)
-    if match is None:
-        return stem
-    return next((g for g in match.groups() if g), match.group(0))
+    match = pattern.search(stem) if pattern else None
+    return stem if match is None else next((g for g in match.groups() if g), match.group(0))
 
 
 def _rank(seed: int, unit: Unit) -> bytes:
@@ -201,16 +129,9 @@ def _fold(order: list[Unit], sizes: Counter[Unit], folds: int, fold: int) -> lis
 def assign_splits(
     groups: Sequence[str], stems: Sequence[str], settings: SplitSettings
 ) -> list[str]:
-    """The split name ("train", "valid" or "test") of each sample, in input order.
-
-    With `folds > 1` the samples left after the test split are cut into `folds` subject-disjoint
-    folds of near-equal size, fold `fold` "valid". `test_fraction` takes its share of the groups
-    not held out (0: a test split of the held-out groups only).
-
-    Raises:
-        ValueError: a setting out of range, a held-out name not among `groups`, or every group
-            held out.
-    """
+    """The split name ("train", "valid" or "test") of each sample, in input order. With `folds >
+    1` the samples left after the test split are cut into `folds` subject-disjoint folds, fold
+    `fold` "valid". `test_fraction` takes its share of the groups not held out."""
     check_split_settings(settings, groups)
     held = set(holdout_names(settings.holdout_groups))
     pattern = re.compile(settings.group_regex) if settings.group_regex else None
@@ -229,22 +150,22 @@ def assign_splits(
 
 
 def split_usable(groups: Sequence[str], stems: Sequence[str], settings: SplitSettings) -> list[str]:
-    """`assign_splits` of the pairs prepare converted: ValueError also when a held-out group has
+    """`assign_splits` of the pairs prepare converted: PrepareError also when a held-out group has
     no usable pair left, or the valid or the train split is empty (training needs both)."""
     lost = [g for g in holdout_names(settings.holdout_groups) if g not in set(groups)]
     if lost:
-        raise ValueError(
+        raise PrepareError(
             f"split.holdout_groups: group(s) {lost} have no usable pair left (every one of their "
             "files was excluded, see the summary): the test split would not hold them"
         )
     try:
         names = assign_splits(groups, stems, settings)
-    except ValueError as err:  # every usable pair in a held-out group
-        raise ValueError(f"{err} (of the {len(groups)} usable pairs)") from err
+    except PrepareError as err:  # every usable pair in a held-out group
+        raise PrepareError(f"{err} (of the {len(groups)} usable pairs)") from err
     subjects = "subject" if settings.group_regex else "photo"
     for split, need in (("valid", "to validate"), ("train", "to train on")):
         if split not in names:
-            raise ValueError(
+            raise PrepareError(
                 f"the {split} split of the {len(groups)} usable pairs is empty, and training "
                 f"needs one {need}: prepare more than one {subjects}, or change split.*"
             )

@@ -15,8 +15,7 @@ from nailseg.config import CONF_DIR
 from nailseg.errors import ConfigError
 from nailseg.io.folder import BusyError, read_marker
 from nailseg.prep.format import split_file
-from nailseg.prep.prepare import claim_root, run
-from nailseg.prep.request import PrepareError, check_config, compose_prepare
+from nailseg.prep.prepare import PrepareError, check_config, claim_root, compose_prepare, run
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 BUILTIN_CONFIG = Path(CONF_DIR) / "dataset" / "synthetic.yaml"  # the built-in set and its folders

@@ -25,7 +25,7 @@ from support.image_files import box_mask, photo, save_image
 from support.prep_settings import assign_splits, prepare
 
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import MARKER, OWN_NAMES
+from nailseg.io.folder import MARKER, OWN_NAMES, ForeignFolderError
 from nailseg.prep.layout import OUTPUT_TAKEN
 from nailseg.prep.prepare import PrepareError
 from nailseg.synth.scene import generate
@@ -33,8 +33,7 @@ from nailseg.synth.scene import generate
 ROOT = Path(__file__).resolve().parents[2]
 # a prepare in its own process, on the code of this checkout
 PREPARE = (
-    "import sys; from nailseg.prep.prepare import prepare; from nailseg.prep.request import "
-    "PrepareSettings, compose_prepare; "
+    "import sys; from nailseg.prep.prepare import PrepareSettings, compose_prepare, prepare; "
     "prepare(*sys.argv[1:], PrepareSettings.from_config(compose_prepare(['num_workers=1'])))"
 )
 
@@ -91,7 +90,7 @@ def test_foreign_output_folder_is_refused_before_any_write(tmp_path):
     (out / "thesis").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
     before = _snapshot(out)
-    with pytest.raises(PrepareError, match=r"notes\.txt") as err:
+    with pytest.raises(ForeignFolderError, match=r"notes\.txt") as err:
         prepare(raw, out, num_workers=1)
     assert str(out) in str(err.value)
     assert _snapshot(out) == before and sorted(os.listdir(out)) == ["notes.txt", "thesis"]

@@ -17,6 +17,7 @@ from support.prep_settings import prepare
 
 import nailseg.prep.convert
 from nailseg.config import CONF_DIR
+from nailseg.errors import UserError
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OWN_NAMES
 from nailseg.prep.format import read_table, write_table
@@ -35,7 +36,7 @@ def replace_then_die(src, dst, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 os.replace = replace_then_die
 from nailseg.prep.prepare import prepare
-from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.prep.prepare import PrepareSettings, compose_prepare
 cfg = compose_prepare(["num_workers=1", f"mask_threshold={sys.argv[3]}"])
 prepare(sys.argv[1], sys.argv[2], PrepareSettings.from_config(cfg))
 """
@@ -149,12 +150,12 @@ def test_a_source_gone_since_the_last_run_is_excluded_like_on_a_first_run(tmp_pa
 def test_bad_settings_fail_before_any_write(tmp_path, settings, message):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 6)
-    with pytest.raises(PrepareError, match=message):
+    with pytest.raises(UserError, match=message):
         prepare(raw, out, num_workers=1, **settings)
     assert not out.exists()
     prepare(raw, out, num_workers=1)
     before = _files(out)
-    with pytest.raises(PrepareError, match=message):
+    with pytest.raises(UserError, match=message):
         prepare(raw, out, num_workers=1, **settings)
     assert _files(out) == before
 
@@ -196,7 +197,7 @@ def _compose_synthetic(raw: Path, out: Path, *overrides: str):
 )
 def test_a_synthetic_run_checks_the_request_before_generating(tmp_path, override, message):
     raw, out = tmp_path / "raw", tmp_path / "out"
-    with pytest.raises(PrepareError, match=message):
+    with pytest.raises(UserError, match=message):
         run(_compose_synthetic(raw, out, override))
     assert list(tmp_path.iterdir()) == []  # no photo generated, no output folder
 

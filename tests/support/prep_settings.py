@@ -10,8 +10,7 @@ from pathlib import Path
 
 import nailseg.prep.prepare
 import nailseg.prep.splits
-from nailseg.prep.prepare import Summary
-from nailseg.prep.request import PrepareSettings, compose_prepare
+from nailseg.prep.prepare import PrepareSettings, Summary, compose_prepare
 from nailseg.prep.splits import SplitSettings
 
 _SPLIT_KEYS = frozenset(f.name for f in fields(SplitSettings))

@@ -1,12 +1,9 @@
 """What every loader backend shares: the batch contract, a split's files read and checked once,
 this rank's epoch plan (sampling.py) and the bookkeeping of passes.
 
-Every backend is a `PlannedLoader` and follows the same plan: `len()` is exact, and evaluation
-sees every row once across ranks. Every `iter()` is one full, fresh pass, started at its first
-`next()` (Lightning probes with an unused `iter()`); starting a pass ends any unfinished one. A
-pass shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
-Records that mix sources carry each row's source and each source's weight (datamodule.py), by
-which a shuffled train plan draws each source's share of every epoch.
+Every `iter()` of a `PlannedLoader` is one full, fresh pass, started at its first `next()`
+(Lightning probes with an unused `iter()`); starting a pass ends any unfinished one. A pass
+shuffles as the epoch given to `set_epoch`, else as one more than the previous pass.
 """
 
 from __future__ import annotations
@@ -26,9 +23,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nailseg.data.sampling import check_sources, epoch_batches, num_batches
+from nailseg.data.sampling import epoch_batches, num_batches
 from nailseg.device import resolve_device
-from nailseg.prep.splits import SplitFileError
+from nailseg.prep.format import SplitFileError
 
 Batch = dict[str, torch.Tensor]  # the batch contract: image, mask, group, index
 SOURCE = "source"  # the column of records that mix sources: each row's source id
@@ -97,7 +94,7 @@ def read_npy(path: str, channels: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Records:
-    """A split's files, checked up front so that a bad file fails with its name, not mid-epoch."""
+    """A split's files, checked up front: a bad file fails with its name, not mid-epoch."""
 
     images: list[str]
     masks: list[str]
@@ -116,8 +113,8 @@ def read_records(
     weights: Sequence[float] | None = None,
 ) -> Records:
     """The rows' files under `root` (or absolute), each header checked, a sample of the masks
-    read whole (the torch backends check each mask as they read it). Rows that mix sources
-    carry their source's id in `SOURCE`, and `weights` gives each source's."""
+    read whole (the torch backends check each mask they read); rows that mix sources carry
+    their source's id in `SOURCE`, `weights` each source's weight."""
     unknown = sorted(set(records["group"]) - set(group_ids))
     if unknown:
         raise ValueError(f"groups {unknown} have no id in group_ids {dict(group_ids)}")
@@ -138,14 +135,13 @@ def read_records(
     sizes_ = np.array(sizes, dtype=np.int64).reshape(-1, 2)
     mix = None
     if weights is not None:
-        mix = (check_sources(len(records), records[SOURCE].to_numpy(), weights), list(weights))
+        mix = (records[SOURCE].to_numpy(), list(weights))
     return Records(images, masks, groups, sizes_, mix)
 
 
 class PlannedLoader(ABC):
-    """A backend's shared half: records, device, plan, length and passes (see the module
-    docstring). Yields {"image": float32 Bx3xHxW normalised, "mask": float32 Bx1xHxW in {0, 1},
-    "group": int64 B, "index": int64 B (the CSV row)} on `device` (auto | cpu | gpu)."""
+    """A backend's shared half: records, device, plan, exact length and passes. Yields the batch
+    contract (docs/DESIGN.md) on `device` (auto | cpu | gpu)."""
 
     MIN_WORKERS = 0  # the fewest `num_workers` a backend takes (0: the main process reads)
 

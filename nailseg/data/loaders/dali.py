@@ -1,13 +1,10 @@
-"""NVIDIA DALI backend: read, decode, augment and normalise the prepared .npy files in a pipeline.
+"""`loader=dali`: read, decode, augment and normalise the prepared .npy files in a DALI pipeline.
 
-* One batch-mode `fn.external_source` (`_Feeder`) hands over each planned batch's paths, groups
-  and CSV rows together, so rows travel beside their pixels and a batch cannot mix samples.
-* Each random op runs under a per-sample coin and a DALI `if`: only the samples that get it pay.
-* An abandoned pass (limit_*_batches, sanity check, early stop) ends when the next one starts: the
-  feeder stops, the batches in flight are drained and the pipeline is reset (DALI's own iterators
-  ignore a mid-epoch reset).
-* The next pass starts as soon as one ends, so its first `prefetch` batches are ready while the
-  other split runs; a `set_epoch` to another epoch discards them.
+One batch-mode external source (`_Feeder`) hands over each planned batch's paths, groups and rows
+together, so a batch cannot mix samples; each random op runs under a per-sample coin and a DALI
+`if`, so only the samples that get it pay. An abandoned pass (limit_*_batches, sanity check, early
+stop) ends when the next starts: the feeder stops, the batches in flight are drained, the pipeline
+reset. The next pass starts as one ends, so its first batches are ready while the other split runs.
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ def _dali() -> Any:
 
 
 class _Feeder:
-    """The external source: one planned batch per call (paths, groups, rows together), then stop.
-    On the CPU it also draws the Gaussian noise of `noise_ops` (a coin, sigma and the noise per
-    sample), with numpy's generator, cheaper than DALI's CPU one, in this thread."""
+    """The external source: one planned batch per call (paths, groups, rows), then stop. On the
+    CPU it also draws the Gaussian noise of `noise_ops` with numpy, cheaper than DALI's CPU one."""
 
     def __init__(
         self,
@@ -127,45 +123,25 @@ def _rotate(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataN
     )
 
 
-def _image_hw(image: DataNode) -> tuple[DataNode, DataNode]:
-    """Each sample's height and width, as floats."""
+def _window(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
+    """random_resized_crop (area scale*H*W, width/height ratio, clamped to the image) and zoom_out
+    (each side 1/scale times the image's, 0 around it): a window placed uniformly at random over
+    the room between it and the image (negative for a window larger than the image)."""
     hwc = fn.cast(image.shape(), dtype=types.FLOAT)
-    return hwc[0], hwc[1]
-
-
-def _window(
-    image: DataNode,
-    mask: DataNode,
-    hw: tuple[DataNode, DataNode],
-    win_w: DataNode,
-    win_h: DataNode,
-    **policy: Any,
-) -> tuple[DataNode, DataNode]:
-    """Image and mask cut to a win_w x win_h window placed uniformly at random over the room
-    between window and image (negative for a window larger than the image: `policy` pads)."""
-    h, w = hw
+    h, w = hwc[0], hwc[1]
+    policy: dict[str, Any] = {"normalized_anchor": False, "normalized_shape": False}
+    if op.name == "zoom_out":
+        scale = _uniform(op, "scale")
+        win_w, win_h = w / scale, h / scale
+        policy |= {"out_of_bounds_policy": "pad", "fill_values": 0}
+    else:
+        area, ratio = h * w * _uniform(op, "scale"), _uniform(op, "ratio")
+        win_w = dmath.clamp(dmath.sqrt(area * ratio), 1.0, w)
+        win_h = dmath.clamp(dmath.sqrt(area / ratio), 1.0, h)
     x0 = fn.random.uniform(range=(0.0, 1.0)) * (w - win_w)
     y0 = fn.random.uniform(range=(0.0, 1.0)) * (h - win_h)
     anchor, shape = fn.stack(x0, y0), fn.stack(win_w, win_h)  # slice's default axes: W, H
-    common = {"normalized_anchor": False, "normalized_shape": False, **policy}
-    return fn.slice(image, anchor, shape, **common), fn.slice(mask, anchor, shape, **common)
-
-
-def _random_resized_crop(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
-    """Crop of area scale*H*W and width/height ratio, clamped to the image, at a random place."""
-    h, w = hw = _image_hw(image)
-    area = h * w * _uniform(op, "scale")
-    ratio = _uniform(op, "ratio")
-    crop_w = dmath.clamp(dmath.sqrt(area * ratio), 1.0, w)
-    crop_h = dmath.clamp(dmath.sqrt(area / ratio), 1.0, h)
-    return _window(image, mask, hw, crop_w, crop_h)
-
-
-def _zoom_out(op: AugOp, image: DataNode, mask: DataNode) -> tuple[DataNode, DataNode]:
-    """A window 1/scale times the image's sides around it, at a random place; 0 outside."""
-    h, w = hw = _image_hw(image)
-    scale = _uniform(op, "scale")
-    return _window(image, mask, hw, w / scale, h / scale, out_of_bounds_policy="pad", fill_values=0)
+    return fn.slice(image, anchor, shape, **policy), fn.slice(mask, anchor, shape, **policy)
 
 
 def _hsv(op: AugOp, image: DataNode) -> DataNode:
@@ -211,8 +187,8 @@ _OPS: dict[str, Callable[..., Any]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
-    "random_resized_crop": _random_resized_crop,
-    "zoom_out": _zoom_out,
+    "random_resized_crop": _window,
+    "zoom_out": _window,
     "hue": _hsv,
     "saturation": _hsv,
     "grayscale": _hsv,
@@ -223,10 +199,6 @@ _OPS: dict[str, Callable[..., Any]] = {
     "brightness": _brightness,
     "contrast": _contrast,
 }
-
-
-def _decode(paths: DataNode) -> DataNode:
-    return fn.reshape(fn.decoders.numpy(fn.io.file.read(paths)), layout="HWC")
 
 
 def _build_pipeline(
@@ -247,13 +219,21 @@ def _build_pipeline(
     dali = _dali()
     gpu = device_id is not None
     out_h, out_w = image_size
+    host_noise = len(feeder.noise_ops)
+    # the feeder's outputs: image and mask file bytes, group, row, then per noise op drawn on the
+    # host a flag and a noise tensor
+    noise_types = [types.BOOL, types.FLOAT] * host_noise
+    fed = [types.UINT8, types.UINT8, types.INT64, types.INT64, *noise_types]
+    mean, std = [255.0 * m for m in spec.mean], [255.0 * s for s in spec.std]
 
     @dali.pipeline_def(enable_conditionals=True)
     def pipeline() -> tuple[DataNode, ...]:
-        host_noise = len(feeder.noise_ops)
-        image_path, mask_path, group, row, *noise_inputs = _feed(feeder, host_noise)
+        image_path, mask_path, group, row, *noise_inputs = fn.external_source(
+            source=feeder, num_outputs=len(fed), batch=True, dtype=fed
+        )
         draws = 0  # host noise inputs used so far (one flag and one noise tensor per op)
-        image, mask = _decode(image_path), _decode(mask_path)
+        image = fn.reshape(fn.decoders.numpy(fn.io.file.read(image_path)), layout="HWC")
+        mask = fn.reshape(fn.decoders.numpy(fn.io.file.read(mask_path)), layout="HWC")
         if gpu:
             image, mask, group, row = image.gpu(), mask.gpu(), group.gpu(), row.gpu()
         ops = spec if train else AugSpec((), spec.mean, spec.std)
@@ -265,7 +245,10 @@ def _build_pipeline(
         for op in ops.stage(COLOUR):
             if _coin(op):
                 image = _OPS[op.name](op, image)
-        image = _normalize(image, spec)
+        # HWC uint8 to CHW float, normalised
+        image = fn.crop_mirror_normalize(
+            image, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std
+        )
         for op in ops.stage(PHOTOMETRIC):
             if host_noise and op.name == "gaussian_noise":
                 fires, noise = noise_inputs[2 * draws], noise_inputs[2 * draws + 1]
@@ -286,33 +269,9 @@ def _build_pipeline(
     )
 
 
-def _feed(feeder: _Feeder, host_noise: int) -> list[DataNode]:
-    """The feeder's outputs: image and mask file bytes, group, row, then a flag and a noise
-    tensor for each noise op drawn on the host."""
-    return fn.external_source(
-        source=feeder,
-        num_outputs=4 + 2 * host_noise,
-        batch=True,
-        dtype=[types.UINT8, types.UINT8, types.INT64, types.INT64]
-        + [types.BOOL, types.FLOAT] * host_noise,
-    )
-
-
-def _normalize(image: DataNode, spec: AugSpec) -> DataNode:
-    """HWC uint8 to CHW float, normalised by the spec's mean and std (given in [0, 1])."""
-    return fn.crop_mirror_normalize(
-        image,
-        dtype=types.FLOAT,
-        output_layout="CHW",
-        mean=[255.0 * m for m in spec.mean],
-        std=[255.0 * s for s in spec.std],
-    )
-
-
 def _to_torch(outputs: Any, device: torch.device) -> torch.Tensor:
-    """A DALI batch as a torch tensor, zero-copy through DLPack: DALI's dynamic executor keeps an
-    output buffer alive while a tensor references it, and DLPack orders the GPU data before the
-    consumer's stream."""
+    """A DALI batch as a torch tensor, zero-copy through DLPack (DALI keeps an output buffer alive
+    while a tensor references it; DLPack orders the GPU data before the consumer's stream)."""
     with device:
         return torch.from_dlpack(outputs.as_tensor())
 
@@ -321,9 +280,7 @@ _CUDA_STREAM_LEGACY = 1  # cudaStreamLegacy, the legacy default stream's explici
 
 
 class DaliLoader(PlannedLoader):
-    """Lightning-safe DALI loader: each `iter()` is one full, fresh pass over this rank's shard
-    (the batch contract and passes as in base.py). On the GPU the pipeline runs DALI's GPU
-    operators and batches stay on the device."""
+    """`loader=dali`: on the GPU the pipeline runs DALI's GPU operators and batches stay there."""
 
     MIN_WORKERS = 1  # DALI's CPU threads
 
@@ -371,8 +328,7 @@ class DaliLoader(PlannedLoader):
         self._pipe.build()
 
     def __iter__(self) -> Iterator[Batch]:
-        """One full pass. It starts at the first `next()`: Lightning calls `iter()` once just to
-        probe, and such an unused iterator must cost nothing and must not use up an epoch."""
+        """One full pass, started at the first `next()`: an unused iterator uses up no epoch."""
         self._require_pipe()
         pass_id, epoch = self._begin_pass()
         if self._started_epoch != epoch:  # nothing started, or another epoch's plan
@@ -399,16 +355,14 @@ class DaliLoader(PlannedLoader):
             }
 
     def _consumer_stream(self) -> int | None:
-        """torch's current CUDA stream, for DALI's `outputs` to order the batch before it on the
-        device (without one, DALI makes the host wait); torch's default stream (handle 0) is
-        `cudaStreamLegacy`."""
+        """torch's current CUDA stream (its default, handle 0, is `cudaStreamLegacy`), for DALI to
+        order the batch before it on the device, rather than make the host wait."""
         if self.device.type != "cuda":
             return None
         return torch.cuda.current_stream(self.device).cuda_stream or _CUDA_STREAM_LEGACY
 
     def _start(self, epoch: int) -> None:
-        """Feed epoch `epoch`'s plan and schedule its first `prefetch` batches (DALI runs them in
-        its own threads and stream; nothing here waits)."""
+        """Feed epoch `epoch`'s plan and schedule its first `prefetch` batches; nothing waits."""
         self._feeder.start(
             self.plan(epoch=epoch), np.random.default_rng((self.seed, self.rank, epoch))
         )
@@ -437,8 +391,7 @@ class DaliLoader(PlannedLoader):
         return self._pipe
 
     def _free(self) -> None:
-        """Release the pipeline; on the GPU, DALI's pool's free blocks go back to the device too,
-        for torch and the next job of a sweep."""
+        """Release the pipeline; on the GPU, DALI's free pool goes back to the device too."""
         self._in_flight, self._started_epoch = False, None
         pipe, self._pipe = self._pipe, None
         if pipe is not None and self.device.type == "cuda":

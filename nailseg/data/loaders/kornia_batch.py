@@ -21,6 +21,7 @@ from kornia.geometry.transform import warp_affine
 from nailseg.data.augment import (
     COLOUR,
     GEOMETRIC,
+    OPS,
     PHOTOMETRIC,
     AugOp,
     AugSpec,
@@ -86,14 +87,8 @@ def _crop_matrices(windows: np.ndarray, canvas: np.ndarray, out_hw: tuple[int, i
 
 
 def _flip(op: AugOp, _: torch.Generator) -> Geometric:
-    flip = K.RandomHorizontalFlip(p=1.0) if op.name == "hflip" else K.RandomVerticalFlip(p=1.0)
-    both = K.AugmentationSequential(flip, data_keys=["input", "mask"])
-
-    def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
-        image, mask = both(image, mask)
-        return image, mask, canvas
-
-    return transform
+    dims = [-1] if op.name == "hflip" else [-2]
+    return lambda image, mask, canvas: (image.flip(dims), mask.flip(dims), canvas)
 
 
 def _rotate(op: AugOp, _: torch.Generator) -> Geometric:
@@ -105,35 +100,22 @@ def _rotate(op: AugOp, _: torch.Generator) -> Geometric:
     return transform
 
 
-def _windowed(
-    windows_of: Callable[[np.ndarray, np.ndarray], np.ndarray], padding: str
-) -> Geometric:
-    """An op that shows a window of each canvas resized to the output: `windows_of(canvas sizes,
-    placements (2, k) in [0, 1))` gives the windows; the canvas becomes the window."""
+def _window(op: AugOp, _: torch.Generator) -> Geometric:
+    """random_resized_crop and zoom_out: a window of each canvas resized to the output; the
+    canvas becomes the window."""
+    crop = op.name == "random_resized_crop"
 
     def transform(image: Tensor, mask: Tensor, canvas: np.ndarray) -> Warped:
-        windows = windows_of(canvas, torch.rand(2, len(canvas), dtype=torch.float64).numpy())
+        places = torch.rand(2, len(canvas), dtype=torch.float64).numpy()
+        draws = [_uniform(op, key, len(canvas)) for key in OPS[op.name].params]
+        windows = (crop_windows if crop else zoom_windows)(canvas, *draws, *places)
         matrices = _crop_matrices(windows, canvas, (image.shape[-2], image.shape[-1]))
-        image, mask = _warp(image, mask, matrices, padding=padding)
+        # a crop's "border": samples just past its edge clamp, as a resize of the crop does;
+        # around a zoomed-out photo: 0, as the spec pads
+        image, mask = _warp(image, mask, matrices, padding="border" if crop else "zeros")
         return image, mask, (windows[:, [3, 2]] - windows[:, [1, 0]]).astype(np.float64)
 
     return transform
-
-
-def _random_resized_crop(op: AugOp, _: torch.Generator) -> Geometric:
-    def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
-        k = len(canvas)
-        return crop_windows(canvas, _uniform(op, "scale", k), _uniform(op, "ratio", k), *places)
-
-    # "border": samples just past the window's edge clamp, as a resize of the crop does
-    return _windowed(windows, padding="border")
-
-
-def _zoom_out(op: AugOp, _: torch.Generator) -> Geometric:
-    def windows(canvas: np.ndarray, places: np.ndarray) -> np.ndarray:
-        return zoom_windows(canvas, _uniform(op, "scale", len(canvas)), *places)
-
-    return _windowed(windows, padding="zeros")  # around the photo: 0, as the spec pads
 
 
 def _levels(x: Tensor) -> Tensor:
@@ -148,14 +130,6 @@ def _colour_matrix(op: AugOp, _: torch.Generator) -> Photometric:
         hue, saturation = np.array([colour_params(op.name, d) for d in draws]).T
         matrices = _to(colour_matrices(hue, saturation), image.device)
         return _levels(torch.einsum("kij,kjhw->kihw", matrices, image))
-
-    return transform
-
-
-def _gamma(op: AugOp, _: torch.Generator) -> Photometric:
-    def transform(image: Tensor) -> Tensor:
-        gamma = _to(_uniform(op, "gamma", len(image)), image.device).view(-1, 1, 1, 1)
-        return _levels(255.0 * (image / 255.0) ** gamma)
 
     return transform
 
@@ -209,12 +183,12 @@ _OPS: dict[str, Callable[[AugOp, torch.Generator], Callable]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
-    "random_resized_crop": _random_resized_crop,
-    "zoom_out": _zoom_out,
+    "random_resized_crop": _window,
+    "zoom_out": _window,
     "hue": _colour_matrix,
     "saturation": _colour_matrix,
     "grayscale": _colour_matrix,
-    "gamma": _gamma,
+    "gamma": _per_sample(lambda x, gamma: _levels(255.0 * (x / 255.0) ** gamma)),
     "jpeg": _jpeg,
     "gaussian_noise": _gaussian_noise,
     "gaussian_blur": _gaussian_blur,
@@ -224,11 +198,8 @@ _OPS: dict[str, Callable[[AugOp, torch.Generator], Callable]] = {
 
 
 class KorniaAugment:
-    """The spec on a batch of resized uint8 images on their device (see the module docstring).
-
-    Every op tosses one coin per sample here, and only the rows that got it are computed (Kornia's
-    own ops then run with p=1 on those rows), as DALI's conditionals do.
-    """
+    """The spec on a batch of resized uint8 images on their device: every op tosses one coin per
+    sample, and only the rows that got it are computed, as DALI's conditionals do."""
 
     def __init__(self, spec: AugSpec, canvas_sizes: np.ndarray, device: torch.device) -> None:
         self._canvas = canvas_sizes.astype(np.float64)  # per CSV row: height, width

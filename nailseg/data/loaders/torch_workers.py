@@ -1,16 +1,13 @@
 """`loader=torch`: a torch DataLoader whose worker processes apply the AugSpec with numpy and OpenCV
 (`loader=kornia` reads through it too).
 
-* Each op reproduces DALI's (dali.py) pixel for pixel, through augment.py's numbers; the image is
-  resized with torch's antialiased bilinear filter on uint8, which is what DALI's linear resize
-  computes (OpenCV's filters alias or box-filter), masks with DALI's half-pixel nearest rule.
-* The plan reaches the DataLoader through a batch sampler (`PlanSampler`) of (row, epoch, draw)
-  keys, `draw` counting the row's earlier draws in the whole epoch's plan; a sample's randomness
-  is seeded by (seed, epoch, row, draw), so it does not depend on the number of workers or ranks,
-  a repeated row gets fresh augmentation, and persistent workers need no epoch pushed to them.
-* The DataLoader and its iterator are owned by a `weakref.finalize`, never only by the loader:
-  Lightning keeps loaders in reference cycles, and a DataLoader collected as cyclic garbage waits
-  out its workers' join timeout; dropped by reference count, the workers stop at once.
+Each op reproduces DALI's pixel for pixel, through augment.py's numbers; images are resized with
+torch's antialiased bilinear filter on uint8, which is DALI's linear resize (OpenCV's aliases),
+masks with DALI's half-pixel nearest rule. A sample's randomness is seeded by (seed, epoch, row,
+draw), `draw` counting the row's earlier draws in the epoch's plan (`PlanSampler`): it does not
+depend on the number of workers or ranks, and a repeated row gets fresh augmentation. The
+DataLoader is owned by a `weakref.finalize`, never by the loader alone: Lightning keeps loaders in
+reference cycles, and a DataLoader collected as cyclic garbage waits out its workers' timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from nailseg.collector import frozen_heap
 from nailseg.data.augment import (
     COLOUR,
     GEOMETRIC,
+    OPS,
     PHOTOMETRIC,
     AugOp,
     AugSpec,
@@ -60,30 +58,16 @@ def _rotate(op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng) -> tuple[n
     )
 
 
-def _random_resized_crop(
-    op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng
-) -> tuple[np.ndarray, ...]:
-    draws = (
-        rng.uniform(*op.ranges["scale"]),
-        rng.uniform(*op.ranges["ratio"]),
-        rng.random(),
-        rng.random(),
-    )
+def _window(op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng) -> tuple[np.ndarray, ...]:
+    """random_resized_crop (a window inside the image) and zoom_out (around it, 0 there)."""
+    draws = [rng.uniform(*op.ranges[key]) for key in OPS[op.name].params]
+    windows = crop_windows if op.name == "random_resized_crop" else zoom_windows
     canvas = np.array([mask.shape], dtype=np.float64)
-    x0, y0, x1, y1 = crop_windows(canvas, *(np.array([d]) for d in draws))[0]
-    return image[y0:y1, x0:x1], mask[y0:y1, x0:x1]
-
-
-def _zoom_out(op: AugOp, image: np.ndarray, mask: np.ndarray, rng: Rng) -> tuple[np.ndarray, ...]:
-    draws = (rng.uniform(*op.ranges["scale"]), rng.random(), rng.random())
-    canvas = np.array([mask.shape], dtype=np.float64)
-    x0, y0, x1, y1 = zoom_windows(canvas, *(np.array([d]) for d in draws))[0]
-    h, w = mask.shape
-    out_image = np.zeros((y1 - y0, x1 - x0, 3), np.uint8)
-    out_mask = np.zeros((y1 - y0, x1 - x0), mask.dtype)
-    out_image[-y0 : h - y0, -x0 : w - x0] = image
-    out_mask[-y0 : h - y0, -x0 : w - x0] = mask
-    return out_image, out_mask
+    x0, y0, x1, y1 = windows(canvas, *np.array([*draws, rng.random(), rng.random()])[:, None])[0]
+    if op.name == "random_resized_crop":
+        return image[y0:y1, x0:x1], mask[y0:y1, x0:x1]
+    pad = ((-y0, y1 - mask.shape[0]), (-x0, x1 - mask.shape[1]))
+    return np.pad(image, (*pad, (0, 0))), np.pad(mask, pad)
 
 
 def _colour_matrix(op: AugOp, image: np.ndarray, rng: Rng) -> np.ndarray:
@@ -137,8 +121,8 @@ _OPS: dict[str, Callable[..., Any]] = {
     "hflip": _flip,
     "vflip": _flip,
     "rotate": _rotate,
-    "random_resized_crop": _random_resized_crop,
-    "zoom_out": _zoom_out,
+    "random_resized_crop": _window,
+    "zoom_out": _window,
     "hue": _colour_matrix,
     "saturation": _colour_matrix,
     "grayscale": _colour_matrix,
@@ -160,19 +144,16 @@ def resize_image(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def resize_mask(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """HxW -> size, nearest: output pixel i takes input floor((i + 0.5) * in / out), as DALI."""
-
-    def source(n_in: int, n_out: int) -> np.ndarray:
-        return (2 * np.arange(n_out) + 1) * n_in // (2 * n_out)
-
-    return mask[np.ix_(source(mask.shape[0], size[0]), source(mask.shape[1], size[1]))]
+    rows, cols = (
+        (2 * np.arange(o) + 1) * n // (2 * o) for n, o in zip(mask.shape, size, strict=True)
+    )
+    return mask[np.ix_(rows, cols)]
 
 
 class OpenCVTransform:
-    """One sample through the spec: geometric ops, resize, colour ops, normalise, photometric ops.
-
-    With `normalise=False` it stops after the resize and returns the uint8 image, for a backend
-    that normalises (and augments) on the device.
-    """
+    """One sample through the spec: geometric ops, resize, colour ops, normalise, photometric ops;
+    with `normalise=False` it stops after the resize (uint8), for a backend that goes on on the
+    device."""
 
     def __init__(
         self, spec: AugSpec, image_size: tuple[int, int], *, normalise: bool = True
@@ -185,8 +166,7 @@ class OpenCVTransform:
 
     @staticmethod
     def worker_init(_worker_id: int) -> None:
-        """OpenCV on the worker's own thread: the workers are the parallelism. 0, not 1, which can
-        hang a worker forked from a process whose OpenCV thread pool ran."""
+        """OpenCV on the worker's own thread (0, not 1, which can hang a forked worker)."""
         cv2.setNumThreads(0)
 
     def __call__(
@@ -242,10 +222,9 @@ class NpyDataset(Dataset):
 
 
 class PlanSampler(Sampler[list[Key]]):
-    """Batch sampler: the loader's plan for `epoch`, each row with the epoch it is drawn in and
-    its earlier draws in that epoch's whole plan (`plan` gives batches with `draws`: the counts
-    of one rank's batches alone would repeat a key on two ranks). It holds the plan, never the
-    loader (see the module docstring)."""
+    """Batch sampler: the loader's plan for `epoch`, each row with the epoch and its earlier draws
+    in the whole epoch's plan (one rank's counts would repeat a key on two ranks). It holds the
+    plan, never the loader."""
 
     def __init__(self, plan: Callable[..., list[np.ndarray]], length: int) -> None:
         self._plan, self._len = plan, length
@@ -275,10 +254,9 @@ class _Workers:
 
 
 class TorchLoader(PlannedLoader):
-    """`loader=torch`: a torch DataLoader over the prepared files whose workers run the whole
-    spec; batches are only moved (a subclass may move work to the device: `_transforms`).
-    `num_workers`, `pin_memory` (on CUDA only) and `persistent_workers` are the DataLoader's;
-    `prefetch` is its batches in flight per worker."""
+    """`loader=torch`: DataLoader workers run the whole spec; batches are only moved (a subclass
+    may move work to the device: `_transforms`). `num_workers`, `pin_memory` (CUDA only) and
+    `persistent_workers` are the DataLoader's; `prefetch` its batches in flight per worker."""
 
     def __init__(
         self,
