@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import string
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -86,19 +85,18 @@ def help_without_group_walk() -> Iterator[None]:
     prints them: listing them walks every group twice, deep-copying the config repository at
     each step (a second), also for nailseg's templates, which name their groups themselves."""
     from hydra._internal.hydra import Hydra
-    from omegaconf import OmegaConf
 
     original = getattr(Hydra, "get_help", None)
-    if original is None:
+    if original is None or not hasattr(Hydra, "format_config_groups"):
         raise _gone("hydra._internal.hydra.Hydra.get_help")
 
-    def get_help(self: Any, help_cfg: Any, cfg: Any, args_parser: Any, resolve: bool) -> str:
-        if "CONFIG_GROUPS" in help_cfg.template:
-            return original(self, help_cfg, cfg, args_parser, resolve)
-        return string.Template(help_cfg.template).substitute(
-            FLAGS_HELP=self.format_args_help(args_parser),
-            CONFIG=OmegaConf.to_yaml(cfg, resolve=resolve),
-        )
+    def get_help(self: Any, help_cfg: Any, *args: Any, **kwargs: Any) -> str:
+        if "CONFIG_GROUPS" not in help_cfg.template:  # shadows the method for this call
+            self.format_config_groups = lambda *_, **__: ""
+        try:
+            return original(self, help_cfg, *args, **kwargs)
+        finally:
+            vars(self).pop("format_config_groups", None)
 
     Hydra.get_help = get_help
     try:
