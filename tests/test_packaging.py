@@ -109,6 +109,11 @@ def test_pip_install_gives_commands_that_write_under_the_current_folder(tmp_path
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    conf = subprocess.run(
+        [str(python), "-c", "from nailseg.config import CONF_DIR; print(CONF_DIR)"],
+        cwd=work, env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    assert conf == str(Path(site) / "nailseg" / "conf")  # the wheel's, not the checkout's
     small = ["dataset.synthetic.n=8", "dataset.image_size=[32,32]"]
     for command in (
         ["prepare", "dataset=synthetic", *small],
