@@ -26,9 +26,11 @@ def progress(
             yield lambda n=1: bar.advance(task, n)
         return
     start = last = time.monotonic()
-    done = 0
+    done, shown = 0, -1
 
     def line(now: float) -> None:
+        nonlocal shown
+        shown = done
         console.print(
             f"{description}: {done}/{total} ({done / max(total, 1):.0%}), {now - start:.0f} s",
             markup=False,
@@ -44,4 +46,5 @@ def progress(
 
     line(start)
     yield advance
-    line(time.monotonic())
+    if shown != done:
+        line(time.monotonic())

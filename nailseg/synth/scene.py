@@ -28,6 +28,7 @@ from nailseg.errors import require_values
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import Journal, OwnedFolder, read_marker
 from nailseg.lifetime import die_with_parent
+from nailseg.progress import progress
 from nailseg.synth.hand import SCENES, draw_finger, fill, finger_outline, layout
 from nailseg.synth.look import background, camera, light, nail_look, shadow, skin_tone
 
@@ -182,19 +183,21 @@ def generate(
         samples, earlier = _samples(n), _samples(folder.marker.get("n", 0))
         folder.check_free(samples)
         folder.update_marker(complete=False, **manifest(n, seed))
-        if num_workers:
-            # spawn, not fork: the caller may hold threads (torch, OpenCV) that a fork would break
-            ctx = multiprocessing.get_context("spawn")
-            init = (os.getpid(), str(folder.path))
-            with ctx.Pool(num_workers, initializer=_init_worker, initargs=init) as pool:
-                chunk = max(1, n // (4 * num_workers))
-                jobs = [(i, seed) for i in range(n)]
-                for _ in pool.imap_unordered(_write_in_worker, jobs, chunksize=chunk):
-                    pass
-            folder.journal = Journal(folder.path)  # with what the workers journaled
-        else:
-            for i in range(n):
-                _write_sample(folder, i, seed)
+        with progress("generating synthetic photos", n) as advance:
+            if num_workers:
+                # spawn, not fork: the caller may hold threads (torch, OpenCV) a fork would break
+                ctx = multiprocessing.get_context("spawn")
+                init = (os.getpid(), str(folder.path))
+                with ctx.Pool(num_workers, initializer=_init_worker, initargs=init) as pool:
+                    chunk = max(1, n // (4 * num_workers))
+                    jobs = [(i, seed) for i in range(n)]
+                    for _ in pool.imap_unordered(_write_in_worker, jobs, chunksize=chunk):
+                        advance(1)
+                folder.journal = Journal(folder.path)  # with what the workers journaled
+            else:
+                for i in range(n):
+                    _write_sample(folder, i, seed)
+                    advance(1)
         for rel in sorted(set(earlier) - set(samples)):  # the earlier set's, while as written
             folder.remove(rel)
         folder.prune(samples)

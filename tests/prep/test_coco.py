@@ -15,6 +15,7 @@ from PIL import Image
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import prepare
 
+import nailseg.prep.prepare
 from nailseg.prep.format import read_table
 from nailseg.prep.layout import COCO_UNUSABLE, NO_IMAGE
 
@@ -140,3 +141,36 @@ def test_a_coco_export_of_the_real_masks_prepares_to_the_png_masks(real_data, tm
         outline = cv2.dilate(mask[..., 0], kernel) != cv2.erode(mask[..., 0], kernel)
         differ = (got[name] != mask)[..., 0]
         assert not (differ & ~outline).any(), f"{name}: differs off the outline"
+
+
+def test_a_coco_file_edited_during_a_run_is_reconverted_on_the_next(tmp_path, monkeypatch):
+    """prepare reads a COCO file when it scans the input and converts later: a labelling tool
+    saving the file in between left masks of the old file recorded as the new one's, never
+    converted again. Each entry is recorded as scanned, so the next run converts the entries the
+    edit changed, and only those."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    masks = {f"p{n}.jpg": box_mask(box=3 + n) for n in range(4)}
+    for n in range(4):
+        save_image(raw / "Images" / "g" / f"p{n}.png", photo(seed=n))
+    (raw / "Masks").mkdir()
+    annotations = raw / "Masks" / "annotations.json"
+    annotations.write_text(json.dumps(_coco(masks, {})))
+    edited = {**masks, "p1.jpg": box_mask(box=9)}  # one nail redrawn
+    convert = nailseg.prep.prepare.convert
+
+    def save_then_convert(*args):
+        annotations.write_text(json.dumps(_coco(edited, {})))
+        return convert(*args)
+
+    monkeypatch.setattr(nailseg.prep.prepare, "convert", save_then_convert)
+    prepare(raw, out, num_workers=1)
+    monkeypatch.undo()
+    assert np.array_equal(_npy_masks(out)["masks/g/p1.npy"][..., 0], masks["p1.jpg"] > 0)
+
+    summary = prepare(raw, out, num_workers=1)
+    assert (summary.written, summary.up_to_date) == (1, 3)
+    got = _npy_masks(out)
+    assert all(
+        np.array_equal(got[f"masks/g/p{n}.npy"][..., 0], edited[f"p{n}.jpg"] > 0) for n in range(4)
+    )
+    assert prepare(raw, out, num_workers=1).written == 0

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image, PngImagePlugin
+from rich.console import Console
 from support.image_files import box_mask, photo, save_image
 from support.prep_settings import assign_splits, prepare
 
@@ -31,6 +32,7 @@ from nailseg.prep.layout import (
 )
 from nailseg.prep.prepare import PrepareError
 from nailseg.prep.splits import subject_of
+from nailseg.progress import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_SUBJECT = r"^(\d+_\d+)_|^(None_\d+)-"
@@ -252,6 +254,40 @@ def _run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def test_a_synthetic_prepare_shows_its_progress_in_a_pipe(tmp_path):
+    """`python prepare.py dataset=synthetic_mix` printed nothing for minutes in a pipe or a log
+    (a progress bar draws only on a terminal): each long step now says where it is."""
+    data = tmp_path / "data"
+    proc = _run_cli("dataset=synthetic_mix", "dataset.synthetic.n=6", f"paths.data_dir={data}")
+    lines = proc.stdout.splitlines()
+    steps = [
+        "generating synthetic photos: 0/6 (0%)",
+        "generating synthetic photos: 6/6 (100%)",
+        "converting pairs: 0/6 (0%)",
+        "converting pairs: 6/6 (100%)",
+        "prepare summary",
+    ]
+    at = [next(i for i, line in enumerate(lines) if step in line) for step in steps]
+    assert at == sorted(at), proc.stdout
+    rerun = _run_cli("dataset=synthetic_mix", "dataset.synthetic.n=6", f"paths.data_dir={data}")
+    assert "generating" not in rerun.stdout and "converting" not in rerun.stdout  # nothing to do
+
+
+def test_progress_off_a_terminal_is_a_line_now_and_then():
+    console = Console(file=io.StringIO(), force_terminal=False, width=80)
+    with progress("converting pairs", 3, console, every_s=0.0) as advance:
+        for _ in range(3):
+            advance(1)
+    lines = console.file.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "converting pairs: 0/3 (0%)",
+        "converting pairs: 1/3 (33%)",
+        "converting pairs: 2/3 (67%)",
+        "converting pairs: 3/3 (100%)",
+    ]
+    assert all(re.fullmatch(r".*, \d+ s", line) for line in lines)
 
 
 def test_cli_exit_codes(tmp_path):
