@@ -168,8 +168,7 @@ def refuse_mass_vanishing(
 
 
 def _up_to_date(pair: Pair, folder: OwnedFolder, record: Record | None, settings: str):
-    """The record of a pair whose outputs are current, else None: same settings, sources of the
-    same content, outputs as prepare wrote them."""
+    """The record of a pair whose settings, sources' content and outputs are as recorded."""
     if record is None or record.settings != settings:
         return None
     if not all(folder.owns(rel) for rel in record.outputs):
@@ -209,8 +208,7 @@ def _blocker(folder: OwnedFolder, pair: Pair) -> Exclusion | None:
 def triage(
     pairs: list[Pair], folder: OwnedFolder, records: dict[str, Record], settings: str
 ) -> tuple[list[Record], list[Pair], list[Exclusion]]:
-    """The records of the pairs whose outputs are current, the pairs to convert, and why the
-    others cannot be converted."""
+    """The records of the pairs whose outputs are current, the pairs to convert, why not others."""
     current, stale, blocked = [], [], []
     for pair in pairs:
         record = _up_to_date(pair, folder, records.get(pair.key), settings)
@@ -225,8 +223,7 @@ def triage(
 
 @dataclass(frozen=True)
 class Outcome:
-    """What converting one pair gave: a record or an exclusion, how many distinct values its
-    mask had when it was not binary, and the bit depth its image was scaled from."""
+    """A pair's record or exclusion, its mask's distinct values if not binary, its image's depth."""
 
     record: Record | None = None
     exclusion: Exclusion | None = None

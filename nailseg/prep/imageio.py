@@ -125,8 +125,7 @@ def orientation_mismatch(
 
 
 def _decode(path: Path) -> tuple[Image.Image | np.ndarray, int, int | None]:
-    """A PIL image turned upright, or deep colour as uint16 RGB; the file's bits per sample and
-    the significant bits it declares."""
+    """A PIL image turned upright, or deep colour as uint16 RGB; its bits and significant bits."""
     try:
         with Image.open(path) as im:
             depth, significant = _file_depth(im, path)

@@ -86,8 +86,7 @@ def compose_prepare(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def check_request(input_dir: Path, out_root: Path, settings: PrepareSettings) -> None:
-    """Refuse a request that cannot end well, from the input's path alone: `run` checks it before
-    it generates the input."""
+    """Refuse a request that cannot end well, from the input's path alone (before generation)."""
     check_split_settings(settings.split)
     if settings.split.folds == 1 and settings.split.valid_fraction == 0:
         raise PrepareError(
@@ -202,8 +201,7 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
 
 
 def claim_root(out_root: Path, wait_s: float = 0.0) -> OwnedFolder:
-    """The prepared root, locked for this process; PrepareError (from BusyError when another
-    process holds it) when it cannot be."""
+    """The prepared root, locked for this process; PrepareError, from BusyError, when it is held."""
     try:
         return OwnedFolder.claim(out_root, KIND, key="output_dir", wait_s=wait_s)
     except BusyError as err:

@@ -1,11 +1,8 @@
 """`loader=kornia`: workers only read and resize (uint8 out); the spec runs per batch on the device,
-under a forked torch generator seeded from (seed, rank, epoch, step).
-
-The spec's geometric ops act on the canvas *before* the resize: here they are per-sample affine
-warps of the resized batch (image bilinear, mask nearest), rotations conjugated with that resize,
-crops in canvas pixels, each sample's canvas size tracked through the ops (zoom_out shrinks
-without antialiasing, unlike DALI). jpeg is Kornia's differentiable codec, a level or so off
-libjpeg; noise, brightness and contrast are tensor ops (Kornia's mean something else).
+under a forked torch generator seeded from (seed, rank, epoch, step). Geometric ops, which act on
+the canvas before the resize, are per-sample affine warps of the resized batch, each sample's
+canvas size tracked through them (zoom_out shrinks without antialiasing, unlike DALI); jpeg is
+Kornia's differentiable codec, a level or so off libjpeg.
 """
 
 from __future__ import annotations
