@@ -1,15 +1,17 @@
-"""Shared fixtures: prepared data written the way `prepare.py` writes it, the real data, and one
-sweep with a failing job that several test modules read."""
+"""Shared fixtures: prepared data written the way `prepare.py` writes it, the real data, and what
+several test modules read, made once for the whole test session: one trained run and one sweep
+with a failing job."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support.ddp import run_train
+from support.inference import make_run
 from support.prepared import write_prepared
 from support.train import small_overrides
 
@@ -53,24 +55,47 @@ def prepared(tmp_path: Path) -> Path:
     return write_prepared(tmp_path / "prepared")
 
 
+def _once(
+    factory: pytest.TempPathFactory, worker_id: str, name: str, make: Callable[[Path], object]
+) -> Path:
+    """The folder `name` that `make(folder)` filled, once for the whole test session: pytest-xdist's
+    workers share it (the first to ask makes it under a lock, the others wait for it)."""
+    if worker_id == "master":
+        base = factory.mktemp(name)
+        make(base)
+        return base
+    base = factory.getbasetemp().parent / name  # this session's, every worker's
+    base.mkdir(exist_ok=True)
+    with (base / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / ".made").is_file():
+            make(base)
+            (base / ".made").touch()
+    return base
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The last checkpoint of one tiny UNet run (`make_run`: one epoch at 32², on
+    `write_prepared`'s data in `<run>/../prepared`), trained once for the whole test session.
+    Read it only: a test that writes beside a checkpoint takes a copy of its own (`own_run`)."""
+    return _once(tmp_path_factory, worker_id, "trained_run", _train) / "run/checkpoints/last.ckpt"
+
+
+def _train(base: Path) -> None:
+    make_run(write_prepared(base / "prepared"), base / "run")
+
+
 @pytest.fixture(scope="session")
 def failing_sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """`train.py -m` of three jobs with W&B; job 1 fails inside fit, after its W&B run started (a
     one-step schedule cannot take a second optimizer step), so the sweep exits with status 1.
     Returns the sweep folder; its stderr is in `stderr.txt` beside it. Run once for the whole
-    test session: pytest-xdist's workers share it (the first to ask runs it, the others wait)."""
-    if worker_id == "master":
-        return _run_failing_sweep(tmp_path_factory.mktemp("failing_sweep"))
-    base = tmp_path_factory.getbasetemp().parent / "failing_sweep"  # this session's, every worker's
-    base.mkdir(exist_ok=True)
-    with (base / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "stderr.txt").is_file():
-            _run_failing_sweep(base)
-    return base / "sweep"
+    test session."""
+    return _once(tmp_path_factory, worker_id, "failing_sweep", _run_failing_sweep) / "sweep"
 
 
-def _run_failing_sweep(base: Path) -> Path:
+def _run_failing_sweep(base: Path) -> None:
     from wandb import env as wandb_env  # here: the GPU machine's tests run without wandb
 
     overrides = small_overrides(
@@ -89,5 +114,4 @@ def _run_failing_sweep(base: Path) -> Path:
         for var in (wandb_env.SERVICE, *WANDB_DIRS):
             env.delenv(var, raising=False)
         stderr = run_train("-m", *overrides, f"hydra.sweep.dir={base / 'sweep'}", returncode=1)
-    (base / "stderr.txt").write_text(stderr)  # last: the mark of a finished sweep
-    return base / "sweep"
+    (base / "stderr.txt").write_text(stderr)

@@ -205,6 +205,7 @@ def process_start_time() -> float:
 
 _clocks_started = 0  # training jobs this process has started (`start_job_clock`)
 _job_started: float | None = None  # when the running job started (`start_job_clock`)
+_run_entered: float | None = None  # when its `run` began: its imports done
 
 
 def job_start_time() -> float:
@@ -217,15 +218,15 @@ def job_start_time() -> float:
 
 def start_job_clock() -> None:
     """Mark a training job's start, which `TimeToTarget` counts from (`run` calls it first)."""
-    global _job_started
-    _job_started = job_start_time()
+    global _job_started, _run_entered
+    _job_started, _run_entered = job_start_time(), time.time()
 
 
 class TimeToTarget(L.Callback):
     """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch,
     the step and the seconds since the job started (`start_job_clock`), split into start-up,
     training, validation and epoch 0's training. `reached` holds it (None until then);
-    metrics.json reports it as `time_to_target`. With `stop`, training ends there, on every rank
+    metrics.json reports it as `time_to_target`, and this session's start-up as `startup`. With `stop`, training ends there, on every rank
     alike (the metric is synced).
 
     The checkpoint carries this state: a resumed fit keeps a target reached before it, and adds
@@ -240,6 +241,8 @@ class TimeToTarget(L.Callback):
         self.metric, self.target, self.mode, self.stop = metric, float(target), mode, stop
         self.reached: dict[str, Any] | None = None
         self._started = _job_started if _job_started is not None else process_start_time()
+        self._entered = _run_entered if _run_entered is not None else self._started
+        self._first_step: float | None = None  # when this session's first step ended
         self._fit_start = self._mark = 0.0
         self._earlier_s = self._earlier_startup_s = 0.0  # the sessions before the checkpoint
         self._train = self._val = 0.0
@@ -284,6 +287,21 @@ class TimeToTarget(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._mark = time.time()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if self._first_step is None:
+            self._first_step = time.time()
+
+    def startup(self) -> dict[str, float | None]:
+        """This session's start-up: the job's start to its `run` (Python, Hydra, the checks and
+        the imports), to the fit's start (data, net, trainer, loggers), to its first step's end
+        (sanity validation, the loaders' start, the first batch)."""
+        first = self._first_step
+        return {
+            "imports_s": self._entered - self._started,
+            "build_s": self._fit_start - self._entered,
+            "first_step_s": None if first is None else first - self._fit_start,
+        }
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.stop and self.reached is not None:

@@ -51,7 +51,12 @@ from nailseg.training.run_folder import (
 )
 
 log = logging.getLogger(__name__)
-MEASURED = ("fit", "throughput", "time_to_target")  # what only a session that trains measures
+MEASURED = (
+    "fit",
+    "throughput",
+    "time_to_target",
+    "startup",
+)  # what only a session that trains measures
 SUMMARISED = ("dice", "iou", "loss")  # the final evaluation's metrics in the run's summary
 
 
@@ -330,6 +335,7 @@ def _fit(built: Built) -> dict[str, Any]:
         "throughput": speed[0].summary() if speed else None,
         "world_size": trainer.world_size,
         "time_to_target": timers[0].reached if timers else None,
+        "startup": timers[0].startup() if timers else None,
         "best": _best(built),
         "global_step": trainer.global_step,
         "epochs": trainer.current_epoch,

@@ -13,8 +13,7 @@ import torch
 from PIL import Image
 from support.cli import run_command
 from support.image_files import save_image
-from support.inference import compose_cli, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, own_run
 
 from benchmarks import predict
 from benchmarks.predict import make_photos
@@ -150,8 +149,10 @@ def test_every_run_of_the_real_config_composes_into_predicts_config() -> None:
 
 
 @pytest.mark.slow
-def test_bench_predict_runs_and_reports(sources: Path, tmp_path: Path, capfd) -> None:
-    ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "run")
+def test_bench_predict_runs_and_reports(
+    trained_run: Path, sources: Path, tmp_path: Path, capfd
+) -> None:
+    ckpt = own_run(trained_run, tmp_path / "run")
     out = tmp_path / "bench"
     args = [f"ckpt={ckpt}", f"input_dir={sources}", f"output_dir={out}", "jpeg_scales=[2]",
             "runs.cpu.overlays=false", "+runs.cpu_overlays={device: cpu}", "limit.cpu=6",

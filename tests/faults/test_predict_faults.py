@@ -18,8 +18,7 @@ from rich.console import Console
 from support.cli import run_command
 from support.faulty_writer import FailsAfter
 from support.image_files import save_image
-from support.inference import compose_cli, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, own_run
 from support.processes import session_processes
 
 import nailseg.inference.photos
@@ -33,9 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("faults_predict")
-    return make_run(write_prepared(base / "prepared"), base / "run")
+def ckpt(trained_run, tmp_path_factory) -> Path:
+    return own_run(trained_run, tmp_path_factory.mktemp("faults_predict") / "run")
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.image_files import box_mask, photo, save_image
-from support.inference import make_run
-from support.prepared import write_prepared
 from support.processes import session_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +80,8 @@ def test_prepare_killed_while_generating_the_default_set_leaves_no_worker(tmp_pa
 
 
 @pytest.mark.slow
-def test_predict_killed_leaves_no_worker_nor_forkserver(tmp_path):
-    ckpt = make_run(write_prepared(tmp_path / "prepared"), tmp_path / "train")
+def test_predict_killed_leaves_no_worker_nor_forkserver(trained_run, tmp_path):
+    ckpt = trained_run
     for i in range(1500):
         save_image(tmp_path / "photos" / f"p{i:04d}.png", np.full((20, 24, 3), i % 256, np.uint8))
     out = tmp_path / "out"

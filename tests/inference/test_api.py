@@ -15,8 +15,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 from support.image_files import save_image
-from support.inference import compose_cli, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, own_run
 
 import nailseg
 from nailseg.inference.export import run as export_run
@@ -29,9 +28,8 @@ SIZES = [(37, 53), (64, 20), (45, 45), (30, 31), (90, 120), (16, 70), (33, 33), 
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("api_run")
-    return make_run(write_prepared(base / "prepared"), base / "run")
+def trained(trained_run, tmp_path_factory) -> Path:
+    return own_run(trained_run, tmp_path_factory.mktemp("api_run") / "run")
 
 
 @pytest.fixture(scope="module")

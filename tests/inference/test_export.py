@@ -12,8 +12,7 @@ import pytest
 import torch
 from rich.console import Console
 from support.cli import run_command
-from support.inference import compose_cli, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, own_run
 
 from nailseg.inference.export import ExportError, main, run
 from nailseg.inference.spec import resolve_spec
@@ -22,9 +21,8 @@ from nailseg.model.checkpoint import ArchitectureMismatch, load_net
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    base = tmp_path_factory.mktemp("export_run")
-    return make_run(write_prepared(base / "prepared"), base / "run")
+def trained(trained_run, tmp_path_factory):
+    return own_run(trained_run, tmp_path_factory.mktemp("export_run") / "run")
 
 
 def export(ckpt, *extra: str):

@@ -19,8 +19,7 @@ import yaml
 from PIL import Image
 from rich.console import Console
 from support.image_files import save_image
-from support.inference import compose_cli, constant_checkpoint, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, constant_checkpoint, own_run
 from support.train import TINY_UNET
 
 from nailseg.data.datamodule import read_split
@@ -37,10 +36,9 @@ from nailseg.prep.format import write_table
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(trained_run, tmp_path_factory) -> Path:
     """The last checkpoint of a tiny UNet run (32x32) inside a run dir with .hydra/config.yaml."""
-    base = tmp_path_factory.mktemp("predict_run")
-    return make_run(write_prepared(base / "prepared"), base / "run")
+    return own_run(trained_run, tmp_path_factory.mktemp("predict_run") / "run")
 
 
 @pytest.fixture(scope="module")

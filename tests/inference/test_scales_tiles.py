@@ -15,8 +15,7 @@ from PIL import Image
 from rich.console import Console
 from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
-from support.inference import compose_cli, make_run
-from support.prepared import write_prepared
+from support.inference import compose_cli, own_run
 
 from nailseg.data.datamodule import read_split
 from nailseg.inference.engine import build_engine
@@ -42,10 +41,9 @@ SIZES = [(90, 120), (20, 25), (33, 47), (90, 120), (64, 30)]  # mixed, one repea
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(trained_run, tmp_path_factory) -> Path:
     """The last checkpoint of a tiny UNet run at 32x32, inside its run folder."""
-    base = tmp_path_factory.mktemp("scales_run")
-    return make_run(write_prepared(base / "prepared"), base / "run")
+    return own_run(trained_run, tmp_path_factory.mktemp("scales_run") / "run")
 
 
 @pytest.fixture(scope="module")

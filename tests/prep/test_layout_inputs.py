@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
-from support.inference import make_run
+from support.inference import own_run
 from support.prepared import write_prepared
 from support.train import small_overrides
 
@@ -96,9 +96,8 @@ def test_special_files_are_left_out_unopened(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("layout_inputs_run")
-    return make_run(write_prepared(base / "prepared"), base / "train")
+def ckpt(trained_run, tmp_path_factory) -> Path:
+    return own_run(trained_run, tmp_path_factory.mktemp("layout_inputs_run") / "train")
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import nailseg.inference.export  # registers export_schema
 import nailseg.inference.predict  # noqa: F401  (registers predict_schema)
+from nailseg.io.folder import OwnedFolder
 from nailseg.training.run import run as train_run
 from support.train import CONF, compose_train, small_overrides
 
@@ -24,6 +25,15 @@ def make_run(root: Path, run_dir: Path) -> Path:
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     return run_dir / "checkpoints" / "last.ckpt"
+
+
+def own_run(ckpt: Path, run_dir: Path) -> Path:
+    """A run folder of its own at `run_dir` (nailseg's, as train.py makes one) holding `ckpt` and
+    its run's `.hydra/config.yaml`: a test may write beside it. Returns its checkpoint."""
+    with OwnedFolder.claim(run_dir, "run") as folder:
+        for rel in (f"checkpoints/{ckpt.name}", ".hydra/config.yaml"):
+            folder.write(rel, (ckpt.parents[1] / rel).read_bytes())
+    return run_dir / "checkpoints" / ckpt.name
 
 
 def constant_checkpoint(ckpt: Path, logit: float, name: str = "constant.ckpt") -> Path:

@@ -30,7 +30,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from support.cli import run_command
 from support.prepared import write_prepared
-from support.train import CONF, TINY_UNET, compose_train, small_overrides
+from support.train import CONF, TINY_UNET, compose_train
 
 import benchmarks  # noqa: F401  (the bench_* schemas are stored on its import)
 import nailseg
@@ -40,7 +40,6 @@ from nailseg.model.checkpoint import load_net
 from nailseg.model.schedules import schedule_length
 from nailseg.training.build import Built, build
 from nailseg.training.jobs import isolated_job
-from nailseg.training.run import run
 
 GROUPS = sorted(
     p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml"))
@@ -369,22 +368,15 @@ def test_prepare_composes_from_the_dataset(dataset):
     assert cfg.split.group_regex == cfg.dataset.group_regex
 
 
-@pytest.fixture(scope="module")
-def checkpoint(data, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    overrides = small_overrides(data, "trainer.max_epochs=1", "logger=none", "test=false")
-    run(compose_train(overrides, run_dir))
-    return run_dir / "checkpoints" / "last.ckpt"
-
-
 @pytest.mark.parametrize("model", [None, "unet"])
 @pytest.mark.parametrize("app", ["predict", "export"])
-def test_predict_and_export_build_the_checkpoints_net(app, model, checkpoint):
-    overrides = [f"ckpt={checkpoint}"] + (["input=x", "output=y"] if app == "predict" else [])
+def test_predict_and_export_build_the_checkpoints_net(app, model, trained_run):
+    ckpt = trained_run
+    overrides = [f"ckpt={ckpt}"] + (["input=x", "output=y"] if app == "predict" else [])
     if model is not None:
         overrides += [f"model={model}", *TINY_UNET[1:]]
     spec = resolve_spec(_compose_app(app, overrides))
-    assert type(load_net(checkpoint, spec.model)).__name__ == "Unet" and spec.image_size == (32, 32)
+    assert type(load_net(ckpt, spec.model)).__name__ == "Unet" and spec.image_size == (32, 32)
 
 
 def test_train_help_names_every_group_and_option():

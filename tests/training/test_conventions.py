@@ -140,14 +140,11 @@ def test_each_job_of_a_sweep_gets_the_tags_in_its_wandb_run_and_metrics(failing_
 # --- evaluation of a checkpoint: model and size from its card ----------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny UNet (not the default model) trained one epoch at 32² (not the default size)."""
-    base = tmp_path_factory.mktemp("conventions")
-    data = write_prepared(base / "prepared")
-    overrides = small_overrides(data, "trainer.max_epochs=1", "logger=none", "test=false")
-    run(compose_train(overrides, base / "run"))
-    return data, base / "run" / "checkpoints" / "last.ckpt"
+@pytest.fixture
+def trained(trained_run) -> tuple[Path, Path]:
+    """A tiny UNet (not the default model) trained one epoch at 32² (not the default size), and
+    its data."""
+    return trained_run.parents[2] / "prepared", trained_run
 
 
 def _unrestated(data: Path, *extra: str) -> list[str]:

@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.train import train
 
 from nailseg.training import callbacks
 
 COMMON = ("logger=none", "test=false", "scheduler=none")  # a constant LR: a fit may be extended
-MEASURED = ("fit", "throughput", "time_to_target")
+MEASURED = ("fit", "throughput", "time_to_target", "startup")
 
 
 def _report(run_dir: Path) -> dict[str, Any]:
@@ -23,8 +24,12 @@ def _report(run_dir: Path) -> dict[str, Any]:
 def test_a_target_reached_before_a_resume_is_reported_as_it_was(prepared, tmp_path):
     run_dir, target = tmp_path / "a", "callbacks.time_to_target.target=0.0"
     train(prepared, run_dir, "trainer.max_epochs=1", target, *COMMON)
-    reached = _report(run_dir)["time_to_target"]
+    reached, startup = _report(run_dir)["time_to_target"], _report(run_dir)["startup"]
     assert reached["epoch"] == 0
+    # the start-up's parts: to the job's `run`, to the fit's start, to the first step's end
+    assert startup["imports_s"] + startup["build_s"] == pytest.approx(reached["startup_s"])
+    assert startup["imports_s"] > 0 and startup["build_s"] > 0
+    assert 0 < startup["first_step_s"] < reached["seconds"] - reached["startup_s"]
     train(prepared, run_dir, "trainer.max_epochs=2", target, "ckpt_path=last", *COMMON)
     extended = _report(run_dir)
     assert extended["epochs"] == 2 and extended["time_to_target"] == reached
@@ -78,3 +83,7 @@ def test_a_jobs_clock_starts_before_it_prepares_its_data(monkeypatch, tmp_path):
     # file times come from the kernel's coarse clock, up to a tick (4 ms) behind time.time()
     assert reached["startup_s"] >= prepared_at - started - 0.01
     assert reached["seconds"] <= ended - started
+    # preparing its data is part of the job's build, not of its imports
+    startup = _report(tmp_path / "run")["startup"]
+    assert startup["build_s"] >= prepared_at - callbacks._run_entered - 0.01
+    assert startup["imports_s"] < startup["build_s"]
