@@ -23,7 +23,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-fast lint format bench-prepare bench-predict bench bench-scale bench-ddp compare cross-source time-to-target gpu-check clean
+.PHONY: help install prepare train test test-quick lint format bench-prepare bench-predict bench bench-scale bench-ddp compare cross-source time-to-target gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -43,16 +43,15 @@ train: install  ## prepare DATASET, then train on it with the defaults (CPU on t
 	$(PY) prepare.py dataset=$(DATASET)
 	$(PY) train.py dataset=$(DATASET) $(ARGS)
 
-# one process more than the cores (many tests wait on their subprocesses), a file's tests (and its
-# shared fixtures) in one of them, one thread each
-TEST_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
-PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+# a file's tests (and its shared fixtures) in one process, one thread each; the whole suite runs
+# one process more than the cores (many of its tests wait on subprocesses of their own)
+PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest --dist loadfile
 
-test: install  ## the whole suite (real-data tests skip where ../shared is absent)
-	$(PYTEST) $(ARGS)
+test: install  ## the whole suite, README's commands and CI's (real-data tests skip where ../shared is absent)
+	$(PYTEST) -n $(shell echo $$(( $$(nproc) + 1 ))) $(ARGS)
 
-test-fast: install  ## the suite without the slow tests (subprocess trainings, DDP, sweeps)
-	$(PYTEST) -m "not slow" $(ARGS)
+test-quick: install  ## the inner loop (about a minute): every module's core behaviour, no slow test (a fit, a command in a process of its own, DDP, sweeps, benchmarks)
+	$(PYTEST) -n $(shell nproc) -m "not slow" $(ARGS)
 
 lint: install  ## ruff check and format --check
 	$(VENV)/bin/ruff check .
