@@ -84,7 +84,9 @@ def test_a_debug_run_from_another_folder_writes_its_own_folder_in_the_project(tm
     tag = f"test-{uuid.uuid4().hex}"
     debug_dir = ROOT / "outputs" / "debug"
     made = [p for p in (ROOT / "outputs", debug_dir) if not p.exists()]
-    overrides = small_overrides(Path("prepared"), "debug=default", f"tags=[{tag},conventions]")
+    overrides = small_overrides(
+        Path("prepared"), "debug=default", f"tags=[{tag},conventions]", logger=None
+    )
     try:
         proc = run_command(["train.py", *overrides], capsys, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
