@@ -41,10 +41,10 @@ from benchmarks.output import claim_output, scratch
 from nailseg.config import CONF_DIR
 from nailseg.errors import require_values
 from nailseg.inference.engine import OnnxNet, build_engine
-from nailseg.inference.photos import find_images
 from nailseg.inference.pipeline import STAGES
 from nailseg.inference.predict import run as predict
-from nailseg.inference.spec import resolve_spec
+from nailseg.inference.request import find_images
+from nailseg.inference.segmenter import resolve_spec
 from nailseg.inference.views import image_tensors, to_batch
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder, below, read_regular

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from nailseg.model.step_log import logs_step
+from nailseg.model.module import logs_step
 from nailseg.training.callbacks import settled
 from nailseg.training.run_folder import write_file
 

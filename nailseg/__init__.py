@@ -1,6 +1,6 @@
 """nailseg's Python API: `nailseg.load(ckpt)` gives a Segmenter whose `predict` and
-`probabilities` take photos in memory (inference/segmenter.py). torch loads at the first use of
-`load`, not at `import nailseg`: the commands' quick error paths import this package."""
+`probabilities` take photos in memory, as predict runs them (inference/segmenter.py). torch loads
+at the first use of `load`, not at `import nailseg`: the commands' quick error paths import this."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Segmenter", "__version__", "load"]
-_LAZY = {"load": "nailseg.inference.predict", "Segmenter": "nailseg.inference.segmenter"}
+_API = "nailseg.inference.segmenter"  # `load` and `Segmenter`
 
 
 try:
@@ -23,6 +23,6 @@ except metadata.PackageNotFoundError:  # a source checkout that is not installed
 
 def __getattr__(name: str) -> Any:
     """`load` and `Segmenter`, imported at their first use."""
-    if name not in _LAZY:
+    if name not in ("load", "Segmenter"):
         raise AttributeError(f"module 'nailseg' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    return getattr(importlib.import_module(_API), name)

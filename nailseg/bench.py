@@ -49,7 +49,7 @@ from nailseg.data.datamodule import NailDataModule
 from nailseg.device import resolve_device
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder
-from nailseg.model.losses import build_loss
+from nailseg.model.metrics import build_loss
 from nailseg.model.net import compile_net
 from nailseg.synth.builtin import prepare_builtin
 from nailseg.tables import print_table

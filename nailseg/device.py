@@ -5,6 +5,7 @@ entry point imports this module (through `nailseg.config`) before anything heavy
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,6 +19,33 @@ def check_name(name: str) -> None:
     """Raise ValueError unless `name` is a device setting (whether it exists here aside)."""
     if name not in NAMES and not (name.startswith("cuda:") and name[5:].isdigit()):
         raise ValueError(f"device={name!r}: use one of {', '.join(NAMES)} or cuda:N")
+
+
+def gpu_count() -> int:
+    """The CUDA devices this process sees, asked of the driver without importing torch (0 without
+    a driver), so a command refuses a GPU it lacks before the seconds torch takes."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    found = driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+    return count.value if found else 0
+
+
+def available(name: str) -> str:
+    """Where the device setting `name` runs, "cuda" or "cpu", checked without torch; ValueError
+    for a CUDA device this machine lacks."""
+    check_name(name)
+    if name == "cpu":
+        return "cpu"
+    count = gpu_count()
+    if name == "auto":
+        return "cuda" if count else "cpu"
+    if count <= (int(name[5:]) if name.startswith("cuda:") else 0):
+        seen = f"{count} CUDA device(s), cuda:0 to cuda:{count - 1}" if count else "no CUDA device"
+        raise ValueError(f"device={name!r}: this machine has {seen}; use auto or cpu")
+    return "cuda"
 
 
 def auto_accelerator(cuda: bool | None = None) -> str:

@@ -19,7 +19,7 @@ from nailseg.data.datamodule import read_split
 from nailseg.data.loaders.base import read_records
 from nailseg.data.loaders.dali import DaliLoader
 from nailseg.model.checkpoint import load_net
-from nailseg.model.step_log import StepValues
+from nailseg.model.module import StepValues
 from nailseg.prep.format import CSV_COLUMNS
 from nailseg.training.run import run
 
@@ -263,8 +263,9 @@ def test_predict_decodes_jpegs_on_the_gpu_as_the_cpu_does(prepared, tmp_path):
         assert masks["true"][name].shape == cpu.shape
         assert (masks["true"][name] == cpu).mean() > 0.98, name
     # the decoded pixels themselves: nvJPEG against libjpeg (PIL), EXIF orientation applied
-    from nailseg.inference.photos import Photo, load
     from nailseg.inference.pipeline import to_device
+    from nailseg.inference.request import Photo
+    from nailseg.inference.workers import load
     from nailseg.prep.imageio import read_rgb
 
     files = sorted(photos.iterdir())
@@ -317,7 +318,7 @@ def test_a_graphed_net_gives_the_eager_nets_probabilities_for_every_batch(monkey
 def test_a_net_a_cuda_graph_cannot_capture_is_refused_before_anything_is_written(tmp_path):
     from nailseg.inference.engine import GraphedNet, capture
     from nailseg.inference.predict import PredictError
-    from nailseg.inference.spec import InferenceSpec
+    from nailseg.inference.segmenter import InferenceSpec
 
     class Syncing(torch.nn.Module):  # asks the host for a value mid-forward: no graph holds that
         def __init__(self) -> None:
@@ -345,7 +346,7 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
     all the work queued there, so the host idled a batch's length every batch."""
     from nailseg.inference.engine import GraphedNet
     from nailseg.inference.pipeline import to_host
-    from nailseg.inference.spec import InferenceSpec
+    from nailseg.inference.segmenter import InferenceSpec
     from nailseg.inference.views import full_size_probabilities, image_tensors
     from nailseg.model.net import build_net
 
@@ -361,13 +362,13 @@ def test_queueing_a_batch_of_predictions_never_waits_for_the_gpu():
         maps = full_size_probabilities(graphed, image_tensors(photos, torch.device("cuda")), spec)
         return to_host(maps, lambda flat: flat > 0.5)
 
-    first = queue().arrays()  # captures the graph (which waits, once)
+    first = queue()()  # captures the graph (which waits, once)
     torch.cuda.set_sync_debug_mode("error")
     try:
         copy = queue()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for got, want in zip(copy.arrays(), first, strict=True):
+    for got, want in zip(copy(), first, strict=True):
         np.testing.assert_array_equal(got, want)
     assert [a.shape for a in first] == sizes
 
@@ -383,7 +384,7 @@ def test_a_batch_comes_back_from_the_gpu_as_it_was_when_its_copy_was_queued():
     for m in maps:
         m.sub_(1.0)  # every value below 0.5 once this has run
     assert copy.flat.is_pinned()
-    for got, want in zip(copy.arrays(), expected, strict=True):
+    for got, want in zip(copy(), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert not (maps[0] > 0.5).any()  # the later work did run
 

@@ -1,11 +1,11 @@
 """What runs the net: PyTorch on the device, channels-last (on a GPU, replayed as CUDA graphs), or
 ONNX Runtime on the CPU, from an ONNX model made in memory (the model `export` writes).
 
-A CUDA graph replays the forward pass as one launch a batch; each batch is copied into the
-captured input, the logits returned are a view valid until the next call, and each input shape is
+A CUDA graph replays the forward pass as one launch a batch: each batch is copied into the
+captured input, the logits returned are a view valid until the next call, each input shape is
 captured once, a smaller batch padded (rows are independent in an eval-mode net). ONNX: torch's
-TorchScript-based exporter (`dynamo=False`), its deprecation warnings silenced: the guard is ONNX
-Runtime agreeing with PyTorch on random batches within `TOLERANCE` of the logits' size.
+TorchScript exporter (`dynamo=False`), guarded by ONNX Runtime agreeing with PyTorch on random
+batches within `TOLERANCE` of the logits' size.
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ import json
 import time
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from nailseg.errors import UserError
-from nailseg.inference.spec import InferenceSpec, Net, PredictError
+from nailseg.inference.request import ExportError, PredictError
 from nailseg.inference.views import probabilities, to_batch
+
+if TYPE_CHECKING:
+    from nailseg.inference.segmenter import InferenceSpec, Net
 
 INPUT_NAME, OUTPUT_NAME = "image", "logits"
 TOLERANCE = 1e-3  # max |onnx - torch| on logits / max(1, max |logit|)
 VERIFY_BATCH_SIZES = (1, 3)
-
-
-class ExportError(UserError, RuntimeError):
-    """An unknown format, or an ONNX model whose outputs disagree with PyTorch's."""
 
 
 def build_engine(
@@ -47,9 +46,7 @@ def build_engine(
     ONNX Runtime on the CPU, one model per size in `sizes` (None: the input size)."""
     if engine == "torch":
         net = net.to(device, memory_format=torch.channels_last)
-        if device.type != "cuda":
-            return net
-        return GraphedNet(net) if cuda_graphs else net
+        return GraphedNet(net) if cuda_graphs and device.type == "cuda" else net
     try:
         return OnnxNet(net, spec, sizes or [spec.image_size])
     except ExportError as err:
@@ -64,22 +61,15 @@ def capture(
     sizes: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """Capture a full batch's graph at each size in `sizes` (None: the input size) now, so a net
-    that cannot be captured fails before anything is written; returns the seconds it took."""
+    that cannot be captured fails (PredictError) before any write; returns the seconds it took."""
     start = time.perf_counter()
     device = next(net.net.parameters()).device
     blank = torch.zeros(3, *spec.image_size, dtype=torch.uint8, device=device)
-    try:
-        with torch.inference_mode():
-            for size in sizes or [spec.image_size]:
-                probabilities(net, to_batch([blank] * batch_size, spec, size), tta)
-    except CaptureError as err:
-        raise PredictError(f"{err}; cuda_graphs=false runs it eagerly") from err
+    with torch.inference_mode():
+        for size in sizes or [spec.image_size]:
+            probabilities(net, to_batch([blank] * batch_size, spec, size), tta)
     torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-class CaptureError(RuntimeError):
-    """The net cannot be captured as a CUDA graph (host syncs, data-dependent shapes)."""
 
 
 @dataclasses.dataclass
@@ -128,19 +118,16 @@ class GraphedNet:
             torch.cuda.current_stream(batch.device).wait_stream(side)
             with autocast, torch.cuda.graph(graph):
                 logits = self.net(inputs)
-        except RuntimeError as err:  # CUDA's message runs on with hints: its first line says it
-            _release_generator(batch.device)
+        except RuntimeError as err:  # host syncs, data-dependent shapes
+            # a failed capture leaves the device's random generator marked as capturing (every
+            # later random op fails): it gets a copy of its state (seed, offset) that is not
+            generator = torch.cuda.default_generators[batch.device.index]
+            generator.graphsafe_set_state(generator.clone_state())
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise CaptureError(f"the net cannot run as a CUDA graph: {reason}") from err
+            raise PredictError(
+                f"the net cannot run as a CUDA graph: {reason}; cuda_graphs=false runs it eagerly"
+            ) from err
         return _Captured(graph, inputs, logits)
-
-
-def _release_generator(device: torch.device) -> None:
-    """A capture that fails ends before torch marks the device's random generator as no longer
-    capturing, and every later random op on that device then fails ("Offset increment outside
-    graph capture"): the generator gets a copy of its state (same seed and offset) that is not."""
-    generator = torch.cuda.default_generators[device.index]
-    generator.graphsafe_set_state(generator.clone_state())
 
 
 def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int | None) -> bytes:
@@ -172,26 +159,31 @@ def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int | None) -> byt
                 f"the ONNX exporter cannot write this net at opset={opset}: {reason}"
             ) from err
     model = onnx.load_from_string(buffer.getvalue())
-    _declare_output_shape(model, out_shape[1:])
-    onnx.helper.set_model_props(model, _metadata(spec))
+    # the output's shape as the net gives it, where the exporter's own inference gets a UNet's wrong
+    shape = model.graph.output[0].type.tensor_type.shape
+    del shape.dim[:]
+    shape.dim.add().dim_param = "batch"
+    for size in out_shape[1:]:
+        shape.dim.add().dim_value = int(size)
+    h, w = spec.image_size
+    metadata = {
+        "input": f"{INPUT_NAME}: float32 Bx3x{h}x{w}, RGB (x/255 - mean) / std",
+        "output": f"{OUTPUT_NAME}: float32 Bx1xHxW, foreground logits",
+        "image_size": json.dumps([h, w]),
+        "mean": json.dumps(list(spec.mean)),
+        "std": json.dumps(list(spec.std)),
+        "inference.threshold": json.dumps(spec.threshold),
+        "model": json.dumps(dict(spec.model)),
+        "checkpoint": spec.ckpt.name,
+    }
+    onnx.helper.set_model_props(model, {f"nailseg.{k}": v for k, v in metadata.items()})
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
 
-def _declare_output_shape(model, sizes: Sequence[int]) -> None:
-    """The output's declared shape: the batch axis, then the sizes the net gives (its logits at
-    the input size), where the exporter's own inference gets a UNet's wrong."""
-    shape = model.graph.output[0].type.tensor_type.shape
-    del shape.dim[:]
-    shape.dim.add().dim_param = "batch"
-    for size in sizes:
-        shape.dim.add().dim_value = int(size)
-
-
 def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> float:
     """`logits_difference` of `model` against `net`; ExportError when beyond `TOLERANCE`."""
-    diff = logits_difference(model, net, spec.image_size)
-    if diff > TOLERANCE:
+    if (diff := logits_difference(model, net, spec.image_size)) > TOLERANCE:
         raise ExportError(
             f"ONNX Runtime and PyTorch disagree on {spec.ckpt}: max |logits difference| / "
             f"max(1, max |logit|) = {diff:.3g} > {TOLERANCE}"
@@ -224,20 +216,6 @@ class OnnxNet:
         return torch.from_numpy(logits)
 
 
-def _metadata(spec: InferenceSpec) -> dict[str, str]:
-    return {
-        "nailseg.input": f"{INPUT_NAME}: float32 Bx3x{spec.image_size[0]}x{spec.image_size[1]}, "
-        "RGB (x/255 - mean) / std",
-        "nailseg.output": f"{OUTPUT_NAME}: float32 Bx1xHxW, foreground logits",
-        "nailseg.image_size": json.dumps(list(spec.image_size)),
-        "nailseg.mean": json.dumps(list(spec.mean)),
-        "nailseg.std": json.dumps(list(spec.std)),
-        "nailseg.inference.threshold": json.dumps(spec.threshold),
-        "nailseg.model": json.dumps(dict(spec.model)),
-        "nailseg.checkpoint": spec.ckpt.name,
-    }
-
-
 def logits_difference(
     model: bytes,
     net: nn.Module,
@@ -249,17 +227,13 @@ def logits_difference(
     import onnxruntime as ort
 
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    generator = torch.Generator().manual_seed(0)
-    diffs = []
+    generator, diffs = torch.Generator().manual_seed(0), []
     for n in batch_sizes:
         batch = torch.randn(n, 3, *image_size, generator=generator)
         with torch.inference_mode():
             expected = net(batch).numpy()
         (got,) = session.run([OUTPUT_NAME], {INPUT_NAME: batch.numpy()})
         if got.shape != expected.shape:
-            raise ExportError(
-                f"ONNX output {got.shape} for a batch of {n}, expected {expected.shape}"
-            )
-        scale = max(1.0, float(np.abs(expected).max()))
-        diffs.append(float(np.abs(got - expected).max()) / scale)
+            raise ExportError(f"ONNX output {got.shape} for a batch of {n}, not {expected.shape}")
+        diffs.append(float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max())))
     return max(diffs)

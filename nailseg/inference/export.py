@@ -17,31 +17,26 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
 from rich.console import Console
-from torch import nn
 
 from nailseg.config import CONF_DIR
 from nailseg.errors import UserError, require_model_group, require_values
-from nailseg.inference.engine import (
-    INPUT_NAME,
-    OUTPUT_NAME,
-    VERIFY_BATCH_SIZES,
-    ExportError,
-    checked_difference,
-    onnx_model,
-)
-from nailseg.inference.spec import InferenceSpec, resolve_spec
+from nailseg.inference.request import ExportError, check_overrides, file_in_the_way
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import OwnedFolder, read_regular
+from nailseg.io.folder import OwnedFolder, read_regular, refuse_foreign
 from nailseg.io.loose import check_loose, write_loose
-from nailseg.model.checkpoint import card_of, load_net, read_checkpoint
+from nailseg.model.checkpoint import CARD_FILE, checkpoint_file
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nailseg.inference.segmenter import InferenceSpec
 
 FORMATS = ("onnx", "smp")
-CARD_FILE = "nailseg_card.json"  # beside smp's files in a format=smp export
 SCRATCH = ".smp"  # where smp's save_pretrained writes in the export folder, before the files move
 
 
@@ -50,6 +45,8 @@ def export_onnx(
 ) -> float | None:
     """Write `net` to `path` as ONNX (atomically); returns the logits difference from PyTorch's
     (`logits_difference`) when `verify`, and then writes only if it is within `TOLERANCE`."""
+    from nailseg.inference.engine import checked_difference, onnx_model
+
     model = onnx_model(net, spec, opset=opset)
     try:
         diff = checked_difference(model, net, spec) if verify else None
@@ -86,55 +83,60 @@ def _clear(folder: OwnedFolder) -> None:
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> Path:
-    """Export `cfg.ckpt`; returns the written file (format=smp: folder)."""
+    """Export `cfg.ckpt`; returns the written file (format=smp: folder). What needs no torch is
+    checked first: the format, the overrides, the checkpoint file, the output."""
     console = console or Console()
     if cfg.format not in FORMATS:
         raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
-    if cfg.format == "smp":
-        return _run_smp(cfg, console)
-    lowest, highest = exporter_opsets()
-    if not lowest <= cfg.opset <= highest:
-        raise ExportError(f"opset={cfg.opset}: the exporter writes opsets {lowest} to {highest}")
+    check_overrides(cfg, ExportError)
+    ckpt = checkpoint_file(cfg.ckpt)
+    smp = cfg.format == "smp"
+    default = ckpt.with_name(f"{ckpt.stem}-smp") if smp else ckpt.with_suffix(".onnx")
+    out = Path(cfg.output) if cfg.output else default
+    try:
+        if smp:
+            refuse_foreign(out.absolute(), "export", "output")
+        else:
+            _check_output(out)
+    except NotOursError as err:
+        raise ExportError(str(err) if smp else f"output={out}: {err}") from err
+    from nailseg.inference.engine import INPUT_NAME, OUTPUT_NAME, VERIFY_BATCH_SIZES
+    from nailseg.inference.segmenter import resolve_spec
+    from nailseg.model.checkpoint import card_of, load_net, read_checkpoint
+
+    if not smp:
+        lowest, highest = exporter_opsets()
+        if not lowest <= cfg.opset <= highest:
+            raise ExportError(
+                f"opset={cfg.opset}: the exporter writes opsets {lowest} to {highest}"
+            )
     spec = resolve_spec(cfg)
-    path = Path(cfg.output) if cfg.output else spec.ckpt.with_suffix(".onnx")
-    _check_output(path)
     net = load_net(spec.ckpt, spec.model)
-    diff = export_onnx(net, spec, path, opset=cfg.opset, verify=cfg.verify)
-    h, w = spec.image_size
-    checked = (
-        f"; ONNX Runtime matches PyTorch (max |logits diff| / max(1, max |logit|) {diff:.2g} "
-        f"on batches {', '.join(map(str, VERIFY_BATCH_SIZES))})"
-        if diff is not None
-        else ""
-    )
-    console.print(
-        f"exported {spec.ckpt} → {path} (opset {cfg.opset}; {INPUT_NAME} float32 Bx3x{h}x{w} "
-        f"normalised → {OUTPUT_NAME} Bx1x{h}x{w}){checked}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    return path
-
-
-def _run_smp(cfg: DictConfig, console: Console) -> Path:
-    """`run` for format=smp: the card written holds the model and inputs the export used."""
-    spec = resolve_spec(cfg)
-    out = Path(cfg.output) if cfg.output else spec.ckpt.with_name(f"{spec.ckpt.stem}-smp")
-    card = card_of(read_checkpoint(spec.ckpt), spec.ckpt) or {}
-    card |= {
-        "model": dict(spec.model),
-        "image_size": list(spec.image_size),
-        "mean": list(spec.mean),
-        "std": list(spec.std),
-        "threshold": spec.threshold,
-    }
-    export_smp(load_net(spec.ckpt, spec.model), card, out)
-    console.print(
-        f"exported {spec.ckpt} → {out}/ (segmentation_models_pytorch.from_pretrained loads it; "
-        f"nailseg's card in {CARD_FILE})",
-        highlight=False,
-        soft_wrap=True,
-    )
+    if smp:
+        card = card_of(read_checkpoint(spec.ckpt), spec.ckpt) or {}
+        card |= {
+            "model": dict(spec.model),
+            "image_size": list(spec.image_size),
+            "mean": list(spec.mean),
+            "std": list(spec.std),
+            "threshold": spec.threshold,
+        }
+        export_smp(net, card, out)
+        what = f"{out}/ (segmentation_models_pytorch.from_pretrained loads it; nailseg's card in {CARD_FILE})"
+    else:
+        diff = export_onnx(net, spec, out, opset=cfg.opset, verify=cfg.verify)
+        h, w = spec.image_size
+        checked = (
+            f"; ONNX Runtime matches PyTorch (max |logits diff| / max(1, max |logit|) {diff:.2g} "
+            f"on batches {', '.join(map(str, VERIFY_BATCH_SIZES))})"
+            if diff is not None
+            else ""
+        )
+        what = (
+            f"{out} (opset {cfg.opset}; {INPUT_NAME} float32 Bx3x{h}x{w} normalised → "
+            f"{OUTPUT_NAME} Bx1x{h}x{w}){checked}"
+        )
+    console.print(f"exported {spec.ckpt} → {what}", highlight=False, soft_wrap=True)
     return out
 
 
@@ -147,15 +149,11 @@ def exporter_opsets() -> tuple[int, int]:
 
 
 def _check_output(path: Path) -> None:
-    """ExportError, before any work, unless the model may be written at `path` (`check_loose`);
-    or when a file stands where its folder would be made."""
-    folder = next(parent for parent in path.absolute().parents if parent.exists())
-    if not folder.is_dir():
-        raise ExportError(f"output={path}: {folder} is a file, not a folder; choose another output")
-    try:
-        check_loose(path)
-    except NotOursError as err:
-        raise ExportError(f"output={path}: {err}") from err
+    """NotOursError, before any work, unless the model may be written at `path` (`check_loose`);
+    ExportError when a file stands where its folder would be made."""
+    if (file := file_in_the_way(path.parent)) is not None:
+        raise ExportError(f"output={path}: {file} is a file, not a folder; choose another output")
+    check_loose(path)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")

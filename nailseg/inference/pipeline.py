@@ -35,12 +35,18 @@ from rich.progress import (
 from rich.text import Text
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from nailseg.inference.photos import EncodedJpeg, Loaded, Photo, Skipped, read_photos
-from nailseg.inference.request import Request
-from nailseg.inference.scoring import ImageScore
+from nailseg.inference.request import Photo, Request, Skipped
 from nailseg.inference.segmenter import Segmenter
 from nailseg.inference.views import image_tensors
-from nailseg.inference.workers import NotWritten, PhotoWriter, Prediction
+from nailseg.inference.workers import (
+    EncodedJpeg,
+    ImageScore,
+    Loaded,
+    NotWritten,
+    PhotoWriter,
+    Prediction,
+    read_photos,
+)
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 # where the main thread waits: for photos to be read, queueing the device's work (decode, resize,
@@ -74,12 +80,12 @@ class _Fetched:
     """A batch whose copies to the host are queued: its masks, and its GPU-decoded photos."""
 
     batch: list[_OnDevice]
-    masks: HostCopy
-    decoded: HostCopy | None
+    masks: Callable[[], list[np.ndarray]]  # `to_host`'s
+    decoded: Callable[[], list[np.ndarray]] | None
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    """`items` in consecutive slices of `size` (the last may be shorter): the workers' tasks."""
+    """`items` in slices of `size` (the last may be shorter): the workers' tasks."""
     return (items[start : start + size] for start in range(0, len(items), size))
 
 
@@ -105,11 +111,8 @@ def read_ahead(
 def fast_gil_handoff(device: torch.device) -> Iterator[None]:
     """On a GPU, Python's GIL switch interval at 0.5 ms (not 5) inside: the main thread queues the
     device's work while other threads run Python, and a waiting thread gets the GIL only after it."""
-    if device.type != "cuda":
-        yield
-        return
     before = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(0.0005 if device.type == "cuda" else before)
     try:
         yield
     finally:
@@ -129,8 +132,9 @@ class _Pipeline:
     ) -> None:
         self.model, self.request, self.threshold = model, request, model.threshold
         self.writer, self.pool, self.advance = writer, pool, advance
-        self.depth = max(2 * request.batch_size, request.num_workers)  # photos in flight
-        self.chunk = -(-request.batch_size // request.num_workers)  # a batch over every worker
+        batch_size = model.batch_size
+        self.depth = max(2 * batch_size, request.num_workers)  # photos in flight
+        self.chunk = -(-batch_size // request.num_workers)  # a batch over every worker
         self.stages = dict.fromkeys(STAGES, 0.0)
         self.unreadable: list[Skipped] = []
         self.results: list[ImageScore | Skipped | None] = []
@@ -151,7 +155,7 @@ class _Pipeline:
                 self._unreadable(photo, item)
                 continue
             self.pending.append((photo, item))
-            if len(self.pending) == self.request.batch_size:
+            if len(self.pending) == self.model.batch_size:
                 self._step(next_batch=True)
         self._step(next_batch=bool(self.pending))
         self._step(next_batch=False)
@@ -178,7 +182,7 @@ class _Pipeline:
         self.pending = []
         images, kept = [], []
         for photo, item, image in zip(
-            photos, loaded, to_device(photos, loaded, self.request.device), strict=True
+            photos, loaded, to_device(photos, loaded, self.model.device), strict=True
         ):
             if isinstance(image, UnreadableImage):
                 self._unreadable(photo, image)
@@ -206,8 +210,8 @@ class _Pipeline:
     def _finish(self, fetched: _Fetched) -> None:
         """Wait for a fetched batch's copies (only them) and hand its masks to the writers."""
         with self._timed("device_wait"):
-            preds = fetched.masks.arrays()
-            hosted = iter(fetched.decoded.arrays() if fetched.decoded else [])
+            preds = fetched.masks()
+            hosted = iter(fetched.decoded() if fetched.decoded else [])
             shown = [  # C×H×W back to H×W×C (a view)
                 next(hosted).transpose(1, 2, 0)
                 if isinstance(item.shown, torch.Tensor)
@@ -252,7 +256,7 @@ def predict_photos(
     model: Segmenter, request: Request, writer: PhotoWriter, pool: Executor, console: Console
 ) -> Outcome:
     """Predict every photo of `request` with `model`, read and written by `pool`'s workers."""
-    with progress_bar(console, len(request.photos)) as advance, fast_gil_handoff(request.device):
+    with progress_bar(console, len(request.photos)) as advance, fast_gil_handoff(model.device):
         return _Pipeline(model, request, writer, pool, advance).run()
 
 
@@ -309,62 +313,47 @@ def _nvjpeg(data, device: torch.device):
             return None
 
 
-@dataclass(frozen=True)
-class HostCopy:
-    """Tensors on their way to the host as one flat buffer: on a GPU a pinned one, filled by an
-    asynchronous copy that completes at `done`."""
-
-    flat: torch.Tensor
-    shapes: list[torch.Size]
-    done: torch.cuda.Event | None
-
-    def arrays(self) -> list[np.ndarray]:
-        """The tensors as host arrays of their shapes, once the copy is done (only it)."""
-        if self.done is not None:
-            self.done.synchronize()
-        ends = np.cumsum([shape.numel() for shape in self.shapes])[:-1]
-        parts = np.split(self.flat.numpy(), ends)
-        return [part.reshape(shape) for part, shape in zip(parts, self.shapes, strict=True)]
-
-
 def to_host(
     parts: list[torch.Tensor],
     on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat,
-) -> HostCopy:
-    """Tensors (one device, one dtype) queued for the host in one copy, `on_device` applied to
-    all at once first (masks: one threshold call a batch); `arrays()` waits for that copy only."""
-    flat = on_device(torch.cat([p.flatten() for p in parts]))
-    shapes = [p.shape for p in parts]
-    if flat.device.type != "cuda":
-        return HostCopy(flat, shapes, None)
-    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-    host.copy_(flat, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(flat.device))
-    return HostCopy(host, shapes, done)
+) -> Callable[[], list[np.ndarray]]:
+    """Tensors (one device, one dtype) queued for the host in one copy (to a pinned buffer,
+    asynchronous, on a GPU), `on_device` applied to all at once first (masks: one threshold call
+    a batch); returns what waits for that copy only and gives them as host arrays."""
+    flat, shapes, done = (
+        on_device(torch.cat([p.flatten() for p in parts])),
+        [p.shape for p in parts],
+        None,
+    )
+    if flat.is_cuda:
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(flat.device))
+        flat = host
+
+    def arrays() -> list[np.ndarray]:
+        if done is not None:
+            done.synchronize()
+        parts = np.split(flat.numpy(), np.cumsum([shape.numel() for shape in shapes])[:-1])
+        return [part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)]
+
+    return arrays
 
 
 class _RateColumn(ProgressColumn):
-    """Photos done per second since the bar started (Rich's own speed column measures from the
-    first update, so chunks finished in a burst read as a far higher rate)."""
+    """Photos done per second since the bar started (Rich's speed column measures from the first
+    update, so chunks finished in a burst read as a far higher rate)."""
 
     def render(self, task: Task) -> Text:
         elapsed = task.finished_time if task.finished else task.elapsed
-        if not elapsed or not task.completed:
-            return Text("… img/s", style="progress.data.speed")
-        return Text(f"{task.completed / elapsed:.1f} img/s", style="progress.data.speed")
+        rate = f"{task.completed / elapsed:.1f}" if elapsed and task.completed else "…"
+        return Text(f"{rate} img/s", style="progress.data.speed")
 
 
 @contextmanager
 def progress_bar(console: Console, total: int) -> Iterator[Callable[[int], None]]:
     """A bar of `total` photos; yields what moves it on by a number of photos."""
-    columns = (
-        TextColumn("predicting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        _RateColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
-        yield partial(progress.advance, progress.add_task("predicting", total=total))
+    columns = (TextColumn("predicting"), BarColumn(), MofNCompleteColumn(), _RateColumn())
+    with Progress(*columns, TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
+        yield partial(bar.advance, bar.add_task("predicting", total=total))

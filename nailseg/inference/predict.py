@@ -2,41 +2,54 @@
 [masks=TRUE_MASKS] [tta=true] [threshold=auto]`: a mask for every photo, at its own size.
 
 Writes `OUT/masks/<key>.png`, `OUT/overlays/<key>.png`, `OUT/summary.json` [`OUT/scores.csv`]
-(docs/INFERENCE.md). A photo's trip: the request checked, every true mask read (request.py),
-before the first write; the photo read by a worker (photos.py), run in a batch (pipeline.py:
-decoded on the device, run by the checkpoint's Segmenter), its mask written by a worker
-(workers.py) into the folder output.py claimed. A photo that cannot be read or written is
-reported and skipped. `load` is the Python API (`nailseg.load`): that Segmenter, without files.
+(docs/INFERENCE.md). A photo's trip: the request checked and every true mask read (request.py)
+before torch is imported and before the first write; the checkpoint loaded as `nailseg.load`
+loads it (segmenter.py); the photo read by a worker (workers.py), run in a batch (pipeline.py),
+its mask written and scored by a worker. A photo that cannot be read or written is skipped, named.
+
+The output folder is claimed as nailseg's `predict` folder (`nailseg.io.folder`). Before the first
+write, each path this run writes must be free or nailseg's (a user's file there, or a link on the
+way, is refused); then the earlier run's outputs still as written go, so a rerun, even one
+stopped part-way, leaves only its own results beside the user's files. `summary.json` is the
+run's report: written unfinished first, finished at the end. Scores mean what training's
+`val/dice` means: TP/FP/FN summed over every pixel (model/metrics.py).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import sys
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
+from rich.table import Table
 
-from nailseg.config import CONF_DIR, PredictConfig
+from nailseg.config import CONF_DIR
 from nailseg.errors import UserError, require_model_group, require_values
-from nailseg.inference.output import (
-    PredictSummary,
-    claim_output,
-    print_summary,
-    summary_report,
-    write_scores,
-    write_summary,
+from nailseg.inference.request import PredictError, Request, Skipped, check_request
+from nailseg.inference.workers import (
+    OUTPUT_FOLDERS,
+    ImageScore,
+    PhotoWriter,
+    dice_iou,
+    worker_processes,
 )
-from nailseg.inference.pipeline import predict_photos
-from nailseg.inference.request import check_request
-from nailseg.inference.segmenter import Segmenter, how_to_run
-from nailseg.inference.spec import PredictError
-from nailseg.inference.workers import PhotoWriter, worker_processes
+from nailseg.io.atomic import NotOursError
+from nailseg.io.folder import OwnedFolder
+from nailseg.tables import print_table
+
+if TYPE_CHECKING:
+    from nailseg.inference.segmenter import InferenceSpec
+    from nailseg.inference.views import Views
+
+SUMMARY = "summary.json"
+SCORES = "scores.csv"
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
@@ -45,29 +58,38 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     reports. Raises a UserError (PredictError, CheckpointError, ThresholdError) naming the fault."""
     console = console or Console()
     request = check_request(cfg)
-    spec, device, views = request.spec, request.device, request.views
-    model = Segmenter(cfg, spec, device, views, console)
-    threshold = model.threshold
+    say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
+    say(f"predict: {len(request.photos)} photos; loading torch and {cfg.ckpt} …")
+    from nailseg.inference.pipeline import predict_photos  # torch: after every check above
+    from nailseg.inference.segmenter import Segmenter
+
+    model = Segmenter(cfg, console)
+    spec, views = model.spec, model.views
+    model_name = f"{spec.model['arch']}/{spec.model['encoder_name']}"
+    say(
+        f"loaded {model_name} at {spec.image_size[0]}x{spec.image_size[1]} on {model.device}; "
+        f"threshold {model.threshold:g} ({model.threshold_source}); starting "
+        f"{request.num_workers} worker processes …"
+    )
     config = OmegaConf.to_container(cfg, resolve=True)
     with claim_output(request) as folder:
-        report = {"images": 0, "checkpoint": str(spec.ckpt), "threshold": threshold}
+        report = {"images": 0, "checkpoint": str(spec.ckpt), "threshold": model.threshold}
         write_summary(folder, report | {"config": config}, finished=False)
-        with worker_processes(request.num_workers, __name__) as (pool, workers_seconds):
+        with worker_processes(request.num_workers) as (pool, workers_seconds):
             start = time.perf_counter()
-            writer = PhotoWriter(folder.path)
-            outcome = predict_photos(model, request, writer, pool, console)
+            outcome = predict_photos(model, request, PhotoWriter(folder.path), pool, console)
             seconds = time.perf_counter() - start
         summary = PredictSummary(
             images=outcome.written,
             seconds=seconds,
-            threshold=threshold,
+            threshold=model.threshold,
             threshold_source=model.threshold_source,
             skipped=request.skipped + outcome.skipped,
             unscored=outcome.unscored,
             stages={name: round(spent, 3) for name, spent in outcome.stages.items()},
             capture_seconds=round(model.capture_seconds, 3),
             workers_seconds=round(workers_seconds, 3),
-            device=str(device),
+            device=str(model.device),
             gpu_decode=request.gpu_jpeg,
             cuda_graphs=model.graphed,
         )
@@ -81,17 +103,136 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     return summary
 
 
-def load(ckpt: str | os.PathLike, device: str = "auto", **options: Any) -> Segmenter:
-    """`nailseg.load`: the checkpoint `ckpt` loaded once on `device`, run as predict runs it;
-    `options` are predict's keys (tta, scales, tile, threshold, batch_size, engine, image_size,
-    ...), conf/predict.yaml's values where not given. Raises a UserError naming a bad key."""
-    values = OmegaConf.load(Path(CONF_DIR) / "predict.yaml")
-    del values["defaults"], values["hydra"]  # Hydra's, not predict's
+def claim_output(request: Request) -> OwnedFolder:
+    """The output folder claimed for the request's outputs, the earlier run's removed (the module
+    docstring); PredictError, before any write, when it cannot be."""
+    folders = OUTPUT_FOLDERS if request.overlays else OUTPUT_FOLDERS[:1]
+    outputs = [f"{folder}/{photo.key}.png" for photo in request.photos for folder in folders]
+    outputs += [SUMMARY] + ([SCORES] if request.truths is not None else [])
+    folder = None
     try:
-        cfg = OmegaConf.merge(PredictConfig, values, options, {"ckpt": str(ckpt), "device": device})
-    except OmegaConfBaseException as err:  # its message runs on with the key's full path
-        raise PredictError(f"nailseg.load: {str(err).splitlines()[0]}") from err
-    return Segmenter(cfg, *how_to_run(cfg))
+        folder = OwnedFolder.claim(request.output, "predict", key="output")
+        folder.check_free(outputs)
+        for rel in list(folder.journal.files):  # a link on the way to an earlier output
+            folder.file(rel)
+        folder.prune(keep=[SUMMARY])
+    except (NotOursError, OSError) as err:  # OSError: a file where the folder would be
+        if folder is not None:
+            folder.release()
+        why = f"output={request.output}: {err.strerror}" if isinstance(err, OSError) else err
+        raise PredictError(str(why)) from err
+    return folder
+
+
+@dataclass
+class PredictSummary:
+    images: int  # photos predicted and written
+    seconds: float  # reading, predicting and writing them
+    threshold: float
+    threshold_source: str  # checkpoint | override | auto
+    skipped: list[Skipped]
+    unscored: list[Skipped]  # predicted, but with no usable mask
+    stages: dict[str, float]  # where the main thread's time went (pipeline.STAGES)
+    capture_seconds: float  # capturing the net's CUDA graph, before `seconds` start
+    workers_seconds: float  # starting the worker processes, before `seconds` start
+    # what ran, whatever was asked: nvJPEG and CUDA graphs exist on a GPU only, graphs for torch
+    device: str
+    gpu_decode: bool
+    cuda_graphs: bool
+    scores: dict[str, Any] | None = None  # totals: `overall` and per `groups`
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+def write_summary(folder: OwnedFolder, report: dict[str, Any], *, finished: bool) -> None:
+    folder.write(SUMMARY, json.dumps({"finished": finished, **report}, indent=2).encode())
+
+
+def write_scores(folder: OwnedFolder, scores: list[ImageScore]) -> dict[str, Any]:
+    """Write `scores.csv` (a row per scored photo, by key); returns the totals over all pixels of
+    every photo (`overall`) and of each group's (`groups`)."""
+    table = pd.DataFrame([asdict(s) for s in scores], columns=[f.name for f in fields(ImageScore)])
+    table = table.sort_values("key", ignore_index=True)
+    # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written escaped,
+    # as summary.json's JSON writes it: the table stays UTF-8, nothing is lost
+    folder.write(SCORES, table.to_csv(index=False).encode("utf-8", "backslashreplace"))
+    groups = {str(group): _total(rows) for group, rows in table.groupby("group", sort=True)}
+    return {"overall": _total(table), "groups": groups}
+
+
+def _total(rows: pd.DataFrame) -> dict[str, float]:
+    """Pixel-sum Dice and IoU, the means of the per-photo ones, the photo and pixel counts."""
+    tp, fp, fn = (int(rows[c].sum()) for c in ("tp", "fp", "fn"))
+    dice, iou = dice_iou(tp, fp, fn)
+    mean_dice, mean_iou = (
+        float(rows[c].mean()) if len(rows) else float("nan") for c in ("dice", "iou")
+    )
+    return {
+        "images": len(rows),
+        "dice": dice,
+        "iou": iou,
+        "mean_image_dice": mean_dice,
+        "mean_image_iou": mean_iou,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+    }
+
+
+def summary_report(summary: PredictSummary, spec: InferenceSpec, views: Views) -> dict[str, Any]:
+    """`summary.json`'s report (the config is added beside it)."""
+    return {
+        "images": summary.images,
+        "seconds": round(summary.seconds, 3),
+        "images_per_s": round(summary.images_per_s, 3),
+        "stages_s": summary.stages,
+        "capture_s": summary.capture_seconds,
+        "workers_start_s": summary.workers_seconds,
+        "checkpoint": str(spec.ckpt),
+        "image_size": list(spec.image_size),
+        "tta": views.tta,
+        **views.record(),  # scales, tile: null when unset
+        "threshold": summary.threshold,
+        "threshold_source": summary.threshold_source,
+        "device": summary.device,
+        "skipped": [{"path": str(s.path), "reason": s.reason} for s in summary.skipped],
+        "unscored": [{"path": str(s.path), "reason": s.reason} for s in summary.unscored],
+        "scores": summary.scores,
+    }
+
+
+def print_summary(summary: PredictSummary, output: Path, console: Console) -> None:
+    """Skipped files, the score table (with masks) and the one-line summary."""
+    lines = [f"  skipped {s}" for s in summary.skipped]
+    for line in lines + [f"  not scored {s}" for s in summary.unscored]:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if summary.scores:
+        print_table(_score_table(summary.scores, summary.threshold), console)
+    console.print(
+        f"predicted {summary.images} images in {summary.seconds:.2f} s "
+        f"({summary.images_per_s:.1f} images/s), {len(summary.skipped)} skipped, "
+        f"threshold {summary.threshold:g} ({summary.threshold_source}) → {output}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _score_table(scores: dict[str, Any], threshold: float) -> Table:
+    """Each group's totals (with more than one), then all images'."""
+    table = Table(title=f"scores (threshold {threshold:g})")
+    for name in ("group", "images", "dice", "iou", "mean image dice", "mean image iou"):
+        table.add_column(name, justify="left" if name == "group" else "right")
+    groups = scores["groups"]
+    rows = [*(groups.items() if len(groups) > 1 else ()), ("all images", scores["overall"])]
+    for name, s in rows:
+        table.add_row(
+            name,
+            str(s["images"]),
+            *(f"{s[k]:.4f}" for k in ("dice", "iou", "mean_image_dice", "mean_image_iou")),
+        )
+    return table
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")

@@ -1,14 +1,9 @@
-"""How each photo meets the net, and its probabilities come back at its own size.
-
-Photos are resized as the evaluation loader does (bilinear, antialiased, `(x/255 - mean) / std`),
-maps brought back bilinearly; each photo may be flipped (`tta`), run at several scales (factors of
-the input size, `model/scales.py`, or of `tile.long_side`), whole or in tiles, the maps averaged.
-
-Tiles: the photo is resized to a long side of `tile.long_side` (aspect kept, a short side
-stretched to the tile's) and covered by input-size tiles, evenly spread, the fewest overlapping
-by at least `tile.overlap`. Each tile is weighted by a window ramping linearly across its
-overlaps, the windows summing to 1 at every pixel: no seams, and a net whose output at a pixel
-depends on that pixel alone gives what it gives on the whole photo.
+"""How each photo meets the net, and its probabilities come back at its own size: resized as the
+evaluation loader does (bilinear, antialiased, `(x/255 - mean) / std`), maps brought back
+bilinearly; flipped (`tta`), at several scales (factors of the input size or of `tile.long_side`),
+whole or in tiles, the maps averaged. Tiles cover the photo resized to `tile.long_side`, the
+fewest overlapping by at least `tile.overlap`, weighted by windows ramping across the overlaps and
+summing to 1 at every pixel: no seams, and a per-pixel net gives what it gives on the whole photo.
 """
 
 from __future__ import annotations
@@ -18,15 +13,18 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from nailseg.inference.spec import InferenceSpec, Net, PredictError
-from nailseg.model.scales import scaled_size, scales_problem
+from nailseg.inference.request import PredictError
+from nailseg.model.scales import scaled_size
+
+if TYPE_CHECKING:
+    from nailseg.inference.segmenter import InferenceSpec, Net
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class Views:
     tile: Tiling | None
 
     def record(self) -> dict[str, Any]:
-        """The scales and tiles, as summary.json and the threshold cache record them."""
+        """As summary.json and the threshold cache record them."""
         return {
             "scales": list(self.scales) if self.scales else None,
             "tile": asdict(self.tile) if self.tile else None,
@@ -54,23 +52,17 @@ class Views:
 
 
 def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
-    """`cfg`'s tta, scales and tile, checked against the input size; a PredictError naming the
-    key of the first bad value."""
-    scales = None if cfg.scales is None else tuple(OmegaConf.to_object(cfg.scales))
-    problem = None if scales is None else scales_problem("scales", scales)
-    if problem:
-        raise PredictError(problem)
-    overlap, long_side = cfg.tile.overlap, cfg.tile.long_side
-    if not 0.0 <= overlap < 1.0:
-        raise PredictError(f"tile.overlap={overlap}: must be in [0, 1), a fraction of a tile")
-    tile = None
+    """`cfg`'s tta, scales and tile (their values checked by `check_settings`); a PredictError for
+    a long side shorter than the input size's."""
+    long_side, tile = cfg.tile.long_side, None
     if long_side is not None:
         if long_side < max(spec.image_size):
             raise PredictError(
                 f"tile.long_side={long_side}: must be at least the input size's long side, "
                 f"{max(spec.image_size)} (image_size={list(spec.image_size)}); null: no tiles"
             )
-        tile = Tiling(long_side=long_side, overlap=float(overlap))
+        tile = Tiling(long_side=long_side, overlap=float(cfg.tile.overlap))
+    scales = None if cfg.scales is None else tuple(OmegaConf.to_object(cfg.scales))
     return Views(tta=bool(cfg.tta), scales=scales, tile=tile)
 
 
@@ -89,9 +81,8 @@ def photo_probabilities(
     views: Views,
     batch_size: int,
 ) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at its own size, in order: the mean over
-    `views` (the module docstring); tiles go through the net `batch_size` at a time. Photos run
-    in order of size: consecutive photos of one size are resized in one call."""
+    """One H×W probability map per C×H×W photo, at its size, in order: the mean over `views`;
+    tiles `batch_size` at a time. Photos run sorted by size: one resize call per size."""
     order = sorted(range(len(images)), key=lambda i: tuple(images[i].shape))
     ordered = [images[i] for i in order]
     maps: list[torch.Tensor] = []
@@ -109,9 +100,8 @@ def photo_probabilities(
 
 
 def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """RGB uint8 HxWx3 arrays as C×H×W uint8 tensors on `device`, moved in one copy of one host
-    buffer: to a GPU, pinned and asynchronous (a plain copy waits for all the work queued there,
-    and a pinned buffer per photo costs an allocation each)."""
+    """RGB uint8 HxWx3 arrays as C×H×W uint8 tensors on `device`, in one copy of one host buffer:
+    to a GPU pinned and asynchronous (a plain copy waits for the work queued there)."""
     sizes = [image.size for image in images]
     host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
     for part, image in zip(host.split(sizes), images, strict=True):
@@ -126,9 +116,9 @@ def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[to
 def to_batch(
     images: Sequence[torch.Tensor], spec: InferenceSpec, size: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """RGB uint8 C×H×W photos (one device) → one normalised float B×3×h×w batch at `size` (None:
-    the input size), channels-last on CUDA; consecutive photos of one size are resized in one
-    call: on a GPU the calls, not the arithmetic, are the cost."""
+    """RGB uint8 C×H×W photos → one normalised float B×3×h×w batch at `size` (None: the input
+    size), channels-last on CUDA; photos of one size in a row resized in one call (on a GPU the
+    calls, not the arithmetic, are the cost)."""
     device = images[0].device
     resized = [
         F.interpolate(
@@ -140,13 +130,11 @@ def to_batch(
         )
         for run in runs_of_one_size(images)
     ]
-    # `torch.tensor(..., device=cuda)` would wait for all the work queued there (the batches
-    # before); a copy from pageable memory with non_blocking=True does not, and is safe
+    # `torch.tensor(..., device=cuda)` would wait for the work queued there; this copy does not
     mean, std = (
         torch.tensor([spec.mean, spec.std]).view(2, 1, 3, 1, 1).to(device, non_blocking=True)
     )
-    batch = (torch.cat(resized) / 255.0 - mean) / std
-    return _laid_out(batch)
+    return _laid_out((torch.cat(resized) / 255.0 - mean) / std)
 
 
 def _laid_out(batch: torch.Tensor) -> torch.Tensor:
@@ -178,15 +166,19 @@ def full_size_probabilities(
     tta: bool = False,
     size: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at its own size, in order, the net run at `size`
-    (None: the input size)."""
-    probs = probabilities(net, to_batch(images, spec, size), tta)
-    maps: list[torch.Tensor] = []
-    for run in runs_of_one_size(images):
-        run_probs, probs = probs[: len(run)], probs[len(run) :]
-        full = F.interpolate(run_probs, size=run[0].shape[1:], mode="bilinear", align_corners=False)
-        maps += full[:, 0].unbind()
-    return maps
+    """One H×W map per C×H×W photo, at its size, in order, the net run at `size` (None: input)."""
+    runs = runs_of_one_size(images)
+    probs = probabilities(net, to_batch(images, spec, size), tta)[:, 0]
+    return _at_photo_sizes(probs.split([len(run) for run in runs]), runs)
+
+
+def _at_photo_sizes(maps: Sequence[torch.Tensor], runs: list[list[torch.Tensor]]):
+    """Each run's R×h×w maps brought to its photos' size: one H×W map per photo, in order."""
+    return [
+        full
+        for part, run in zip(maps, runs, strict=True)
+        for full in F.interpolate(part[:, None], run[0].shape[1:], mode="bilinear")[:, 0]
+    ]
 
 
 @dataclass(frozen=True)
@@ -207,8 +199,7 @@ class Layout:
 
 
 def resized_size(shape: Sequence[int], tile: tuple[int, int], long_side: int) -> tuple[int, int]:
-    """The size an H×W photo is tiled at: its long side `long_side`, its aspect kept, each side
-    at least the tile's."""
+    """The size an H×W photo is tiled at: long side `long_side`, aspect kept, sides >= the tile's."""
     height, width = shape
     ratio = long_side / max(height, width)
     return max(tile[0], round(height * ratio)), max(tile[1], round(width * ratio))
@@ -263,8 +254,7 @@ def tiled_probabilities(
     tta: bool,
     batch_size: int,
 ) -> list[torch.Tensor]:
-    """One H×W probability map per C×H×W photo, at its own size, in order, run in tiles (the module
-    docstring): every photo's tiles through the net `batch_size` at a time."""
+    """One H×W map per C×H×W photo, at its size, in order, from tiles run `batch_size` at a time."""
     tile = spec.image_size
     runs = runs_of_one_size(images)
     layouts = [tile_layout(tuple(run[0].shape[1:]), tile, tiling) for run in runs]
@@ -280,16 +270,12 @@ def tiled_probabilities(
             for start in range(0, len(crops), batch_size)
         ]
     )
-    maps: list[torch.Tensor] = []
-    for run, layout in zip(runs, layouts, strict=True):
-        count = len(run) * len(layout.corners)
-        run_probs, probs = probs[:count], probs[count:]
-        blended = _blend(run_probs.view(len(run), -1, *tile), layout, tile)
-        full = F.interpolate(
-            blended[:, None], size=run[0].shape[1:], mode="bilinear", align_corners=False
-        )
-        maps += full[:, 0].unbind()
-    return maps
+    counts = [len(run) * len(layout.corners) for run, layout in zip(runs, layouts, strict=True)]
+    blended = [
+        _blend(part.view(len(run), -1, *tile), layout, tile)
+        for part, run, layout in zip(probs.split(counts), runs, layouts, strict=True)
+    ]
+    return _at_photo_sizes(blended, runs)
 
 
 def _blend(probs: torch.Tensor, layout: Layout, tile: tuple[int, int]) -> torch.Tensor:

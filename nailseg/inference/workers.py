@@ -1,5 +1,5 @@
-"""predict's worker processes: they read the photos (`photos.read_photos`) and write, and score,
-each photo's mask and overlay, in chunks, under GILs of their own, not the one of the thread that
+"""predict's worker processes: they read the photos (`read_photos`) and write, and score, each
+photo's mask and overlay, in chunks, under GILs of their own, not the one of the thread that
 drives the device. They fork from multiprocessing's forkserver (forking the command, which holds
 CUDA's state and threads, is unsafe). The forkserver ends when the last holder of its "client
 alive" pipe closes it: each worker lets go of its inherited end at its start, leaving predict the
@@ -21,30 +21,71 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
-from nailseg.inference.photos import Photo, Skipped, TrueMask
-from nailseg.inference.scoring import ImageScore, score_image
-from nailseg.inference.spec import PredictError
+from nailseg.inference.request import Photo, PredictError, Skipped, TrueMask
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
-from nailseg.viz import overlay
+from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
+from nailseg.viz import PRED_COLOR, TRUTH_COLOR, overlay
 
 OUTPUT_FOLDERS = ("masks", "overlays")
+JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+CAPTION_HEIGHT = 14  # pixels: the strip under an overlay with a true mask, naming its colours
+
+
+def dice_iou(tp, fp, fn) -> tuple[Any, Any]:
+    """Dice and IoU from pixel counts (scalars or arrays); 1.0 where there is nothing to find and
+    nothing was predicted."""
+    tp, fp, fn = (np.asarray(x, dtype=np.float64) for x in (tp, fp, fn))
+    empty = (tp + fp + fn) == 0
+    dice = np.where(empty, 1.0, 2 * tp / np.maximum(2 * tp + fp + fn, 1))
+    iou = np.where(empty, 1.0, tp / np.maximum(tp + fp + fn, 1))
+    return dice if dice.ndim else float(dice), iou if iou.ndim else float(iou)
+
+
+@dataclass(frozen=True)
+class ImageScore:
+    """One row of scores.csv."""
+
+    key: str  # the photo's path relative to the input folder, without extension
+    image: str  # the photo's path as given (or found under the input folder)
+    mask: str
+    group: str
+    height: int
+    width: int
+    tp: int
+    fp: int
+    fn: int
+    dice: float
+    iou: float
+
+
+def score_image(
+    pred: np.ndarray, truth: np.ndarray, *, key: str, image: str, mask: str, group: str
+) -> ImageScore:
+    """Scores of one predicted mask against its true mask (both HxW bool, one size)."""
+    tp = int(np.count_nonzero(pred & truth))
+    fp = int(np.count_nonzero(pred & ~truth))
+    fn = int(np.count_nonzero(~pred & truth))
+    dice, iou = dice_iou(tp, fp, fn)
+    return ImageScore(key, image, mask, group, *pred.shape, tp, fp, fn, dice, iou)
 
 
 @contextmanager
-def worker_processes(count: int, preload: str) -> Iterator[tuple[ProcessPoolExecutor, float]]:
+def worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]:
     """`count` started workers and the seconds their start took; each starts as a copy of the
-    forkserver, which imports `preload` once. A worker that dies fails the run (PredictError)."""
+    forkserver, which imports this module (not torch) once. A worker that dies fails the run
+    (PredictError)."""
     start = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     # a main module run with `python -m` is imported by each worker itself: preloaded by name
     # too, runpy would warn in every worker that it ran twice
-    context.set_forkserver_preload(["__main__", preload])
+    context.set_forkserver_preload(["__main__", __name__])
     with ProcessPoolExecutor(count, mp_context=context, initializer=_start_worker) as pool:
         try:
             with _ctrl_c_held():
@@ -87,6 +128,45 @@ def _ctrl_c_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class EncodedJpeg:
+    """A JPEG file's bytes (uint8, 1-D) and its EXIF orientation (1: as stored)."""
+
+    data: np.ndarray
+    orientation: int
+
+
+Loaded = np.ndarray | EncodedJpeg  # a photo as read: decoded (RGB uint8 HxWx3), or a JPEG's bytes
+
+
+def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
+    """A JPEG's bytes when the GPU decodes them (`gpu_jpeg`), else the decoded photo (RGB uint8
+    HxWx3). Raises UnreadableImage naming the file and the fault."""
+    if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
+        return read_rgb(photo.path)
+    try:
+        with Image.open(photo.path) as im:  # the header only: format check and EXIF
+            if im.format != "JPEG":
+                return read_rgb(photo.path)
+            orientation = exif_orientation(im)
+        data = np.fromfile(photo.path, dtype=np.uint8)  # read once, writable (torch takes it)
+    except DECODE_ERRORS as err:
+        raise UnreadableImage(photo.path, f"cannot decode image: {err}") from err
+    return EncodedJpeg(data, orientation)
+
+
+def read_photos(photos: Sequence[Photo], gpu_jpeg: bool) -> list[Loaded | UnreadableImage]:
+    """Each photo loaded (`load`), or why it could not be."""
+    return [_loaded_or_why(photo, gpu_jpeg) for photo in photos]
+
+
+def _loaded_or_why(photo: Photo, gpu_jpeg: bool) -> Loaded | UnreadableImage:
+    try:
+        return load(photo, gpu_jpeg)
+    except UnreadableImage as err:
+        return err
+
+
 # what a filesystem answers to an output name it cannot hold (any other error fails the run)
 _NAME_REFUSED = {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EINVAL}
 
@@ -125,7 +205,13 @@ class PhotoWriter:
         if self.output not in _attached:
             _attached[self.output] = OwnedFolder.attach(self.output)
         folder = _attached[self.output]
-        images = [pred.astype(np.uint8) * 255] + ([] if image is None else [overlay(image, pred)])
+        true = truth.array() if isinstance(truth, TrueMask) and truth.shape == pred.shape else None
+        score = None
+        if true is not None:
+            where = {"image": str(photo.path), "mask": str(truth.path), "group": photo.group}
+            score = score_image(pred, true, key=photo.key, **where)
+        images = [pred.astype(np.uint8) * 255]
+        images += [] if image is None else [_overlay(image, pred, true, score)]
         try:
             for name, array in zip(OUTPUT_FOLDERS, images, strict=False):
                 folder.write(f"{name}/{photo.key}.png", _png(array))
@@ -135,22 +221,34 @@ class PhotoWriter:
             if err.errno not in _NAME_REFUSED:
                 raise
             return NotWritten(photo.path, f"cannot write {err.filename}: {err.strerror}")
-        if truth is None:
-            return None
         if isinstance(truth, str):
             return Skipped(photo.path, truth)
-        if truth.shape != pred.shape:
+        if truth is not None and true is None:
             return Skipped(
                 photo.path, f"mask {truth.path} is {truth.shape}, the photo is {pred.shape}"
             )
-        return score_image(
-            pred,
-            truth.array(),
-            key=photo.key,
-            image=str(photo.path),
-            mask=str(truth.path),
-            group=photo.group,
-        )
+        return score
+
+
+def _overlay(
+    image: np.ndarray, pred: np.ndarray, true: np.ndarray | None, score: ImageScore | None
+) -> np.ndarray:
+    """The predicted mask blended in red; with a true mask, its outline in green over it and a
+    strip below naming the colours and the photo's Dice."""
+    shown = overlay(image, pred)
+    if true is None or score is None:
+        return shown
+    inner = true.copy()  # a true pixel with every 4-neighbour true is inside, the rest outline
+    inner[1:] &= true[:-1]
+    inner[:-1] &= true[1:]
+    inner[:, 1:] &= true[:, :-1]
+    inner[:, :-1] &= true[:, 1:]
+    shown[true & ~inner] = TRUTH_COLOR
+    caption = Image.new("RGB", (shown.shape[1], CAPTION_HEIGHT))
+    draw = ImageDraw.Draw(caption)
+    draw.text((2, 1), "predicted", fill=PRED_COLOR)
+    draw.text((62, 1), f"true outline  Dice {score.dice:.3f}", fill=TRUTH_COLOR)
+    return np.concatenate([shown, np.asarray(caption)])
 
 
 def _png(array: np.ndarray):

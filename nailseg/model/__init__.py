@@ -1,12 +1,19 @@
 """The net (smp's), its losses, metrics and schedules, and the LightningModule that trains them."""
 
 import sys
+from types import ModuleType
 
-if "segmentation_models_pytorch" not in sys.modules and "wandb" not in sys.modules:
-    # timm, which smp imports, imports W&B (~1 s) for training utilities nailseg never calls:
-    # hidden from it, W&B is imported only by a run that logs to it
-    sys.modules["wandb"] = None  # type: ignore[assignment]
-    try:
-        import segmentation_models_pytorch  # noqa: F401
-    finally:
-        del sys.modules["wandb"]
+
+def import_smp() -> ModuleType:
+    """segmentation_models_pytorch, imported at first use (the commands' checks run before it)
+    with W&B hidden from timm, which smp imports and which imports W&B (~1 s) for training
+    utilities nailseg never calls: a run that logs to W&B imports it itself."""
+    if "segmentation_models_pytorch" not in sys.modules and "wandb" not in sys.modules:
+        sys.modules["wandb"] = None  # type: ignore[assignment]
+        try:
+            import segmentation_models_pytorch
+        finally:
+            del sys.modules["wandb"]
+    import segmentation_models_pytorch
+
+    return segmentation_models_pytorch

@@ -14,24 +14,24 @@ import inspect
 import math
 import re
 import uuid
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import safetensors.torch
-import segmentation_models_pytorch as smp
-import timm
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from nailseg.errors import UserError
 from nailseg.io.folder import read_regular
-from nailseg.model.net import build_net, state_dict_mismatch
+from nailseg.model import import_smp
 from nailseg.prep.format import SPLITS, split_file
 
+if TYPE_CHECKING:
+    from torch import nn
+
 CARD_KEY = "nailseg"
+CARD_FILE = "nailseg_card.json"  # beside smp's files in a folder `export format=smp` wrote
 CARD_FORMAT = 1
 NET_PREFIX = "net."  # SegModule keeps the network under `self.net`
 RUN_CONFIG = Path(".hydra") / "config.yaml"
@@ -110,11 +110,46 @@ def data_identity(root: str | Path, mix: Sequence[Mapping[str, Any]] = ()) -> di
     return identity
 
 
+def checkpoint_file(ckpt: str) -> Path:
+    """`ckpt` as a path, checked without torch: a readable file torch.save could have written (a
+    zip archive holding its data.pkl) or a folder `export format=smp` wrote; else a
+    CheckpointError naming `ckpt=` and what it is."""
+    path = Path(ckpt)
+    if path.is_dir():
+        if (path / CARD_FILE).exists():
+            return path
+        raise CheckpointError(
+            f"ckpt={ckpt} is a folder: pass a checkpoint file (a run keeps its checkpoints in "
+            "<run>/checkpoints/) or a folder `nailseg export format=smp` wrote"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")
+    if path.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"ckpt={ckpt} is an ONNX model, not a training checkpoint: pass the checkpoint it "
+            "was exported from (predict's engine=onnx runs that with ONNX Runtime)"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        raise CheckpointError(
+            f"ckpt={ckpt} is not a checkpoint (torch.save writes a zip archive)"
+        ) from None
+    except OSError as err:
+        raise CheckpointError(f"ckpt={ckpt} cannot be read: {err.strerror}") from err
+    if not any(name.rpartition("/")[2] == "data.pkl" for name in names):
+        raise CheckpointError(
+            f"ckpt={ckpt} cannot be loaded as a checkpoint: a zip archive torch.save did not write"
+        )
+    return path
+
+
 def read_checkpoint(ckpt: str | Path) -> Mapping[str, Any]:
     """The checkpoint's contents (tensors memory-mapped), read with `weights_only=True`."""
-    ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise CheckpointError(f"ckpt={ckpt}: no such checkpoint")
+    import torch
+
+    ckpt = checkpoint_file(str(ckpt))
     try:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # whatever fails reading a file off disk is said in one line
@@ -147,9 +182,8 @@ def validate_card(card: Any, where: str) -> dict[str, Any]:
     unknown = sorted(str(key) for key in card if key not in _CARD_CHECKS)
     if unknown:
         raise _refused(where, unknown[0], card[unknown[0]], "not a key nailseg writes")
-    for key, check in _CARD_CHECKS.items():
-        problem = None if card.get(key) is None else check(card[key])
-        if problem:
+    for key, (holds, problem) in _CARD_CHECKS.items():
+        if card.get(key) is not None and not holds(card[key]):
             raise _refused(where, key, card[key], problem)
     if card.get("model") is not None:
         unknown = sorted(set(card["model"]) - {"arch", "encoder_name", "options"})
@@ -167,16 +201,12 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _numbers(value: Any, n: int) -> bool:
-    return isinstance(value, list | tuple) and len(value) == n and all(map(_number, value))
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _text_list(value: Any) -> bool:
-    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+def _numbers(value: Any, n: int, least: float = -math.inf) -> bool:
+    return (
+        isinstance(value, list | tuple)
+        and len(value) == n
+        and all(_number(v) and v > least for v in value)
+    )
 
 
 def _sha256(value: Any) -> bool:
@@ -202,44 +232,42 @@ def _data(value: Any) -> bool:
         return False
 
 
-def _rule(holds: Callable[[Any], Any], problem: str) -> Callable[[Any], str | None]:
-    return lambda value: None if holds(value) else problem
-
-
-# each key a card may hold, and what is wrong with a value (None: nothing)
-_CARD_CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "format": _rule(
-        lambda v: _count(v) and v <= CARD_FORMAT,
+# each key a card may hold: what a value must be, and what is wrong with one that is not
+_CARD_CHECKS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "format": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= CARD_FORMAT,
         f"must be a card format this nailseg reads (1 to {CARD_FORMAT})",
     ),
-    "nailseg_version": _rule(lambda v: isinstance(v, str), "must be text"),
-    "run_id": _rule(lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v), "must be 32 hex digits"),
-    "wandb_run_id": _rule(
+    "nailseg_version": (lambda v: isinstance(v, str), "must be text"),
+    "run_id": (lambda v: isinstance(v, str) and _RUN_ID.fullmatch(v), "must be 32 hex digits"),
+    "wandb_run_id": (
         lambda v: isinstance(v, str) and _WANDB_RUN_ID.fullmatch(v),
         "must be a W&B run id (letters, digits, _ and -)",
     ),
-    "model": _rule(
-        lambda v: isinstance(v, Mapping), "must be a mapping of arch, encoder_name and options"
+    "model": (
+        lambda v: isinstance(v, Mapping),
+        "must be a mapping of arch, encoder_name and options",
     ),
-    "image_size": _rule(
-        lambda v: _numbers(v, 2) and all(_count(x) for x in v),
+    "image_size": (
+        lambda v: _numbers(v, 2, 0) and all(isinstance(x, int) for x in v),
         "must be [height, width], both positive integers",
     ),
-    "mean": _rule(lambda v: _numbers(v, 3), "must be a list of 3 numbers, one per RGB channel"),
-    "std": _rule(
-        lambda v: _numbers(v, 3) and min(v) > 0, "must be a list of 3 numbers above 0 (it divides)"
-    ),
+    "mean": (lambda v: _numbers(v, 3), "must be a list of 3 numbers, one per RGB channel"),
+    "std": (lambda v: _numbers(v, 3, 0), "must be a list of 3 numbers above 0 (it divides)"),
     # a pixel is foreground above it: at 0 every pixel is, at 1 none
-    "threshold": _rule(lambda v: _number(v) and 0 < v < 1, "must be a number in (0, 1)"),
-    "group_names": _rule(_text_list, "must be a list of names"),
-    "data_root": _rule(lambda v: isinstance(v, str) and bool(v), "must be a path"),
-    "data": _rule(
+    "threshold": (lambda v: _number(v) and 0 < v < 1, "must be a number in (0, 1)"),
+    "group_names": (
+        lambda v: isinstance(v, list | tuple) and all(isinstance(x, str) for x in v),
+        "must be a list of names",
+    ),
+    "data_root": (lambda v: isinstance(v, str) and bool(v), "must be a path"),
+    "data": (
         _data,
         "must be {root: a path, splits: {split: its SHA-256 or null}, mix: [{name, weight, root, "
         "train: its SHA-256 or null}]}",
     ),
     # compared with the config, never instantiated: its `_target_`s are text here
-    "config": _rule(
+    "config": (
         lambda v: isinstance(v, Mapping) and _plain_data(v),
         "refused: must be a mapping of plain data (the run's resolved config)",
     ),
@@ -247,6 +275,9 @@ _CARD_CHECKS: dict[str, Callable[[Any], str | None]] = {
 
 
 def _installed_encoder(name: str) -> bool:
+    smp = import_smp()
+    import timm  # after smp: W&B hidden
+
     if name.startswith(TIMM_PREFIX):
         return name.removeprefix(TIMM_PREFIX) in timm.list_models()
     return name in smp.encoders.get_encoder_names()
@@ -255,6 +286,7 @@ def _installed_encoder(name: str) -> bool:
 def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
     """Sides divisible by the encoder's stride where the architecture needs it (the net, built
     without weights, says)."""
+    smp = import_smp()
     if not smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()].requires_divisible_input_shape:
         return
     net = _built(model, f"{where}model")
@@ -271,6 +303,8 @@ def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: st
 def _built(model: Mapping[str, Any], where: str) -> nn.Module:
     """The net a plain model describes, without weights; what only the architecture checks
     (decoder_channels of another length, ...) fails naming `where`."""
+    from nailseg.model.net import build_net
+
     try:
         return build_net(
             model["arch"], model["encoder_name"], None, dict(model.get("options") or {})
@@ -313,7 +347,7 @@ def legacy_card(run_dir: Path) -> dict[str, Any]:
 def plain_model(model: Any, where: str) -> dict[str, Any]:
     """`{arch, encoder_name, options}` of a model description (a config's `model`, a card's), or a
     CheckpointError naming `where` (see `_model`)."""
-    return _model(model, f"{where}: ")
+    return _model(model, f"{where}: " if where else "")
 
 
 def _model(model: Any, where: str) -> dict[str, Any]:
@@ -321,6 +355,7 @@ def _model(model: Any, where: str) -> dict[str, Any]:
     smp or timm registries (a `tu-` name exactly as timm lists it: no hub prefix, path or URL),
     and as options only the architecture's own arguments as plain values, none that loads
     weights. Anything else in the description (`_target_`, `encoder_weights`) is ignored."""
+    smp = import_smp()
     if isinstance(model, DictConfig):
         model = OmegaConf.to_container(model, resolve=True)
     if not isinstance(model, Mapping):
@@ -361,6 +396,10 @@ def _plain_data(value: Any) -> bool:
 def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:
     """The net `model` describes with the checkpoint's weights (never downloaded ones), in eval
     mode on the CPU; a folder `export format=smp` wrote: its safetensors, smp's names."""
+    import safetensors.torch
+
+    from nailseg.model.net import state_dict_mismatch
+
     if Path(ckpt).is_dir():
         try:
             weights = safetensors.torch.load(read_regular(Path(ckpt) / "model.safetensors"))

@@ -7,26 +7,30 @@ over the whole epoch, reduced by "sum" across ranks:
 
 `*/samples` shows a loader that drops or repeats samples; nothing in a step waits for the device;
 `val/dice_best` is module state, kept on resume. The scheduler steps after every optimizer step.
+A logged step's loss reaches the loggers without waiting for the device (Lightning's `on_step`
+logging calls `.item()`, which waits for every queued step): its value is copied to pinned host
+memory behind its work, and logged once a later step finds the copy done (`StepValues`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import nn
 from torchmetrics import SumMetric
 
-from nailseg.model.losses import build_loss
-from nailseg.model.metrics import BatchMean, SegmentationScores
+from nailseg.model.metrics import BatchMean, SegmentationScores, build_loss
 from nailseg.model.scales import multiscale_probabilities
 from nailseg.model.schedules import LENGTH_ARGS
-from nailseg.model.step_log import StepValues, logs_step
 
 _EVAL_STAGES = ("val", "test")
 
@@ -91,7 +95,7 @@ class SegModule(L.LightningModule):
         loss = self.loss_fn(logits, batch["mask"])
         n = len(batch["image"])
         # the step value reaches the loggers through `_step_values`: self.log(on_step=True) or
-        # the progress bar would read it with a device sync (step_log.py)
+        # the progress bar would read it with a device sync (`StepValues`)
         self.train_loss.update(loss, n)
         self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
         self._step_loss = loss
@@ -133,9 +137,6 @@ class SegModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_eval_epoch("test", self.test_prefix)
-
-    def predict_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return torch.sigmoid(self(batch["image"]))
 
     def _eval_step(self, batch: Mapping[str, torch.Tensor], stage: str) -> None:
         logits = self(batch["image"])
@@ -208,3 +209,59 @@ def schedule_length_args(
             value = factory.keywords.get(arg)
             return {arg: fit_steps() if value is None else value}
     return {}
+
+
+def logs_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether Lightning logs optimizer step `step` (0-based), by its own rule
+    (`_LoggerConnector.should_update_logs`)."""
+    every = trainer.log_every_n_steps
+    every_nth = every > 0 and ((step + 1) % every == 0 or trainer.should_stop)
+    return bool(trainer.fast_dev_run) or every_nth
+
+
+@dataclass
+class _Pending:
+    step: int
+    epoch: int
+    values: dict[str, torch.Tensor]  # host scalars; filled once `copied` completes
+    copied: torch.cuda.Event | None  # None: the values were on the host already
+
+
+class StepValues:
+    """A queue of logged steps' values on their way from the device to the loggers."""
+
+    def __init__(self) -> None:
+        self._pending: deque[_Pending] = deque()
+
+    def record(self, values: Mapping[str, torch.Tensor], step: int, epoch: int) -> None:
+        """Queue scalar tensors as optimizer step `step`'s (on a GPU copied in stream order)."""
+        device = next(iter(values.values())).device
+        if device.type != "cuda":
+            host = {name: value.detach() for name, value in values.items()}
+            self._pending.append(_Pending(step, epoch, host, None))
+            return
+        host = {
+            name: torch.empty((), dtype=value.dtype, pin_memory=True).copy_(
+                value.detach(), non_blocking=True
+            )
+            for name, value in values.items()
+        }
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(device))
+        self._pending.append(_Pending(step, epoch, host, copied))
+
+    def hand_over(self, loggers: Iterable[Logger], wait: bool = False) -> None:
+        """Log the queued steps whose values have arrived, as Lightning would; `wait`: all."""
+        loggers = list(loggers)
+        while self._pending and (wait or _arrived(self._pending[0])):
+            pending = self._pending.popleft()
+            if wait and pending.copied is not None:
+                pending.copied.synchronize()
+            metrics = {name: value.item() for name, value in pending.values.items()}
+            metrics["epoch"] = pending.epoch
+            for logger in loggers:
+                logger.log_metrics(metrics, step=pending.step)
+
+
+def _arrived(pending: _Pending) -> bool:
+    return pending.copied is None or pending.copied.query()

@@ -1,4 +1,7 @@
-"""The network: any segmentation-models-pytorch architecture through its one door, create_model.
+"""The network: any segmentation-models-pytorch architecture through its one door, create_model;
+SegFormer's attention through PyTorch's fused kernel (`FusedAttention`: smp's Mix Transformer
+forms the attention matrix, softmax and dropout as separate tensors), its submodules, parameter
+names and checkpoints smp's own.
 
 `model.encoder_weights` is null (from scratch), a name smp downloads (`imagenet`), or a local file
 (`load_encoder_weights`): a value holding a `/` or ending in `.pth`/`.pt`/`.ckpt`/`.bin` is a path,
@@ -7,19 +10,22 @@ either to the weights file itself or to a folder holding `<encoder_name>.pth`.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import segmentation_models_pytorch as smp
 import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nailseg.errors import UserError
-from nailseg.model.attention import fuse_attention
+from nailseg.model import import_smp
+
+smp = import_smp()
+Attention = smp.encoders.mix_transformer.Attention  # SegFormer's, made fused here
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +52,12 @@ def build_net(
     options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """A binary segmentation net (3 channels in, 1 logit out), a Mix Transformer's attention
-    fused (`attention.py`); `encoder_weights` as the module docstring says."""
-    options = dict(options or {})
-    _check_options(arch, encoder_name, options)
+    fused (`FusedAttention`); `encoder_weights` as the module docstring says."""
+    from nailseg.model.checkpoint import plain_model  # which imports this module
+
+    options = OmegaConf.to_container(options) if isinstance(options, DictConfig) else options
+    model = {"arch": arch, "encoder_name": encoder_name, "options": dict(options or {})}
+    options = plain_model(model, "")["options"]
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
     weights = None if local is not None else encoder_weights
     try:
@@ -64,24 +73,6 @@ def build_net(
         load_encoder_weights(net, local, encoder_name)
     fuse_attention(net)
     return net
-
-
-def _check_options(arch: str, encoder_name: str, options: Mapping[str, Any]) -> None:
-    """An smp architecture, given no `model.options` key it does not take: smp hands unknown
-    keywords to the encoder, and only a timm (`tu-`) encoder reads them; others drop them."""
-    known = smp.MODEL_ARCHITECTURES_MAPPING
-    if arch.lower() not in known:
-        raise ValueError(f"model.arch={arch!r} is not an smp architecture ({', '.join(known)})")
-    taken = inspect.signature(known[arch.lower()]).parameters
-    unknown = sorted(set(options) - set(taken) - {"kwargs"})
-    if unknown and not encoder_name.startswith("tu-"):
-        accepted = ", ".join(
-            k for k in taken if k not in ("kwargs", "encoder_name", "encoder_weights")
-        )
-        raise ValueError(
-            f"model.options.{unknown[0]}: {arch} with encoder {encoder_name} takes no such "
-            f"argument (it takes {accepted})"
-        )
 
 
 def is_path(encoder_weights: str | None) -> bool:
@@ -194,3 +185,46 @@ def compile_net(net: nn.Module, mode: str) -> nn.Module:
         raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
     net.compile(mode=mode)
     return net
+
+
+class FusedAttention(nn.Module):
+    """smp's Mix Transformer `Attention` (queries from every token; keys and values from the
+    tokens spatially reduced by `sr_ratio`), computed by `F.scaled_dot_product_attention`."""
+
+    def __init__(self, attention: Attention) -> None:
+        super().__init__()
+        self.num_heads, self.scale, self.sr_ratio = (
+            attention.num_heads,
+            attention.scale,
+            attention.sr_ratio,
+        )
+        for name, module in attention.named_children():  # q, kv, proj, sr, norm and dropouts
+            self.add_module(name, module)
+
+    def forward(self, x: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        batch, tokens, channels = x.shape
+        heads = self.num_heads
+        q = self.q(x).reshape(batch, tokens, heads, channels // heads).transpose(1, 2)
+        if self.sr_ratio > 1:
+            reduced = x.transpose(1, 2).reshape(batch, channels, height, width)
+            x = self.norm(self.sr(reduced).reshape(batch, channels, -1).transpose(1, 2))
+        k, v = (
+            self.kv(x).reshape(batch, -1, 2, heads, channels // heads).permute(2, 0, 3, 1, 4)
+        ).unbind(0)
+        dropout = self.attn_drop.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, channels)))
+
+
+def fuse_attention(net: nn.Module) -> int:
+    """Replace each Mix Transformer attention in `net` by a `FusedAttention` of its own modules,
+    in place; returns how many were replaced (0 for a net without one)."""
+    found = [
+        (parent, name, child)
+        for parent in net.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, Attention)
+    ]
+    for parent, name, child in found:
+        setattr(parent, name, FusedAttention(child))
+    return len(found)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
 SIZE_MULTIPLE = 32  # UNet's and SegFormer's encoders halve the input five times
 
@@ -45,6 +46,9 @@ def multiscale_probabilities(
 ) -> torch.Tensor:
     """The mean foreground probability over `scales` of a B×C×H×W batch at its size (resized
     there and back, bilinear); `logits` are the batch's own at factor 1."""
+    import torch
+    import torch.nn.functional as F
+
     size = (batch.shape[-2], batch.shape[-1])
     total = torch.zeros_like(logits, dtype=torch.float32)
     for scale in scales:

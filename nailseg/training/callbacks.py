@@ -22,7 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from PIL import Image
 
 from nailseg.model.checkpoint import CARD_KEY
-from nailseg.model.step_log import logs_step
+from nailseg.model.module import logs_step
 from nailseg.training.private_api import computed_bar_values
 from nailseg.training.run_folder import write_file
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay

@@ -21,8 +21,8 @@ from support.image_files import save_image
 from support.inference import compose_cli, own_run
 from support.processes import session_processes
 
-import nailseg.inference.photos
 import nailseg.inference.predict
+import nailseg.inference.request
 from nailseg.inference.predict import PredictError, run
 from nailseg.io.atomic import temp_path
 from nailseg.io.folder import JOURNAL, MARKER, Journal, is_live
@@ -111,9 +111,9 @@ def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, mo
         )
     out = tmp_path / "out"
     written_before = []  # at each true mask's read: what was in the output folder already
-    read = nailseg.inference.photos.TrueMask.read
+    read = nailseg.inference.request.TrueMask.read
     monkeypatch.setattr(
-        nailseg.inference.photos.TrueMask,
+        nailseg.inference.request.TrueMask,
         "read",
         classmethod(lambda cls, *a: written_before.append(list(out.rglob("*"))) or read(*a)),
     )
@@ -422,17 +422,15 @@ def test_a_bad_setting_is_refused_before_any_write(override, message, ckpt, data
     assert not (tmp_path / "out").exists()
 
 
-def _importing_torch(pid: int) -> bool:
-    """Whether process `pid`, a forkserver, is importing its preload: torch's library is loaded
-    (/proc's maps), the server's own SIGCHLD handler, set once the preload is done, is not (SigCgt)."""
+def _preloading(pid: int) -> bool:
+    """Whether process `pid`, a forkserver, is still importing its preload: the server's own
+    SIGCHLD handler, set once the preload is done, is not yet set (/proc's SigCgt)."""
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-        masks = dict(
-            line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        )
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        masks = dict(line.split(":\t") for line in status)
     except (OSError, ValueError):  # gone meanwhile
         return False
-    return "libtorch" in maps and not int(masks["SigCgt"], 16) & 1 << (signal.SIGCHLD - 1)
+    return not int(masks["SigCgt"], 16) & 1 << (signal.SIGCHLD - 1)
 
 
 def _predict_in_a_session(ckpt: Path, photos: Path, out: Path) -> subprocess.Popen:
@@ -479,16 +477,16 @@ def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, 
 
 
 def test_ctrl_c_while_the_workers_start_leaves_the_interrupt_to_predict(ckpt, data, tmp_path):
-    """Ctrl-C while multiprocessing's forkserver, the workers' parent, imports predict (torch:
-    seconds): the server ignores Ctrl-C only once that is done, so before, it died printing a
-    traceback of its own beside the command's."""
+    """Ctrl-C while multiprocessing's forkserver, the workers' parent, imports its preload: the
+    server ignores Ctrl-C only once that is done, so before, it died printing a traceback of its
+    own beside the command's."""
     out = tmp_path / "out"
     command = _predict_in_a_session(ckpt, data / "photos", out)
     importing = False
     while command.poll() is None and not importing:
         servers = [pid for pid, line in session_processes(command.pid).items() if "forkserver" in line]  # fmt: skip
-        importing = any(_importing_torch(pid) for pid in servers)
-    assert importing, "predict ended before its forkserver was seen importing torch"
+        importing = any(_preloading(pid) for pid in servers)
+    assert importing, "predict ended before its forkserver was seen importing its preload"
     os.killpg(command.pid, signal.SIGINT)
     _interrupted_alone(command, out)
 

@@ -20,7 +20,7 @@ from support.inference import compose_cli, own_run
 import nailseg
 from nailseg.inference.export import run as export_run
 from nailseg.inference.predict import run
-from nailseg.inference.spec import PredictError
+from nailseg.inference.request import PredictError
 from nailseg.model.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,10 @@ import torch
 from PIL import Image, ImageOps
 from support.image_files import save_image
 
-from nailseg.inference.photos import EncodedJpeg, Photo, load
 from nailseg.inference.pipeline import orient, to_device
+from nailseg.inference.request import Photo
 from nailseg.inference.views import image_tensors
+from nailseg.inference.workers import EncodedJpeg, load
 from nailseg.prep.imageio import UnreadableImage, read_rgb
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from support.cli import run_command
 from support.inference import compose_cli, own_run
 
 from nailseg.inference.export import ExportError, main, run
-from nailseg.inference.spec import resolve_spec
+from nailseg.inference.segmenter import resolve_spec
 from nailseg.io.folder import JOURNAL
 from nailseg.model.checkpoint import ArchitectureMismatch, load_net
 
@@ -193,7 +193,7 @@ def test_an_smp_export_loads_with_from_pretrained_and_gives_the_checkpoints_logi
 
 
 def test_a_segformer_exports_under_smps_own_parameter_names(tmp_path):
-    """nailseg's SegFormer runs fused attention (model/attention.py); smp builds its own."""
+    """nailseg's SegFormer runs fused attention (model/net.py); smp builds its own."""
     import segmentation_models_pytorch as smp
 
     from nailseg.inference.export import export_smp

@@ -18,8 +18,14 @@ import torch
 import yaml
 from PIL import Image
 from rich.console import Console
-from support.image_files import save_image
-from support.inference import compose_cli, constant_checkpoint, own_run
+from support.image_files import box_mask, save_image
+from support.inference import (
+    compose_cli,
+    constant_checkpoint,
+    own_run,
+    predict_split,
+    reference_probabilities,
+)
 from support.train import TINY_UNET
 
 from nailseg.data.datamodule import read_split
@@ -27,12 +33,12 @@ from nailseg.inference.engine import build_engine
 from nailseg.inference.pipeline import fast_gil_handoff, to_host
 from nailseg.inference.predict import PredictError, main, run
 from nailseg.inference.request import worker_count
-from nailseg.inference.scoring import score_image
-from nailseg.inference.spec import resolve_spec
-from nailseg.inference.threshold import CACHE_FILE, ThresholdError
+from nailseg.inference.segmenter import CACHE_FILE, ThresholdError, resolve_spec
 from nailseg.inference.views import full_size_probabilities, image_tensors, probabilities
+from nailseg.inference.workers import CAPTION_HEIGHT, score_image
 from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
 from nailseg.prep.format import write_table
+from nailseg.viz import TRUTH_COLOR
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +135,16 @@ def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
 
 
 def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
-    """The written mask is exactly `p > threshold` of the bilinearly upsampled probabilities."""
+    """The written mask is `p > threshold` of the net's probabilities at the input size, brought
+    back to the photo's size (computed independently of predict: `reference_probabilities`)."""
+    prob = reference_probabilities(trained, np.array(Image.open(photos / "top.jpeg")))
+    threshold = round(float(prob.median()), 2)  # a mask of both nail and not
     out = tmp_path / "out"
-    predict(trained, photos / "top.jpeg", out, "threshold=0.3")
-    spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
-    net = build_engine("torch", load_net(trained, spec.model), spec, torch.device("cpu"), False)
-    image = np.asarray(Image.open(photos / "top.jpeg").convert("RGB"))
-    (prob,) = full_size_probabilities(net, image_tensors([image], torch.device("cpu")), spec)
+    predict(trained, photos / "top.jpeg", out, f"threshold={threshold}")
     written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
-    np.testing.assert_array_equal(written, (prob > 0.3).numpy())
+    decided = (prob - threshold).abs().numpy() > 1e-4  # sums in another order: a hair apart
+    np.testing.assert_array_equal(written[decided], (prob > threshold).numpy()[decided])
+    assert written.any() and not written.all()
 
 
 def test_photos_of_mixed_sizes_get_the_maps_each_gets_alone(trained):
@@ -245,6 +252,11 @@ def test_the_command_as_users_run_it_writes_every_mask_and_warns_of_nothing(trai
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr + done.stdout, done.stderr
     assert sorted(p.name for p in (out / "masks").iterdir()) == [f"p{i}.png" for i in range(4)]
+    # what it does while it loads, before the bar: it was silent for ~11 s
+    said = done.stdout.splitlines()
+    assert said[0] == f"predict: 4 photos; loading torch and {trained} …", done.stdout
+    assert said[1].startswith("loaded Unet/resnet18 at 32x32 on cpu; threshold 0.5 (checkpoint)")
+    assert said[1].endswith("starting 2 worker processes …") and "predicting" in said[2]
     # the bar's rate: its photos over its time, which lies within the summary's (it showed
     # 12,702 img/s for 13.2)
     bar_rate = float(re.search(r"4/4 +([\d.]+) img/s", done.stdout)[1])
@@ -342,6 +354,25 @@ def test_score_image_empty_case_is_perfect():
     assert (score.dice, score.iou) == (1.0, 1.0)
 
 
+def test_overlays_with_true_masks_draw_their_outline_labelled(trained, tmp_path):
+    """With `masks=`, each overlay shows the true mask's outline in green over the prediction (in
+    red) and a strip below naming both and the photo's Dice; without, the photo as it is."""
+    save_image(tmp_path / "photos" / "x.png", np.full((40, 50, 3), 128, np.uint8))
+    save_image(tmp_path / "masks" / "x.png", box_mask(40, 50, box=10))  # rows, columns 10..19
+    summary = predict(trained, tmp_path / "photos", tmp_path / "out", f"masks={tmp_path / 'masks'}")
+    shown = np.asarray(Image.open(tmp_path / "out" / "overlays" / "x.png"))
+    assert shown.shape == (40 + CAPTION_HEIGHT, 50, 3)
+    green = np.all(shown[:40] == TRUTH_COLOR, axis=2)
+    outline = np.zeros((40, 50), bool)
+    outline[10:20, 10:20] = True
+    outline[11:19, 11:19] = False
+    np.testing.assert_array_equal(green, outline)
+    assert shown[40:].any()  # the caption strip has its words
+    assert summary.scores["overall"]["images"] == 1
+    predict(trained, tmp_path / "photos", tmp_path / "plain")
+    assert np.asarray(Image.open(tmp_path / "plain" / "overlays" / "x.png")).shape == (40, 50, 3)
+
+
 def test_mask_of_another_size_is_not_scored(trained, tmp_path):
     save_image(tmp_path / "photos" / "x.png", np.zeros((10, 10, 3), np.uint8))
     save_image(tmp_path / "masks" / "x.png", np.zeros((12, 10), np.uint8))
@@ -360,26 +391,14 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
     assert summary.threshold == choice["threshold"] and summary.threshold_source == "auto"
     assert entry["key"]["checkpoint"] == "last.ckpt" and entry["key"]["tta"] is False
 
-    # the sweep's Dice at its choice is the Dice of predict's own masks over the valid split
-    spec = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"]))
-    net = load_net(trained, spec.model)
-    root = spec.data_root
+    # the sweep's Dice at its choice is that of predict's own masks over the valid split
+    root = Path(torch.load(trained, weights_only=True)[CARD_KEY]["data_root"])
     valid = read_split(root, "valid")
-    tp = fp = fn = 0
-    for image_file, mask_file in zip(valid["images"], valid["masks"], strict=True):
-        image = np.load(root / image_file)
-        (prob,) = full_size_probabilities(net, image_tensors([image], torch.device("cpu")), spec)
-        s = score_image(
-            (prob > choice["threshold"]).numpy(),
-            np.load(root / mask_file)[..., 0] > 0,
-            key="",
-            image="",
-            mask="",
-            group="",
-        )
-        tp, fp, fn = tp + s.tp, fp + s.fp, fn + s.fn
-    assert choice["dice"] == pytest.approx(2 * tp / (2 * tp + fp + fn), abs=1e-9)
-    assert choice["samples"] == len(valid)
+    scored = predict_split(
+        trained, root, valid, tmp_path / "valid", f"threshold={choice['threshold']}"
+    )
+    assert choice["dice"] == pytest.approx(scored["dice"], abs=1e-9)
+    assert choice["samples"] == scored["images"] == len(valid)
     assert choice["dice"] >= choice["dice_at_run_threshold"]
 
     # a second run reads the cache (a sweep would fail here)
@@ -387,7 +406,7 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
         raise AssertionError("threshold.json should have been used")
 
     monkey = pytest.MonkeyPatch()
-    monkey.setattr("nailseg.inference.threshold.sweep", no_sweep)
+    monkey.setattr("nailseg.inference.segmenter.sweep", no_sweep)
     try:
         again = predict(trained, photos / "top.jpeg", tmp_path / "out2", "threshold=auto")
     finally:
@@ -460,7 +479,7 @@ def test_not_a_checkpoint(trained, tmp_path):
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
     model = resolve_spec(compose_cli("predict", [f"ckpt={trained}", "input=x", "output=y"])).model
-    with pytest.raises(CheckpointError, match="cannot be loaded as a checkpoint"):
+    with pytest.raises(CheckpointError, match="is not a checkpoint"):
         load_net(junk, model)
 
 
@@ -587,7 +606,7 @@ def test_default_workers_leave_the_gpu_driving_thread_room(
     """From predict's real config (overlays on, num_workers null by default)."""
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     cfg = compose_cli("predict", ["ckpt=x", "input=y", "output=z", *overrides])
-    assert worker_count(cfg.num_workers, cfg.overlays, torch.device(device)) == workers
+    assert worker_count(cfg.num_workers, cfg.overlays, device) == workers
 
 
 def test_cuda_graphs_are_the_default_and_apply_on_a_gpu_only(trained):
@@ -631,11 +650,11 @@ def test_tensors_of_any_shapes_come_back_whole_in_one_copy():
     copy = to_host(images)
     for image in images:  # work queued after the copy does not reach it
         image.add_(1)
-    for got, image in zip(copy.arrays(), expected, strict=True):
+    for got, image in zip(copy(), expected, strict=True):
         np.testing.assert_array_equal(got, image)
         np.testing.assert_array_equal(got.transpose(1, 2, 0), image.transpose(1, 2, 0))
     maps = [torch.rand(4, 6), torch.rand(3, 3)]
-    for got, prob in zip(to_host(maps, lambda flat: flat > 0.5).arrays(), maps, strict=True):
+    for got, prob in zip(to_host(maps, lambda flat: flat > 0.5)(), maps, strict=True):
         assert got.dtype == bool and got.shape == prob.shape
         np.testing.assert_array_equal(got, (prob > 0.5).numpy())
 

@@ -15,13 +15,12 @@ from PIL import Image
 from rich.console import Console
 from support.cli import run_command
 from support.image_files import box_mask, photo, save_image
-from support.inference import compose_cli, own_run
+from support.inference import compose_cli, own_run, predict_split, reference_probabilities
 
 from nailseg.data.datamodule import read_split
 from nailseg.inference.engine import build_engine
 from nailseg.inference.predict import PredictError, run
-from nailseg.inference.spec import resolve_spec
-from nailseg.inference.threshold import CACHE_FILE
+from nailseg.inference.segmenter import CACHE_FILE, resolve_spec
 from nailseg.inference.views import (
     Tiling,
     Views,
@@ -201,14 +200,19 @@ def test_scales_one_writes_todays_masks_byte_for_byte(trained, photos, tmp_path)
 
 
 def test_written_masks_threshold_the_mean_of_the_scales(trained, photos, tmp_path):
+    """The written mask is `p > threshold` of the mean of the net's maps at each scale's size
+    (computed independently of predict: `reference_probabilities`)."""
+    image = np.array(Image.open(photos / "photos" / "p0.png"))
+    small, large = (reference_probabilities(trained, image, size) for size in [(32, 32), (64, 64)])
+    prob = (small + large) / 2
+    threshold = round(float(prob.median()), 2)  # a mask of both nail and not
     out = tmp_path / "out"
-    predict(trained, photos / "photos" / "p0.png", out, "scales=[1.0,1.5]", "threshold=0.4")
-    spec, net = _spec_and_net(trained)
-    image = image_tensors([np.asarray(Image.open(photos / "photos" / "p0.png"))], CPU)
-    (small,) = full_size_probabilities(net, image, spec, size=(32, 32))
-    (large,) = full_size_probabilities(net, image, spec, size=(64, 64))
+    extra = ("scales=[1.0,1.5]", f"threshold={threshold}")
+    predict(trained, photos / "photos" / "p0.png", out, *extra)
     written = np.asarray(Image.open(out / "masks" / "p0.png")) > 0
-    np.testing.assert_array_equal(written, ((small + large) / 2 > 0.4).numpy())
+    decided = (prob - threshold).abs().numpy() > 1e-4  # sums in another order: a hair apart
+    np.testing.assert_array_equal(written[decided], (prob > threshold).numpy()[decided])
+    assert written.any() and not written.all()
     report = json.loads((out / "summary.json").read_text())
     assert report["scales"] == [1.0, 1.5] and report["tile"] is None
 
@@ -271,24 +275,12 @@ def test_threshold_auto_sweeps_with_the_scales_and_tiles_and_records_them(
     assert report["threshold"] == summary.threshold
 
     # the sweep's Dice at its choice is that of predict's own merged masks over the valid split
-    spec, net = _spec_and_net(trained)
-    views = Views(tta=False, scales=(1.0, 1.5), tile=Tiling(long_side=48, overlap=0.5))
-    valid = read_split(spec.data_root, "valid")
-    images = image_tensors([np.load(spec.data_root / f) for f in valid["images"]], CPU)
-    tp = fp = fn = 0
-    for prob, mask_file in zip(
-        photo_probabilities(net, images, spec, views, batch_size=4), valid["masks"], strict=True
-    ):
-        pred, truth = (
-            (prob > summary.threshold).numpy(),
-            np.load(spec.data_root / mask_file)[..., 0] > 0,
-        )
-        tp, fp, fn = (
-            tp + (pred & truth).sum(),
-            fp + (pred & ~truth).sum(),
-            fn + (~pred & truth).sum(),
-        )
-    assert entries[1]["choice"]["dice"] == pytest.approx(2 * tp / (2 * tp + fp + fn), abs=1e-9)
+    root = _spec_and_net(trained)[0].data_root
+    valid = read_split(root, "valid")
+    scored = predict_split(
+        trained, root, valid, tmp_path / "valid", *tiled[1:], f"threshold={summary.threshold}"
+    )
+    assert entries[1]["choice"]["dice"] == pytest.approx(scored["dice"], abs=1e-9)
 
 
 def test_onnx_engine_runs_each_scale_at_its_own_size(trained, photos, tmp_path):

@@ -12,9 +12,8 @@ import torch
 from segmentation_models_pytorch.encoders.mix_transformer import Attention
 
 from nailseg.inference.engine import INPUT_NAME, onnx_model
-from nailseg.inference.spec import InferenceSpec
-from nailseg.model.attention import FusedAttention, fuse_attention
-from nailseg.model.net import build_net
+from nailseg.inference.segmenter import InferenceSpec
+from nailseg.model.net import FusedAttention, build_net, fuse_attention
 
 
 @pytest.mark.parametrize("sr_ratio", [1, 4])

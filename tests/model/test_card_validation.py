@@ -20,7 +20,8 @@ from support.cli import files_opened_below, run_command
 from support.inference import compose_cli
 from support.train import compose_train, small_overrides
 
-from nailseg.inference.spec import resolve_spec
+from nailseg.inference.segmenter import resolve_spec
+from nailseg.io.folder import MARKER
 from nailseg.model.checkpoint import (
     CARD_KEY,
     CheckpointError,
@@ -176,7 +177,8 @@ def photo(tmp_path: Path) -> Path:
 
 def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo, tmp_path, capsys):
     """A `tu-` encoder's keyword `checkpoint_path` makes timm load that file, and a hub name makes
-    it download: both refused with one line, and the process opens nothing but the checkpoint."""
+    it download: both refused with one line, and the process opens no file of the user's but the
+    checkpoint."""
     watch = tmp_path / "watched"
     bait = watch / "bait.pth"
     bait.parent.mkdir()
@@ -197,7 +199,8 @@ def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo,
         lines = stderr.strip().splitlines()
         assert len(lines) == 1, stderr
         assert f"{ckpt}: card key {key}=" in lines[0] and "refused" in lines[0]
-        assert opened == {str(ckpt)} and not out.exists()
+        # the checkpoint, and (export) nailseg's own marker where its output would go
+        assert opened - {str(watch / MARKER)} == {str(ckpt)} and not out.exists()
         assert sorted(p.name for p in watch.iterdir()) == ["bait.pth", "run.ckpt"]  # nothing new
 
 

@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from nailseg.model.losses import LOSSES, build_loss
-from nailseg.model.metrics import BatchMean, SegmentationScores
+from nailseg.model.metrics import LOSSES, BatchMean, SegmentationScores, build_loss
 
 
 def _mask(b: int = 2, size: int = 16) -> torch.Tensor:

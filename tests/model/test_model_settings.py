@@ -19,7 +19,9 @@ from nailseg.model.schedules import WarmupCosineLR
 )
 def test_a_misspelt_architecture_option_is_refused_naming_it(arch: str, decoder: dict) -> None:
     # smp drops a keyword the encoder does not take: this trained the default depth
-    with pytest.raises(ValueError, match=r"model\.options\.encoder_dept: .* takes no such"):
+    with pytest.raises(
+        ValueError, match=rf"^model\.options\.encoder_dept=3: .*not an argument {arch}"
+    ):
         build_net(arch, "resnet18", options={"encoder_dept": 3, **decoder})
     net = build_net(arch, "resnet18", options={"encoder_depth": 3, **decoder})
     assert len(net.encoder.out_channels) == 4  # the input and 3 stages: the option reached it

@@ -275,7 +275,7 @@ def test_checkpoint_loads_weights_only(fitted: dict[str, Any]) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
-def test_test_and_predict(fitted: dict[str, Any], tmp_path: Path) -> None:
+def test_test(fitted: dict[str, Any], tmp_path: Path) -> None:
     # a fresh trainer, as an evaluation tool would use: restores the fit's best checkpoint
     trainer = L.Trainer(
         accelerator="cpu", logger=False, default_root_dir=tmp_path, enable_progress_bar=False
@@ -287,11 +287,6 @@ def test_test_and_predict(fitted: dict[str, Any], tmp_path: Path) -> None:
     assert results["test/samples"] == N_VAL
     assert results["test/samples_group_a"] == 4
     assert {"test/loss", "test/dice", "test/iou", "test/dice_group_b"} <= set(results)
-    batches = trainer.predict(model, val)
-    assert [len(b) for b in batches] == [3, 3, 1]
-    probs = torch.cat(batches)
-    assert probs.shape == (N_VAL, 1, SIZE, SIZE)
-    assert probs.min() >= 0 and probs.max() <= 1
 
 
 def test_channels_last() -> None:
@@ -300,7 +295,7 @@ def test_channels_last() -> None:
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     model.eval()
     with torch.no_grad():
-        out = model.predict_step({"image": torch.randn(2, 3, SIZE, SIZE)}, 0)
+        out = model(torch.randn(2, 3, SIZE, SIZE))
     assert out.shape == (2, 1, SIZE, SIZE) and torch.isfinite(out).all()
 
 

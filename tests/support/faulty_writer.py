@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nailseg.inference.photos import Photo, Skipped, TrueMask
-from nailseg.inference.scoring import ImageScore
-from nailseg.inference.workers import PhotoWriter
+from nailseg.inference.request import Photo, Skipped, TrueMask
+from nailseg.inference.workers import ImageScore, PhotoWriter
 
 
 @dataclass(frozen=True)

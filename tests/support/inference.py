@@ -1,17 +1,22 @@
-"""A tiny trained run laid out as `train.py` leaves it, and the predict/export configs to run on it."""
+"""A tiny trained run laid out as `train.py` leaves it, the predict/export configs to run on it, and
+references to check predict against."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 
-import nailseg.inference.export  # registers export_schema
-import nailseg.inference.predict  # noqa: F401  (registers predict_schema)
+import nailseg.inference.export  # noqa: F401  (registers export_schema)
+from nailseg.inference.predict import run as predict_run
 from nailseg.io.folder import OwnedFolder
 from nailseg.training.run import run as train_run
+from support.image_files import save_image
 from support.train import CONF, compose_train, small_overrides
 
 
@@ -52,3 +57,33 @@ def compose_cli(config: str, overrides: list[str]) -> DictConfig:
     """The config `python -m nailseg <command> <overrides>` would run (`config`: its name)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config, overrides=overrides)
+
+
+def reference_probabilities(ckpt: Path, image, size: tuple[int, int] | None = None):
+    """The net's H×W probability map of an RGB uint8 H×W×3 photo as docs/INFERENCE.md states it,
+    computed here from the checkpoint's card and weights, not by predict's code: resized to
+    `size` (None: the card's input size; bilinear, antialiased), `(x/255 - mean) / std`, the
+    sigmoid of the net's logit, brought back to the photo's size bilinearly."""
+    import torch.nn.functional as F
+
+    from nailseg.model.checkpoint import CARD_KEY, load_net
+
+    card = torch.load(ckpt, map_location="cpu", weights_only=True)[CARD_KEY]
+    net = load_net(ckpt, card["model"])
+    x = torch.from_numpy(image).permute(2, 0, 1)[None].float()
+    x = F.interpolate(x, size or card["image_size"], mode="bilinear", antialias=True)
+    mean, std = (torch.tensor(card[key]).view(1, 3, 1, 1) for key in ("mean", "std"))
+    with torch.inference_mode():
+        prob = torch.sigmoid(net((x / 255 - mean) / std))
+    return F.interpolate(prob, image.shape[:2], mode="bilinear")[0, 0]
+
+
+def predict_split(ckpt: Path, root: Path, rows: pd.DataFrame, folder: Path, *extra: str) -> dict:
+    """`nailseg predict` of a prepared split's photos (saved as PNG files) against its masks:
+    the overall scores it reports."""
+    for i, (image, mask) in enumerate(zip(rows["images"], rows["masks"], strict=True)):
+        save_image(folder / "photos" / f"{i}.png", np.load(root / image))
+        save_image(folder / "masks" / f"{i}.png", np.load(root / mask)[..., 0] * 255)
+    overrides = [f"ckpt={ckpt}", f"input={folder / 'photos'}", f"output={folder / 'out'}"]
+    overrides += [f"masks={folder / 'masks'}", "num_workers=1", *extra]
+    return predict_run(compose_cli("predict", overrides), Console(quiet=True)).scores["overall"]

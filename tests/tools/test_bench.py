@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from nailseg import bench
 from nailseg.bench import TrainStep, measured_peak_tflops, run, training_flops_per_image
 from nailseg.config import CONF_DIR
-from nailseg.model.losses import build_loss
+from nailseg.model.metrics import build_loss
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -35,7 +35,7 @@ from support.train import CONF, TINY_UNET, compose_train
 import benchmarks  # noqa: F401  (the bench_* schemas are stored on its import)
 import nailseg
 import nailseg.bench  # its bench_schema is stored on import
-from nailseg.inference.spec import resolve_spec
+from nailseg.inference.segmenter import resolve_spec
 from nailseg.model.checkpoint import load_net
 from nailseg.model.schedules import schedule_length
 from nailseg.training.build import Built, build

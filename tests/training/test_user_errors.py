@@ -20,7 +20,7 @@ from support.train import compose_train, train
 
 from nailseg.config import CONF_DIR
 from nailseg.errors import ConfigError
-from nailseg.inference.spec import resolve_spec
+from nailseg.inference.segmenter import resolve_spec
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.checks import check
 
