@@ -23,7 +23,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: help install prepare train test test-quick lint format bench-prepare bench-predict bench bench-scale bench-ddp compare cross-source time-to-target gpu-check clean
+.PHONY: help install prepare train test test-quick lint format bench-prepare bench-predict bench-zoomed bench bench-scale bench-ddp compare cross-source time-to-target gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -69,6 +69,9 @@ clean:  ## remove what nailseg provably wrote (runs, sweeps, synthetic sets) and
 
 bench-predict: install  ## predict's photos/s on photos made from REAL_DATA (GPU decode or not, CPU) and ONNX Runtime vs PyTorch on the CPU; CKPT=checkpoint
 	$(PY) -m benchmarks.predict ckpt=$(CKPT) input_dir=$(REAL_DATA)/Images output_dir=$(BENCH_DIR)/predict $(ARGS)
+
+bench-zoomed: install  ## Dice of predict's default and fixed tile sizes on REAL_DATA's validation photos zoomed out onto larger canvases, and as they are; CKPT=checkpoint
+	$(PY) -m benchmarks.zoomed ckpt=$(CKPT) input_dir=$(REAL_DATA) output_dir=$(BENCH_DIR)/zoomed $(ARGS)
 
 bench: install  ## loader comparison: torch / kornia / dali x light / heavy, with the resident ceiling
 	$(PY) -m nailseg bench output_dir=$(BENCH_DIR)/loaders $(ARGS)

@@ -1,6 +1,6 @@
 """The project's own measurements, outside the package: the wheel carries `nailseg` alone.
 
-Each module is a Hydra app run from make (`make bench-prepare`, `bench-predict`, `bench-scale`:
+Each module is a Hydra app run from make (`make bench-prepare`, `bench-predict`, `bench-scale`, `bench-zoomed`:
 `python -m benchmarks.<name> ...`) with its config in conf/; `trace` and `timeline` are training
 callbacks given on train.py's command line (`+callbacks.trace._target_=benchmarks.trace.StepTrace`).
 Their schemas are stored here, so importing any of them makes its config typed.
@@ -65,9 +65,30 @@ class BenchPredictConfig:
     repeats: int = MISSING
 
 
+@dataclass
+class BenchZoomedConfig:
+    """`make bench-zoomed` (`python -m benchmarks.zoomed`); values in conf/bench_zoomed.yaml."""
+
+    paths: PathsConfig = MISSING
+    ckpt: str = MISSING
+    input_dir: str = MISSING
+    output_dir: str = MISSING
+    num_workers: int | None = None  # prepare's; None: one per CPU core
+    limit: int | None = None  # the first N validation photos; None: all
+    seeds: list[int] = MISSING
+    nail_px: list[float] = MISSING
+    canvas: list[int] = MISSING
+    background: str = MISSING
+    runs: dict[str, dict[str, Any]] = MISSING  # name -> nailseg.load options
+    long_sides: list[int] = MISSING
+    device: str = MISSING
+    batch_size: int = MISSING
+
+
 for _name, _node in {
     "bench_prepare_schema": BenchPrepareConfig,
     "bench_scale_schema": BenchScaleConfig,
     "bench_predict_schema": BenchPredictConfig,
+    "bench_zoomed_schema": BenchZoomedConfig,
 }.items():
     ConfigStore.instance().store(name=_name, node=_node)

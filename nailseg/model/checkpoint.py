@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.errors import UserError
 from nailseg.io.folder import read_regular
 from nailseg.model import import_smp
+from nailseg.model.scales import NAIL_QUANTILES, training_nail_sizes
 from nailseg.prep.format import SPLITS, split_file
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ def make_card(
         "group_names": [str(g) for g in group_names],
         "data_root": str(Path(cfg.dataset.root).absolute()),
         "data": data_identity(cfg.dataset.root, cfg.dataset.mix),
+        # how large the nails it learnt were: predict's auto scale brings a photo's to it
+        "nail_size": training_nail_sizes(
+            {cfg.dataset.root: cfg.dataset.weight} | {m.root: m.weight for m in cfg.dataset.mix},
+            cfg.dataset.image_size,
+        ),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
@@ -265,6 +271,10 @@ _CARD_CHECKS: dict[str, tuple[Callable[[Any], Any], str]] = {
         _data,
         "must be {root: a path, splits: {split: its SHA-256 or null}, mix: [{name, weight, root, "
         "train: its SHA-256 or null}]}",
+    ),
+    "nail_size": (
+        lambda v: _numbers(v, len(NAIL_QUANTILES), 0) and list(v) == sorted(v),
+        f"must be {len(NAIL_QUANTILES)} sizes > 0, each at least the one before (quantiles)",
     ),
     # compared with the config, never instantiated: its `_target_`s are text here
     "config": (

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from support.cli import files_opened_below, run_command
 from support.inference import compose_cli
+from support.prepared import write_split
 from support.train import compose_train, small_overrides
 
 from nailseg.inference.segmenter import resolve_spec
@@ -86,6 +87,9 @@ def _checkpoint(path: Path, card: Any) -> Path:
         ({"run_id": "../elsewhere"}, "run_id", "hex digits"),
         ({"wandb_run_id": "../../outside"}, "wandb_run_id", "W&B run id"),
         ({"group_names": "ab"}, "group_names", "list of names"),
+        ({"nail_size": [9.0, 8.0, 10.0, 11.0, 12.0]}, "nail_size", "at least the one before"),
+        ({"nail_size": [0, 8.0, 10.0, 11.0, 12.0]}, "nail_size", "sizes > 0"),
+        ({"nail_size": [8.0, 10.0]}, "nail_size", "5 sizes"),
         ({"data": {"root": "/x"}}, "data", "splits"),
         ({"config": ["not", "a", "mapping"]}, "config", "mapping"),
         ({"config": {"trainer": {"x": object.__name__, 3: 1}}}, "config", "refused"),
@@ -155,6 +159,24 @@ def test_the_cards_training_writes_are_valid(model, prepared, tmp_path):
     assert validate_card(card, "ckpt") == card
     tu = compose_train([*base, "model.encoder_name=tu-mobilenetv3_small_050"], tmp_path / "tu")
     assert validate_card(make_card(tu, ["a"]), "ckpt")["model"]["encoder_name"].startswith("tu-")
+
+
+def test_the_card_records_how_large_the_training_nails_were_at_the_input_size(tmp_path):
+    """A square nail in each 64×64 training photo, trained at 32×32 (small_overrides): at half
+    the size, as a disc of its area; the train split of a mixed-in source counts, that of a
+    source of weight 0 does not."""
+    for root, side in (("a", 16), ("b", 32)):
+        masks = np.zeros((4, 64, 64, 1), np.uint8)
+        masks[:, :side, :side] = 1
+        write_split(tmp_path / root, "train", [np.zeros((64, 64, 3), np.uint8)] * 4, list(masks))
+    disc = 2 / np.sqrt(np.pi) / 2  # a square's side to its disc's diameter, at half the size
+    cfg = compose_train(small_overrides(tmp_path / "a"), tmp_path / "run")
+    assert make_card(cfg, ["a"])["nail_size"] == pytest.approx([16 * disc] * 5, 0.01)
+    mix = f"dataset.mix=[{{name: b, root: {tmp_path / 'b'}, weight: 1}}]"
+    cfg = compose_train(
+        [*small_overrides(tmp_path / "a"), "dataset.weight=0", mix], tmp_path / "run"
+    )
+    assert make_card(cfg, ["a"])["nail_size"] == pytest.approx([32 * disc] * 5, 0.01)
 
 
 def test_a_training_that_would_write_an_unusable_card_is_refused(prepared, tmp_path):
