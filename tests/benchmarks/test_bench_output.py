@@ -10,7 +10,7 @@ import pytest
 from support.cli import run_command
 from support.inference import compose_cli
 
-from benchmarks import output, predict, prepare, scale
+from benchmarks import output, predict, prepare, scale, zoomed
 from nailseg import bench
 from nailseg.io.atomic import NotOursError
 from nailseg.io.clean import clean
@@ -28,6 +28,7 @@ def _files(folder: Path) -> dict[str, bytes]:
         (prepare, "benchmarks.prepare", "bench_prepare", [], prepare.OUTPUTS),
         (predict, "benchmarks.predict", "bench_predict", ["ckpt=x.ckpt"], predict.OUTPUTS),
         (scale, "benchmarks.scale", "bench_scale", [], scale.OUTPUTS),
+        (zoomed, "benchmarks.zoomed", "bench_zoomed", ["ckpt=x.ckpt"], zoomed.OUTPUTS),
     ],
 )
 def test_each_bench_refuses_a_users_folder_in_one_line_and_leaves_it(
