@@ -1,11 +1,7 @@
-"""What runs the net: PyTorch on the device, channels-last (on a GPU, replayed as CUDA graphs), or
-ONNX Runtime on the CPU, from an ONNX model made in memory (the model `export` writes).
-
-A CUDA graph replays the forward pass as one launch a batch: each batch is copied into the
-captured input, the logits returned are a view valid until the next call, each input shape is
-captured once, a smaller batch padded (rows are independent in an eval-mode net). ONNX: torch's
-TorchScript exporter (`dynamo=False`), guarded by ONNX Runtime agreeing with PyTorch on random
-batches within `TOLERANCE` of the logits' size.
+"""What runs the net: PyTorch, channels-last (on a GPU replayed as CUDA graphs: one launch a batch,
+each input shape captured once, a smaller batch padded, the logits a view valid until the next
+call), or ONNX Runtime on the CPU from a model made in memory by torch's TorchScript exporter,
+checked against PyTorch within `TOLERANCE` of the logits' size.
 """
 
 from __future__ import annotations
@@ -41,9 +37,7 @@ def build_engine(
     cuda_graphs: bool,
     sizes: Sequence[tuple[int, int]] | None = None,
 ) -> Net:
-    """`net` run by `engine`: torch on `device`, channels-last (the layout convolutions run
-    fastest in on a GPU and in oneDNN), as CUDA graphs on a GPU with `cuda_graphs`; or onnx,
-    ONNX Runtime on the CPU, one model per size in `sizes` (None: the input size)."""
+    """`net` run by torch on `device` (channels-last; graphed on a GPU) or by ONNX Runtime."""
     if engine == "torch":
         net = net.to(device, memory_format=torch.channels_last)
         return GraphedNet(net) if cuda_graphs and device.type == "cuda" else net
@@ -80,8 +74,7 @@ class _Captured:
 
 
 class GraphedNet:
-    """Calls `net` (eval mode, on a CUDA device) through CUDA graphs; see the module docstring.
-    Call it where `net` would be called: under the same autocast, inside inference mode."""
+    """Calls `net` (eval mode, on a CUDA device, under autocast, in inference mode) as graphs."""
 
     def __init__(self, net: nn.Module, warmup: int = 3) -> None:
         self.net = net.eval()
@@ -131,8 +124,7 @@ class GraphedNet:
 
 
 def onnx_model(net: nn.Module, spec: InferenceSpec, *, opset: int | None) -> bytes:
-    """`net` as a checked ONNX model with nailseg's metadata, in memory; `opset` None: the
-    exporter's own (a model ONNX Runtime runs here and now, never written)."""
+    """`net` as a checked ONNX model with nailseg's metadata; `opset` None: the exporter's own."""
     import onnx
 
     buffer = io.BytesIO()
@@ -192,9 +184,8 @@ def checked_difference(model: bytes, net: nn.Module, spec: InferenceSpec) -> flo
 
 
 class OnnxNet:
-    """A net run by ONNX Runtime on the CPU, called as the PyTorch net is: one model per size in
-    `sizes` (an ONNX model's height and width are fixed), each made in memory and checked against
-    PyTorch first, as `export` checks it; `difference`: the largest `logits_difference`."""
+    """A net run by ONNX Runtime on the CPU, called as the PyTorch net is: a model per size (fixed
+    in ONNX), each checked as `export` checks it; `difference`: the largest `logits_difference`."""
 
     def __init__(self, net: nn.Module, spec: InferenceSpec, sizes: Sequence[tuple[int, int]]):
         import onnxruntime as ort

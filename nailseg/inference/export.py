@@ -1,15 +1,10 @@
-"""A checkpoint as a model others load. `python -m nailseg export ckpt=RUN/checkpoints/last.ckpt
-[format=onnx|smp] [output=model.onnx|FOLDER]`
+"""`python -m nailseg export ckpt=CKPT [format=onnx|smp] [output=model.onnx|FOLDER]`: a checkpoint
+as a model others load.
 
-The model (engine.py, as predict's `engine=onnx` makes it) takes `image`, float32 B×3×H×W
-normalised as in training, returns `logits` B×1×H×W, and holds size, normalisation, threshold and
-model in its metadata (`nailseg.*`). It is written once ONNX Runtime matches PyTorch (`verify`),
-journaled in its folder (`nailseg.io.loose.write_loose`): a later export replaces it only while
-it is as exported, never a model edited since, nor anyone's file.
-
-`format=smp` writes the folder `segmentation_models_pytorch.from_pretrained` loads (config.json,
-model.safetensors and smp's README.md, as its `save_pretrained` writes them) with the checkpoint's
-card beside them (`CARD_FILE`), in a folder claimed as nailseg's (`OwnedFolder`).
+ONNX (made as predict's `engine=onnx` makes it): `image` float32 B×3×H×W normalised in, `logits`
+B×1×H×W out, size, normalisation, threshold and model in its metadata; written once ONNX Runtime
+matches PyTorch, journaled beside (`io.loose`): a later export replaces only its own unchanged
+file. `format=smp`: the folder smp's `from_pretrained` loads, the card beside (`CARD_FILE`).
 """
 
 from __future__ import annotations
@@ -61,8 +56,7 @@ def export_onnx(
 
 def export_smp(net: nn.Module, card: dict[str, Any], out: Path) -> None:
     """Write `net` as smp's `save_pretrained` does, and `card` as `CARD_FILE`, into the folder
-    `out`, claimed as an export's: a rerun replaces its own files while they are as it wrote them,
-    and a file a user put or edited there stops it before any is written."""
+    `out`, claimed as an export's: a user's file there stops it before any write."""
     with OwnedFolder.claim(out, "export", key="output") as folder:
         scratch = folder.reserve(SCRATCH)
         _clear(folder)  # what a killed export left: save_pretrained keeps a README.md it finds
@@ -83,8 +77,7 @@ def _clear(folder: OwnedFolder) -> None:
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> Path:
-    """Export `cfg.ckpt`; returns the written file (format=smp: folder). What needs no torch is
-    checked first: the format, the overrides, the checkpoint file, the output."""
+    """Export `cfg.ckpt`, what needs no torch checked first; returns the file (smp: folder)."""
     console = console or Console()
     if cfg.format not in FORMATS:
         raise ExportError(f"format={cfg.format}: supported formats are {', '.join(FORMATS)}")
@@ -122,7 +115,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> Path:
             "threshold": spec.threshold,
         }
         export_smp(net, card, out)
-        what = f"{out}/ (segmentation_models_pytorch.from_pretrained loads it; nailseg's card in {CARD_FILE})"
+        what = f"{out}/ (smp's from_pretrained loads it; nailseg's card in {CARD_FILE})"
     else:
         diff = export_onnx(net, spec, out, opset=cfg.opset, verify=cfg.verify)
         h, w = spec.image_size
@@ -149,8 +142,7 @@ def exporter_opsets() -> tuple[int, int]:
 
 
 def _check_output(path: Path) -> None:
-    """NotOursError, before any work, unless the model may be written at `path` (`check_loose`);
-    ExportError when a file stands where its folder would be made."""
+    """NotOursError unless the model may be written at `path`; ExportError for a file in the way."""
     if (file := file_in_the_way(path.parent)) is not None:
         raise ExportError(f"output={path}: {file} is a file, not a folder; choose another output")
     check_loose(path)

@@ -1,9 +1,6 @@
-"""Photos through the net in batches: read ahead by the worker processes, decoded onto the device,
-run there, and written by the workers while the next batch runs; a bounded number in flight.
-
-On a GPU, JPEGs come from the workers as bytes, decoded there in batches by nvJPEG, their EXIF
-orientation (read on the CPU) applied there. Any other photo, and a JPEG nvJPEG refuses (CMYK),
-is decoded by `read_rgb`, prepare's decoder, which names what is wrong with a broken file.
+"""Photos through the net in batches: read ahead by the worker processes, decoded onto the device
+(JPEGs by nvJPEG on a GPU, their EXIF orientation applied there; a file it refuses by prepare's
+decoder), run, and written by the workers while the next batch runs; a bounded number in flight.
 """
 
 from __future__ import annotations
@@ -109,8 +106,8 @@ def read_ahead(
 
 @contextmanager
 def fast_gil_handoff(device: torch.device) -> Iterator[None]:
-    """On a GPU, Python's GIL switch interval at 0.5 ms (not 5) inside: the main thread queues the
-    device's work while other threads run Python, and a waiting thread gets the GIL only after it."""
+    """On a GPU, Python's GIL switch interval at 0.5 ms (not 5) inside: the thread queueing the
+    device's work gets the GIL back sooner from the threads that run Python."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.0005 if device.type == "cuda" else before)
     try:
@@ -199,8 +196,7 @@ class _Pipeline:
         ]
 
     def _fetch(self, batch: list[_OnDevice]) -> _Fetched | None:
-        """Queue the copies of a launched batch's masks to the host (thresholded in one call) and
-        of the GPU-decoded photos its overlays need."""
+        """Queue the copies of a batch's masks (thresholded) and GPU-decoded photos to the host."""
         if not batch:
             return None
         masks = to_host([item.prob for item in batch], lambda flat: flat > self.threshold)
@@ -241,22 +237,21 @@ class _Pipeline:
 
     def _outcome(self) -> Outcome:
         unwritten = [r for r in self.results if isinstance(r, NotWritten)]
-        return Outcome(
-            written=len(self.results) - len(unwritten),
-            skipped=self.unreadable + unwritten,
-            scores=[r for r in self.results if isinstance(r, ImageScore)],
-            unscored=[
-                r for r in self.results if isinstance(r, Skipped) and not isinstance(r, NotWritten)
-            ],
-            stages=self.stages,
-        )
+        scores = [r for r in self.results if isinstance(r, ImageScore)]
+        unscored = [r for r in self.results if type(r) is Skipped]  # written, not scored
+        written = len(self.results) - len(unwritten)
+        return Outcome(written, self.unreadable + unwritten, scores, unscored, self.stages)
 
 
 def predict_photos(
     model: Segmenter, request: Request, writer: PhotoWriter, pool: Executor, console: Console
 ) -> Outcome:
-    """Predict every photo of `request` with `model`, read and written by `pool`'s workers."""
-    with progress_bar(console, len(request.photos)) as advance, fast_gil_handoff(model.device):
+    """Predict every photo of `request` with `model`, read and written by `pool`'s workers, under
+    a bar of photos."""
+    columns = (TextColumn("predicting"), BarColumn(), MofNCompleteColumn(), _RateColumn())
+    columns += (TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar, fast_gil_handoff(model.device):
+        advance = partial(bar.advance, bar.add_task("predicting", total=len(request.photos)))
         return _Pipeline(model, request, writer, pool, advance).run()
 
 
@@ -314,12 +309,10 @@ def _nvjpeg(data, device: torch.device):
 
 
 def to_host(
-    parts: list[torch.Tensor],
-    on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat,
+    parts: list[torch.Tensor], on_device: Callable[[torch.Tensor], torch.Tensor] = lambda flat: flat
 ) -> Callable[[], list[np.ndarray]]:
-    """Tensors (one device, one dtype) queued for the host in one copy (to a pinned buffer,
-    asynchronous, on a GPU), `on_device` applied to all at once first (masks: one threshold call
-    a batch); returns what waits for that copy only and gives them as host arrays."""
+    """Tensors (one device, one dtype) queued for the host in one copy (on a GPU asynchronous, to
+    pinned memory), `on_device` applied to all first; returns what waits for it and gives arrays."""
     flat, shapes, done = (
         on_device(torch.cat([p.flatten() for p in parts])),
         [p.shape for p in parts],
@@ -342,18 +335,9 @@ def to_host(
 
 
 class _RateColumn(ProgressColumn):
-    """Photos done per second since the bar started (Rich's speed column measures from the first
-    update, so chunks finished in a burst read as a far higher rate)."""
+    """Photos a second since the bar started (Rich's speed column starts at the first update)."""
 
     def render(self, task: Task) -> Text:
         elapsed = task.finished_time if task.finished else task.elapsed
         rate = f"{task.completed / elapsed:.1f}" if elapsed and task.completed else "…"
         return Text(f"{rate} img/s", style="progress.data.speed")
-
-
-@contextmanager
-def progress_bar(console: Console, total: int) -> Iterator[Callable[[int], None]]:
-    """A bar of `total` photos; yields what moves it on by a number of photos."""
-    columns = (TextColumn("predicting"), BarColumn(), MofNCompleteColumn(), _RateColumn())
-    with Progress(*columns, TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
-        yield partial(bar.advance, bar.add_task("predicting", total=total))

@@ -1,18 +1,12 @@
-"""`python -m nailseg predict ckpt=RUN/checkpoints/last.ckpt input=PHOTOS output=OUT
-[masks=TRUE_MASKS] [tta=true] [threshold=auto]`: a mask for every photo, at its own size.
+"""`python -m nailseg predict ckpt=CKPT input=PHOTOS output=OUT [masks=TRUE_MASKS] [...]`: a mask
+for every photo, at its own size, into OUT/masks/, overlays/, summary.json [scores.csv].
 
-Writes `OUT/masks/<key>.png`, `OUT/overlays/<key>.png`, `OUT/summary.json` [`OUT/scores.csv`]
-(docs/INFERENCE.md). A photo's trip: the request checked and every true mask read (request.py)
-before torch is imported and before the first write; the checkpoint loaded as `nailseg.load`
-loads it (segmenter.py); the photo read by a worker (workers.py), run in a batch (pipeline.py),
-its mask written and scored by a worker. A photo that cannot be read or written is skipped, named.
-
-The output folder is claimed as nailseg's `predict` folder (`nailseg.io.folder`). Before the first
-write, each path this run writes must be free or nailseg's (a user's file there, or a link on the
-way, is refused); then the earlier run's outputs still as written go, so a rerun, even one
-stopped part-way, leaves only its own results beside the user's files. `summary.json` is the
-run's report: written unfinished first, finished at the end. Scores mean what training's
-`val/dice` means: TP/FP/FN summed over every pixel (model/metrics.py).
+A photo's trip: the request checked and every true mask read before torch is imported
+(request.py); the checkpoint loaded as `nailseg.load` loads it (segmenter.py); the photo read by
+a worker (workers.py), run in a batch (pipeline.py), its mask written and scored by a worker. OUT
+is claimed as nailseg's `predict` folder: each path this run writes must be free or nailseg's,
+then the earlier run's outputs go, so a rerun leaves only its own beside the user's files.
+`summary.json` says unfinished until the end.
 """
 
 from __future__ import annotations
@@ -45,17 +39,14 @@ from nailseg.io.folder import OwnedFolder
 from nailseg.tables import print_table
 
 if TYPE_CHECKING:
-    from nailseg.inference.segmenter import InferenceSpec
-    from nailseg.inference.views import Views
+    from nailseg.inference.segmenter import Segmenter
 
 SUMMARY = "summary.json"
 SCORES = "scores.csv"
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
-    """Predict every photo of `cfg.input` into `cfg.output` (the module docstring); `console`
-    shows the progress, the skipped files and the summary. Returns the summary `summary.json`
-    reports. Raises a UserError (PredictError, CheckpointError, ThresholdError) naming the fault."""
+    """Predict every photo of `cfg.input` into `cfg.output`; a UserError names a fault."""
     console = console or Console()
     request = check_request(cfg)
     say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
@@ -64,11 +55,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
     from nailseg.inference.segmenter import Segmenter
 
     model = Segmenter(cfg, console)
-    spec, views = model.spec, model.views
-    model_name = f"{spec.model['arch']}/{spec.model['encoder_name']}"
+    spec, (height, width) = model.spec, model.spec.image_size
     say(
-        f"loaded {model_name} at {spec.image_size[0]}x{spec.image_size[1]} on {model.device}; "
-        f"threshold {model.threshold:g} ({model.threshold_source}); starting "
+        f"loaded {spec.model['arch']}/{spec.model['encoder_name']} at {height}x{width} on "
+        f"{model.device}; threshold {model.threshold:g} ({model.threshold_source}); starting "
         f"{request.num_workers} worker processes …"
     )
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -95,8 +85,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
         )
         if outcome.scores:
             summary.scores = write_scores(folder, outcome.scores)
-        report = summary_report(summary, spec, views) | {"config": config}
-        write_summary(folder, report, finished=True)
+        write_summary(folder, summary.report(model) | {"config": config}, finished=True)
     print_summary(summary, request.output, console)
     if not outcome.written:
         raise PredictError(f"none of the {len(summary.skipped)} input files could be read")
@@ -104,8 +93,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
 
 
 def claim_output(request: Request) -> OwnedFolder:
-    """The output folder claimed for the request's outputs, the earlier run's removed (the module
-    docstring); PredictError, before any write, when it cannot be."""
+    """The output folder claimed, the earlier run's outputs removed; else PredictError."""
     folders = OUTPUT_FOLDERS if request.overlays else OUTPUT_FOLDERS[:1]
     outputs = [f"{folder}/{photo.key}.png" for photo in request.photos for folder in folders]
     outputs += [SUMMARY] + ([SCORES] if request.truths is not None else [])
@@ -145,14 +133,35 @@ class PredictSummary:
     def images_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
+    def report(self, model: Segmenter) -> dict[str, Any]:
+        """`summary.json`'s report of a run of `model` (the config is added beside it)."""
+        spec, views = model.spec, model.views
+        return {
+            "images": self.images,
+            "seconds": round(self.seconds, 3),
+            "images_per_s": round(self.images_per_s, 3),
+            "stages_s": self.stages,
+            "capture_s": self.capture_seconds,
+            "workers_start_s": self.workers_seconds,
+            "checkpoint": str(spec.ckpt),
+            "image_size": list(spec.image_size),
+            "tta": views.tta,
+            **views.record(),  # scales, tile: null when unset
+            "threshold": self.threshold,
+            "threshold_source": self.threshold_source,
+            "device": self.device,
+            "skipped": [{"path": str(s.path), "reason": s.reason} for s in self.skipped],
+            "unscored": [{"path": str(s.path), "reason": s.reason} for s in self.unscored],
+            "scores": self.scores,
+        }
+
 
 def write_summary(folder: OwnedFolder, report: dict[str, Any], *, finished: bool) -> None:
     folder.write(SUMMARY, json.dumps({"finished": finished, **report}, indent=2).encode())
 
 
 def write_scores(folder: OwnedFolder, scores: list[ImageScore]) -> dict[str, Any]:
-    """Write `scores.csv` (a row per scored photo, by key); returns the totals over all pixels of
-    every photo (`overall`) and of each group's (`groups`)."""
+    """Write `scores.csv` (a row per photo); returns the totals, `overall` and per group."""
     table = pd.DataFrame([asdict(s) for s in scores], columns=[f.name for f in fields(ImageScore)])
     table = table.sort_values("key", ignore_index=True)
     # a file name that is not UTF-8 (its bytes kept by Python as surrogates) is written escaped,
@@ -166,41 +175,9 @@ def _total(rows: pd.DataFrame) -> dict[str, float]:
     """Pixel-sum Dice and IoU, the means of the per-photo ones, the photo and pixel counts."""
     tp, fp, fn = (int(rows[c].sum()) for c in ("tp", "fp", "fn"))
     dice, iou = dice_iou(tp, fp, fn)
-    mean_dice, mean_iou = (
-        float(rows[c].mean()) if len(rows) else float("nan") for c in ("dice", "iou")
-    )
-    return {
-        "images": len(rows),
-        "dice": dice,
-        "iou": iou,
-        "mean_image_dice": mean_dice,
-        "mean_image_iou": mean_iou,
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
-    }
-
-
-def summary_report(summary: PredictSummary, spec: InferenceSpec, views: Views) -> dict[str, Any]:
-    """`summary.json`'s report (the config is added beside it)."""
-    return {
-        "images": summary.images,
-        "seconds": round(summary.seconds, 3),
-        "images_per_s": round(summary.images_per_s, 3),
-        "stages_s": summary.stages,
-        "capture_s": summary.capture_seconds,
-        "workers_start_s": summary.workers_seconds,
-        "checkpoint": str(spec.ckpt),
-        "image_size": list(spec.image_size),
-        "tta": views.tta,
-        **views.record(),  # scales, tile: null when unset
-        "threshold": summary.threshold,
-        "threshold_source": summary.threshold_source,
-        "device": summary.device,
-        "skipped": [{"path": str(s.path), "reason": s.reason} for s in summary.skipped],
-        "unscored": [{"path": str(s.path), "reason": s.reason} for s in summary.unscored],
-        "scores": summary.scores,
-    }
+    means = [float(rows[c].mean()) if len(rows) else float("nan") for c in ("dice", "iou")]
+    keys = ("images", "dice", "iou", "mean_image_dice", "mean_image_iou", "tp", "fp", "fn")
+    return dict(zip(keys, (len(rows), dice, iou, *means, tp, fp, fn), strict=True))
 
 
 def print_summary(summary: PredictSummary, output: Path, console: Console) -> None:

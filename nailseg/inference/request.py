@@ -1,10 +1,8 @@
 """What predict and `nailseg.load` are asked, checked before torch is imported: the settings, the
 checkpoint file, the device; for predict also the output folder, the photos and every true mask.
-
-A photo's key is its path below the folder it was found in, without the extension (`g1/x.JPG` →
-`g1/x`): its outputs are named by it (`masks/g1/x.png`), and a true mask of the same key pairs
-with it, whatever either's extension, as prepare pairs them. Two files of one key are both left
-out, with that reason.
+A photo's key is its path below its input folder without the extension (`g1/x.JPG` → `g1/x`):
+outputs are named by it, a true mask of the same key pairs with it; two files of one key are
+both left out, named.
 """
 
 from __future__ import annotations
@@ -107,8 +105,7 @@ class Request:
 
 
 def check_settings(cfg: DictConfig) -> str:
-    """The values of predict's config (`nailseg.load`'s options) that need no checkpoint checked,
-    and where the net runs ("cuda" or "cpu"); PredictError naming the first bad key."""
+    """Predict's values that need no checkpoint, checked; returns where the net runs (cuda, cpu)."""
     if cfg.batch_size < 1:
         raise PredictError(f"batch_size={cfg.batch_size}: must be at least 1")
     if cfg.num_workers is not None and cfg.num_workers < 1:
@@ -138,8 +135,7 @@ def check_settings(cfg: DictConfig) -> str:
 
 
 def check_overrides(cfg: DictConfig, error: type[UserError]) -> None:
-    """The card's values `cfg` overrides (predict's and export's image_size, mean, std), checked;
-    `error` names the first bad one."""
+    """The card's values `cfg` overrides (image_size, mean, std); `error` names a bad one."""
     size = cfg.image_size
     if size is not None and (len(size) != 2 or min(int(side) for side in size) < 1):
         raise error(f"image_size must be [height, width], both >= 1, got {list(size)}")
@@ -234,8 +230,7 @@ def _key(path: Path, folder: Path) -> str:
 
 
 def find_images(folder: Path) -> tuple[list[Path], list[Skipped]]:
-    """Image files under `folder` found as prepare finds them (`files_under`), and what is left
-    out, with why: folders that could not be listed, files of other types."""
+    """Image files under `folder` found as prepare finds them, and what is left out, with why."""
     names, excluded = files_under(folder)
     images, skipped = [], [Skipped(e.path, f"{e.kind} ({e.detail})") for e in excluded]
     for name in names:

@@ -1,16 +1,10 @@
 """A checkpoint loaded once and run as predict runs it: the Python API (`nailseg.load`), and what
-predict's pipeline and export build on.
+predict and export build on. Input size, normalisation and threshold come from the checkpoint's
+card, each overridable; a folder `export format=smp` wrote runs as its checkpoint.
 
-The input size, normalisation and threshold come from the checkpoint's card (model/checkpoint.py),
-each overridable, so a model runs as it was validated, even away from its run; a folder that
-`export format=smp` wrote runs as its checkpoint (its card is beside the weights). Photos in
-memory give masks and probabilities each at its own size, as predict writes them for files.
-
-`threshold=auto`: the Dice-best threshold on the run's validation split, of what predict writes
-(with its flips, scales and tiles), every threshold in one pass: per-bin foreground/background
-counts give TP/FP/FN at each by a cumulative sum; ties go to the threshold nearest the run's own.
-It is cached in `threshold.json` beside the checkpoint (`nailseg.io.loose`), per checkpoint file
-(name, size, modification time) and per setting that changes it.
+`threshold=auto`: the Dice-best threshold on the run's validation split, of what predict writes,
+every threshold in one pass (per-bin foreground/background counts, cumulated); ties go to the
+run's own; cached in `threshold.json` beside the checkpoint, per checkpoint file and setting.
 """
 
 from __future__ import annotations
@@ -43,18 +37,7 @@ from nailseg.inference.workers import dice_iou
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import read_regular
 from nailseg.io.loose import check_loose, write_loose
-from nailseg.model.checkpoint import (
-    CARD_FILE,
-    CheckpointError,
-    card_of,
-    checkpoint_file,
-    legacy_card,
-    load_net,
-    plain_model,
-    read_checkpoint,
-    run_dir_of,
-    validate_card,
-)
+from nailseg.model import checkpoint
 from nailseg.prep.imageio import read_rgb
 
 DEFAULT_THRESHOLD = 0.5
@@ -81,31 +64,33 @@ class InferenceSpec:
 def resolve_spec(cfg: DictConfig) -> InferenceSpec:
     """The spec for `cfg.ckpt`: its card (or, for a checkpoint older than cards, its run folder's
     plain config values) with `cfg`'s non-null overrides (checked: `check_overrides`) applied."""
-    ckpt = checkpoint_file(cfg.ckpt)
+    ckpt = checkpoint.checkpoint_file(cfg.ckpt)
     if ckpt.is_dir():
+        where = ckpt / checkpoint.CARD_FILE
         try:
-            card = validate_card(json.loads(read_regular(ckpt / CARD_FILE)), str(ckpt / CARD_FILE))
+            raw = json.loads(read_regular(where))
         except (OSError, ValueError) as err:
-            raise CheckpointError(f"{ckpt / CARD_FILE} cannot be read as a card: {err}") from err
+            raise checkpoint.CheckpointError(f"{where} cannot be read as a card: {err}") from err
+        card = checkpoint.validate_card(raw, str(where))
     else:
-        card = card_of(read_checkpoint(ckpt), ckpt)
+        card = checkpoint.card_of(checkpoint.read_checkpoint(ckpt), ckpt)
     if card is None:
-        run_dir = run_dir_of(ckpt)
-        card = legacy_card(run_dir) if run_dir is not None else {}
+        run_dir = checkpoint.run_dir_of(ckpt)
+        card = checkpoint.legacy_card(run_dir) if run_dir is not None else {}
     model = cfg.model if cfg.model is not None else card.get("model")
     where = "model" if cfg.model is not None else f"the model recorded in {ckpt}"
     size, mean, std = (
         card.get(k) if cfg[k] is None else cfg[k] for k in ("image_size", "mean", "std")
     )
     if model is None or size is None or mean is None or std is None:
-        raise CheckpointError(
+        raise checkpoint.CheckpointError(
             f"{ckpt} carries no description of its model and inputs (a checkpoint written "
             "before nailseg recorded them, away from its run folder): pass model=<unet|"
             "segformer|...>, image_size=[h,w], mean=[...] and std=[...] it was trained with"
         )
     return InferenceSpec(
         ckpt=ckpt,
-        model=plain_model(model, where),
+        model=checkpoint.plain_model(model, where),
         image_size=(int(size[0]), int(size[1])),
         mean=tuple(float(v) for v in mean),
         std=tuple(float(v) for v in std),
@@ -115,9 +100,8 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
 
 
 class Segmenter:
-    """The checkpoint of `cfg` (predict's config) on its device, run by `cfg.engine` (a CUDA
-    graph captured now, so a net that cannot be fails before any work), its threshold chosen
-    as `cfg.threshold` asks; `console` shows threshold=auto's sweep."""
+    """The checkpoint of `cfg` (predict's config) on its device, run by `cfg.engine` (a CUDA graph
+    captured now: a net that cannot be fails first), its threshold as `cfg.threshold` asks."""
 
     def __init__(self, cfg: DictConfig, console: Console | None = None) -> None:
         check_settings(cfg)
@@ -128,7 +112,7 @@ class Segmenter:
         except ValueError as err:
             raise PredictError(str(err)) from err
         sizes = input_sizes(self.views, spec)
-        loaded = load_net(spec.ckpt, spec.model)
+        loaded = checkpoint.load_net(spec.ckpt, spec.model)
         self.net = build_engine(cfg.engine, loaded, spec, self.device, cfg.cuda_graphs, sizes)
         self.graphed = isinstance(self.net, GraphedNet)
         self.capture_seconds = (
@@ -139,8 +123,7 @@ class Segmenter:
         )
 
     def maps(self, images: Sequence[torch.Tensor], tta: bool | None = None) -> list[torch.Tensor]:
-        """One H×W probability map per RGB uint8 C×H×W photo on the device, at its size, in
-        order; `tta` None: as loaded."""
+        """A map per RGB uint8 C×H×W photo on the device, at its size; `tta` None: as loaded."""
         views = self.views if tta is None else replace(self.views, tta=tta)
         return photo_probabilities(self.net, images, self.spec, views, self.batch_size)
 
@@ -170,8 +153,7 @@ class Segmenter:
 
     @torch.inference_mode()
     def _run(self, photos, tta: bool | None, threshold: float | None):
-        """Photos batched as predict batches them: a list gives what predict writes for the same
-        files in the same order."""
+        """Photos batched as predict batches them: a list gives what predict writes for them."""
         many = isinstance(photos, list | tuple)
         maps = self.device_maps((_rgb(photo) for photo in (photos if many else [photos])), tta)
         out = [(m if threshold is None else (m > threshold).byte()).cpu().numpy() for m in maps]
@@ -179,9 +161,8 @@ class Segmenter:
 
 
 def load(ckpt: str | os.PathLike, device: str = "auto", **options: Any) -> Segmenter:
-    """`nailseg.load`: the checkpoint `ckpt` loaded once on `device`, run as predict runs it;
-    `options` are predict's keys (tta, scales, tile, threshold, batch_size, engine, image_size,
-    ...), conf/predict.yaml's values where not given. Raises a UserError naming a bad key."""
+    """`nailseg.load`: `ckpt` loaded once on `device`, run as predict runs it; `options`: predict's
+    keys (tta, scales, tile, threshold, batch_size, ...; else conf/predict.yaml's)."""
     values = OmegaConf.load(Path(CONF_DIR) / "predict.yaml")
     del values["defaults"], values["hydra"]  # Hydra's, not predict's
     try:
@@ -224,8 +205,7 @@ class ThresholdChoice:
 
 
 def choose_threshold(cfg: DictConfig, model: Segmenter, console: Console) -> tuple[float, str]:
-    """(threshold, where it came from): the checkpoint's, the one given, or the Dice-best on
-    validation, its photos run as `model` runs photos."""
+    """(threshold, its source): the checkpoint's, the one given, or the Dice-best on validation."""
     spec = model.spec
     if cfg.threshold is None:
         return spec.threshold, "checkpoint"

@@ -1,9 +1,7 @@
 """How each photo meets the net, and its probabilities come back at its own size: resized as the
-evaluation loader does (bilinear, antialiased, `(x/255 - mean) / std`), maps brought back
-bilinearly; flipped (`tta`), at several scales (factors of the input size or of `tile.long_side`),
-whole or in tiles, the maps averaged. Tiles cover the photo resized to `tile.long_side`, the
-fewest overlapping by at least `tile.overlap`, weighted by windows ramping across the overlaps and
-summing to 1 at every pixel: no seams, and a per-pixel net gives what it gives on the whole photo.
+evaluation loader does (bilinear, antialiased, `(x/255 - mean) / std`), flipped (`tta`), at
+several scales, whole or in tiles, the maps averaged. Tiles cover the photo resized to
+`tile.long_side`, weighted by windows ramping across the overlaps and summing to 1 everywhere.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ class Views:
 
 
 def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
-    """`cfg`'s tta, scales and tile (their values checked by `check_settings`); a PredictError for
-    a long side shorter than the input size's."""
+    """`cfg`'s tta, scales and tile; PredictError for a long side below the input size's."""
     long_side, tile = cfg.tile.long_side, None
     if long_side is not None:
         if long_side < max(spec.image_size):
@@ -75,11 +72,7 @@ def input_sizes(views: Views, spec: InferenceSpec) -> list[tuple[int, int]]:
 
 @torch.inference_mode()
 def photo_probabilities(
-    net: Net,
-    images: Sequence[torch.Tensor],
-    spec: InferenceSpec,
-    views: Views,
-    batch_size: int,
+    net: Net, images: Sequence[torch.Tensor], spec: InferenceSpec, views: Views, batch_size: int
 ) -> list[torch.Tensor]:
     """One H×W probability map per C×H×W photo, at its size, in order: the mean over `views`;
     tiles `batch_size` at a time. Photos run sorted by size: one resize call per size."""
@@ -117,8 +110,7 @@ def to_batch(
     images: Sequence[torch.Tensor], spec: InferenceSpec, size: tuple[int, int] | None = None
 ) -> torch.Tensor:
     """RGB uint8 C×H×W photos → one normalised float B×3×h×w batch at `size` (None: the input
-    size), channels-last on CUDA; photos of one size in a row resized in one call (on a GPU the
-    calls, not the arithmetic, are the cost)."""
+    size), channels-last on CUDA; photos of one size in a row resized in one call."""
     device = images[0].device
     resized = [
         F.interpolate(
@@ -166,7 +158,7 @@ def full_size_probabilities(
     tta: bool = False,
     size: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
-    """One H×W map per C×H×W photo, at its size, in order, the net run at `size` (None: input)."""
+    """One H×W map per C×H×W photo, at its size, in order, the net run at `size` (None: its)."""
     runs = runs_of_one_size(images)
     probs = probabilities(net, to_batch(images, spec, size), tta)[:, 0]
     return _at_photo_sizes(probs.split([len(run) for run in runs]), runs)
@@ -199,7 +191,7 @@ class Layout:
 
 
 def resized_size(shape: Sequence[int], tile: tuple[int, int], long_side: int) -> tuple[int, int]:
-    """The size an H×W photo is tiled at: long side `long_side`, aspect kept, sides >= the tile's."""
+    """The size an H×W photo is tiled at: long side `long_side`, aspect kept, sides >= tile's."""
     height, width = shape
     ratio = long_side / max(height, width)
     return max(tile[0], round(height * ratio)), max(tile[1], round(width * ratio))
@@ -254,7 +246,7 @@ def tiled_probabilities(
     tta: bool,
     batch_size: int,
 ) -> list[torch.Tensor]:
-    """One H×W map per C×H×W photo, at its size, in order, from tiles run `batch_size` at a time."""
+    """One H×W map per C×H×W photo, at its size, in order, from tiles, `batch_size` at a time."""
     tile = spec.image_size
     runs = runs_of_one_size(images)
     layouts = [tile_layout(tuple(run[0].shape[1:]), tile, tiling) for run in runs]

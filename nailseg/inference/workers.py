@@ -1,9 +1,7 @@
-"""predict's worker processes: they read the photos (`read_photos`) and write, and score, each
-photo's mask and overlay, in chunks, under GILs of their own, not the one of the thread that
-drives the device. They fork from multiprocessing's forkserver (forking the command, which holds
-CUDA's state and threads, is unsafe). The forkserver ends when the last holder of its "client
-alive" pipe closes it: each worker lets go of its inherited end at its start, leaving predict the
-only holder, and dies with the forkserver; so a predict killed with `kill -9` leaves neither.
+"""predict's worker processes: they read the photos and write and score each photo's mask and
+overlay, under GILs of their own, forked from multiprocessing's forkserver (forking the command,
+which holds CUDA's state, is unsafe). Each worker lets go of the forkserver's "client alive" pipe
+and dies with it, so a predict killed with `kill -9` leaves no process.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
@@ -39,8 +38,7 @@ CAPTION_HEIGHT = 14  # pixels: the strip under an overlay with a true mask, nami
 
 
 def dice_iou(tp, fp, fn) -> tuple[Any, Any]:
-    """Dice and IoU from pixel counts (scalars or arrays); 1.0 where there is nothing to find and
-    nothing was predicted."""
+    """Dice and IoU from pixel counts (scalars or arrays); 1.0 where all counts are 0."""
     tp, fp, fn = (np.asarray(x, dtype=np.float64) for x in (tp, fp, fn))
     empty = (tp + fp + fn) == 0
     dice = np.where(empty, 1.0, 2 * tp / np.maximum(2 * tp + fp + fn, 1))
@@ -78,9 +76,8 @@ def score_image(
 
 @contextmanager
 def worker_processes(count: int) -> Iterator[tuple[ProcessPoolExecutor, float]]:
-    """`count` started workers and the seconds their start took; each starts as a copy of the
-    forkserver, which imports this module (not torch) once. A worker that dies fails the run
-    (PredictError)."""
+    """`count` started workers, copies of the forkserver (which imports this module, not torch),
+    and the seconds their start took. A worker that dies fails the run (PredictError)."""
     start = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     # a main module run with `python -m` is imported by each worker itself: preloaded by name
@@ -111,8 +108,7 @@ def _start_worker() -> None:
 @contextmanager
 def _ctrl_c_held() -> Iterator[None]:
     """Ctrl-C kept from the workers' start (main thread only): the forkserver starts with it
-    ignored (it ignores Ctrl-C only once its preload is imported); one pressed after is held until
-    every worker has started, then raised (at once, a half-made worker printed a traceback)."""
+    ignored; one pressed after is raised once every worker has started."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -140,8 +136,7 @@ Loaded = np.ndarray | EncodedJpeg  # a photo as read: decoded (RGB uint8 HxWx3),
 
 
 def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
-    """A JPEG's bytes when the GPU decodes them (`gpu_jpeg`), else the decoded photo (RGB uint8
-    HxWx3). Raises UnreadableImage naming the file and the fault."""
+    """A JPEG's bytes when the GPU decodes them (`gpu_jpeg`), else the decoded RGB photo."""
     if not (gpu_jpeg and photo.path.suffix.lower() in JPEG_SUFFIXES):
         return read_rgb(photo.path)
     try:
@@ -157,14 +152,13 @@ def load(photo: Photo, gpu_jpeg: bool) -> Loaded:
 
 def read_photos(photos: Sequence[Photo], gpu_jpeg: bool) -> list[Loaded | UnreadableImage]:
     """Each photo loaded (`load`), or why it could not be."""
-    return [_loaded_or_why(photo, gpu_jpeg) for photo in photos]
-
-
-def _loaded_or_why(photo: Photo, gpu_jpeg: bool) -> Loaded | UnreadableImage:
-    try:
-        return load(photo, gpu_jpeg)
-    except UnreadableImage as err:
-        return err
+    loaded: list[Loaded | UnreadableImage] = []
+    for photo in photos:
+        try:
+            loaded.append(load(photo, gpu_jpeg))
+        except UnreadableImage as err:
+            loaded.append(err)
+    return loaded
 
 
 # what a filesystem answers to an output name it cannot hold (any other error fails the run)
@@ -172,8 +166,7 @@ _NAME_REFUSED = {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, 
 
 
 class NotWritten(Skipped):
-    """A photo predicted but not written: the filesystem refused its output name, or a file that
-    is not nailseg's lies there."""
+    """A photo predicted, not written: its name refused, or a file not nailseg's in the way."""
 
 
 # one photo to write: the photo, its image for the overlay (None: no overlay), the predicted mask
@@ -184,8 +177,7 @@ _attached: dict[Path, OwnedFolder] = {}  # this worker's view of the output fold
 
 @dataclass(frozen=True)
 class PhotoWriter:
-    """Writes photos' masks and overlays through the output folder predict claimed, and scores
-    the masks."""
+    """Writes photos' masks and overlays into predict's claimed folder, and scores the masks."""
 
     output: Path
 
@@ -194,11 +186,7 @@ class PhotoWriter:
         return [self.write(*prediction) for prediction in predictions]
 
     def write(
-        self,
-        photo: Photo,
-        image: np.ndarray | None,
-        pred: np.ndarray,
-        truth: TrueMask | str | None,
+        self, photo: Photo, image: np.ndarray | None, pred: np.ndarray, truth: TrueMask | str | None
     ) -> ImageScore | Skipped | None:
         """A name the filesystem refuses (too long, a folder in the way), or a file of someone
         else's in the way, leaves that photo out, named: the others are still written."""
@@ -238,12 +226,8 @@ def _overlay(
     shown = overlay(image, pred)
     if true is None or score is None:
         return shown
-    inner = true.copy()  # a true pixel with every 4-neighbour true is inside, the rest outline
-    inner[1:] &= true[:-1]
-    inner[:-1] &= true[1:]
-    inner[:, 1:] &= true[:, :-1]
-    inner[:, :-1] &= true[:, 1:]
-    shown[true & ~inner] = TRUTH_COLOR
+    cross = cv2.getStructuringElement(cv2.MORPH_CROSS, (3, 3))  # inside: every 4-neighbour true
+    shown[true & ~cv2.erode(true.view(np.uint8), cross).astype(bool)] = TRUTH_COLOR
     caption = Image.new("RGB", (shown.shape[1], CAPTION_HEIGHT))
     draw = ImageDraw.Draw(caption)
     draw.text((2, 1), "predicted", fill=PRED_COLOR)

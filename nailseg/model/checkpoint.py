@@ -1,10 +1,7 @@
-"""What a checkpoint carries, and from a checkpoint to a ready network, without running its config.
-
-Every checkpoint training writes holds a card under `CARD_KEY`, plain data only, so it can be
-predicted with or exported on its own and `torch.load(weights_only=True)` reads it. Nothing read
-off disk is instantiated: `validate_card` checks every key before any is used, and the net is
-built from an allow-list (`plain_model`). Checkpoints older than cards are read from their run
-folder's config.
+"""What a checkpoint carries, and from a checkpoint to a ready network, without running its config:
+every checkpoint holds a card under `CARD_KEY`, plain data that `torch.load(weights_only=True)`
+reads; `validate_card` checks every key before any is used, the net is built from an allow-list
+(`plain_model`). Checkpoints older than cards are read from their run folder's config.
 """
 
 from __future__ import annotations
@@ -95,9 +92,8 @@ def _digest(path: Path) -> str | None:
 
 
 def data_identity(root: str | Path, mix: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """Which prepared data a fit trains on, compared on resume like the model is: the root,
-    resolved, each split file's SHA-256 (None for a split it lacks) and, when `dataset.mix` adds
-    sources, each one's name, weight, root and train split's SHA-256."""
+    """Which prepared data a fit trains on, compared on resume: the root, each split file's
+    SHA-256 (None: no such split) and each `dataset.mix` source's name, weight, root, train's."""
     root = Path(root).expanduser().resolve()
     identity: dict[str, Any] = {
         "root": str(root),
@@ -117,9 +113,8 @@ def data_identity(root: str | Path, mix: Sequence[Mapping[str, Any]] = ()) -> di
 
 
 def checkpoint_file(ckpt: str) -> Path:
-    """`ckpt` as a path, checked without torch: a readable file torch.save could have written (a
-    zip archive holding its data.pkl) or a folder `export format=smp` wrote; else a
-    CheckpointError naming `ckpt=` and what it is."""
+    """`ckpt`, checked without torch: a file torch.save could have written (a zip archive holding
+    a data.pkl) or a folder `export format=smp` wrote; else a CheckpointError naming it."""
     path = Path(ckpt)
     if path.is_dir():
         if (path / CARD_FILE).exists():
@@ -294,8 +289,7 @@ def _installed_encoder(name: str) -> bool:
 
 
 def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
-    """Sides divisible by the encoder's stride where the architecture needs it (the net, built
-    without weights, says)."""
+    """Sides divisible by the encoder's stride where the architecture needs it."""
     smp = import_smp()
     if not smp.MODEL_ARCHITECTURES_MAPPING[model["arch"].lower()].requires_divisible_input_shape:
         return
@@ -355,16 +349,14 @@ def legacy_card(run_dir: Path) -> dict[str, Any]:
 
 
 def plain_model(model: Any, where: str) -> dict[str, Any]:
-    """`{arch, encoder_name, options}` of a model description (a config's `model`, a card's), or a
-    CheckpointError naming `where` (see `_model`)."""
+    """`{arch, encoder_name, options}` of a model description; a CheckpointError names `where`."""
     return _model(model, f"{where}: " if where else "")
 
 
 def _model(model: Any, where: str) -> dict[str, Any]:
-    """The plain form of a model description: an smp architecture, an encoder of the installed
-    smp or timm registries (a `tu-` name exactly as timm lists it: no hub prefix, path or URL),
-    and as options only the architecture's own arguments as plain values, none that loads
-    weights. Anything else in the description (`_target_`, `encoder_weights`) is ignored."""
+    """The plain form of a model description: an smp architecture, an encoder smp or timm lists
+    (`tu-` + a name as timm lists it: no hub prefix, path or URL), options only the architecture's
+    own arguments as plain values, none that loads weights; anything else is ignored."""
     smp = import_smp()
     if isinstance(model, DictConfig):
         model = OmegaConf.to_container(model, resolve=True)

@@ -1,9 +1,6 @@
-"""The losses by name (`module.loss=...`), and epoch-level Dice and IoU from pixel counts summed
-over every sample, overall and per group: independent of how samples fall into batches, exactly
-reducible across ranks. A pixel is foreground above `threshold`; nothing to find and nothing found
-scores 1.0; a group without samples NaN. No update waits for the device; `compute()` does. Soft
-Dice is over the whole batch (smp's binary mode) and cannot penalise false positives on
-nail-free images: `dice_bce`.
+"""The losses by name (`module.loss`), and epoch Dice and IoU from pixel counts summed over every
+sample, overall and per group, exactly reducible across ranks (nothing to find and nothing found:
+1.0; a group without samples: NaN). No update waits for the device; `compute()` does.
 """
 
 from __future__ import annotations
@@ -53,9 +50,8 @@ def build_loss(name: str) -> nn.Module:
 
 
 class SegmentationScores(Metric):
-    """TP/FP/FN pixel and sample counts, overall and per group (`update(probs, mask, group)`:
-    B×1×H×W, B×1×H×W in {0, 1}, int64 B); `compute()`: `dice`, `iou`, `samples` and each per
-    group (`dice_group`, ...: `num_groups` long)."""
+    """TP/FP/FN pixel and sample counts, overall and per group (`update(probs, mask, group)`);
+    `compute()`: `dice`, `iou`, `samples` and each per group (`dice_group`, ...)."""
 
     is_differentiable = False
     higher_is_better = True
@@ -103,8 +99,7 @@ class SegmentationScores(Metric):
 
 
 class BatchMean(Metric):
-    """The mean of per-batch values weighted by batch size (`update(value, n)`), summed exactly
-    over DDP ranks, updated without a device sync."""
+    """The mean of per-batch values weighted by batch size, exact over ranks, without a sync."""
 
     full_state_update = False
 

@@ -1,15 +1,8 @@
-"""The LightningModule: one binary segmentation net, its loss, and epoch-level metrics from sums
-over the whole epoch, reduced by "sum" across ranks:
-
-    train/loss  train/loss_step  train/samples
-    val/loss  val/dice  val/iou  val/samples  val/{dice,iou,samples}_group_<name>  val/dice_best
-    <final>/loss <final>/dice ...: the final evaluation of a checkpoint, named by `test_prefix`
-
-`*/samples` shows a loader that drops or repeats samples; nothing in a step waits for the device;
-`val/dice_best` is module state, kept on resume. The scheduler steps after every optimizer step.
-A logged step's loss reaches the loggers without waiting for the device (Lightning's `on_step`
-logging calls `.item()`, which waits for every queued step): its value is copied to pinned host
-memory behind its work, and logged once a later step finds the copy done (`StepValues`).
+"""The LightningModule: one binary segmentation net, its loss, and epoch metrics from sums over
+the whole epoch, reduced by "sum" across ranks: `train/{loss,loss_step,samples}`,
+`val/{loss,dice,iou,samples}[_group_<name>]`, `val/dice_best` (module state, kept on resume),
+and `<test_prefix>/...` for a final evaluation. Nothing in a step waits for the device: a logged
+step's loss reaches the loggers once its copy to pinned host memory is done (`StepValues`).
 """
 
 from __future__ import annotations
@@ -36,10 +29,9 @@ _EVAL_STAGES = ("val", "test")
 
 
 class SegModule(L.LightningModule):
-    """Binary segmentation (logits) on the batch contract. `optimizer`, `scheduler`: partials;
-    `channels_last`: the net's weights and inputs in that memory format; `eval_scales`: evaluation
-    scores the mean probability over those factors of the size (`scales.py`), its loss the
-    batch's own. `test_prefix` names what the test stage logs (`test` only for a test split)."""
+    """Binary segmentation (logits) on the batch contract; `optimizer`, `scheduler`: partials;
+    `eval_scales`: evaluation scores the mean probability over those factors of the size (its
+    loss the batch's own); `test_prefix` names what the test stage logs."""
 
     def __init__(
         self,
@@ -212,8 +204,7 @@ def schedule_length_args(
 
 
 def logs_step(trainer: L.Trainer, step: int) -> bool:
-    """Whether Lightning logs optimizer step `step` (0-based), by its own rule
-    (`_LoggerConnector.should_update_logs`)."""
+    """Whether Lightning logs optimizer step `step` (0-based), by `should_update_logs`'s rule."""
     every = trainer.log_every_n_steps
     every_nth = every > 0 and ((step + 1) % every == 0 or trainer.should_stop)
     return bool(trainer.fast_dev_run) or every_nth

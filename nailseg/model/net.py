@@ -1,11 +1,7 @@
-"""The network: any segmentation-models-pytorch architecture through its one door, create_model;
-SegFormer's attention through PyTorch's fused kernel (`FusedAttention`: smp's Mix Transformer
-forms the attention matrix, softmax and dropout as separate tensors), its submodules, parameter
-names and checkpoints smp's own.
-
-`model.encoder_weights` is null (from scratch), a name smp downloads (`imagenet`), or a local file
-(`load_encoder_weights`): a value holding a `/` or ending in `.pth`/`.pt`/`.ckpt`/`.bin` is a path,
-either to the weights file itself or to a folder holding `<encoder_name>.pth`.
+"""The network: any segmentation-models-pytorch architecture through `create_model`, SegFormer's
+attention through PyTorch's fused kernel (`FusedAttention`, smp's own parameters and names).
+`model.encoder_weights` is null, a name smp downloads, or a local path (with a `/`, or ending in
+.pth/.pt/.ckpt/.bin): the weights file or a folder holding `<encoder_name>.pth`.
 """
 
 from __future__ import annotations
@@ -84,8 +80,7 @@ def is_path(encoder_weights: str | None) -> bool:
 
 
 def weights_file(encoder_weights: str, encoder_name: str) -> Path:
-    """The file `model.encoder_weights` names (a path, or `<folder>/<encoder_name>.pth`), checked
-    when the net is built, before anything trains."""
+    """The file `model.encoder_weights` names (a path, or `<folder>/<encoder_name>.pth`)."""
     path = Path(encoder_weights).expanduser()
     if path.is_dir():
         found = path / f"{encoder_name}.pth"
@@ -105,10 +100,9 @@ def weights_file(encoder_weights: str, encoder_name: str) -> Path:
 
 
 def load_encoder_weights(net: nn.Module, path: str | Path, encoder_name: str) -> None:
-    """Load the weights file `path` (read with `weights_only=True`) into `net.encoder`, every tensor
-    of it or nothing: the encoder's state dict, maybe under a checkpoint's `state_dict` or
-    `model` key; a whole smp net or nailseg checkpoint (its encoder taken); the backbone's own
-    torchvision / timm state dict (its classifier head left out). A misfit fails naming keys."""
+    """Load the weights file `path` (`weights_only=True`) into `net.encoder`, all or nothing: the
+    encoder's state dict (maybe under `state_dict` or `model`), a whole smp net or nailseg
+    checkpoint's encoder, or the backbone's torchvision / timm state dict without its head."""
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -157,8 +151,7 @@ def _renamed(state: Mapping[str, torch.Tensor], expected: Any) -> Mapping[str, t
 def state_dict_mismatch(
     given: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
 ) -> str:
-    """The missing, unexpected and reshaped keys keeping `given` from loading strictly into
-    `expected` ("": it fits)."""
+    """The keys keeping `given` from loading strictly into `expected` ("": it fits)."""
     reshaped = [
         f"{k} {tuple(given[k].shape)} vs {tuple(expected[k].shape)}"
         for k in sorted(expected.keys() & given.keys())
@@ -217,8 +210,7 @@ class FusedAttention(nn.Module):
 
 
 def fuse_attention(net: nn.Module) -> int:
-    """Replace each Mix Transformer attention in `net` by a `FusedAttention` of its own modules,
-    in place; returns how many were replaced (0 for a net without one)."""
+    """Each Mix Transformer attention in `net` replaced by a `FusedAttention`; returns how many."""
     found = [
         (parent, name, child)
         for parent in net.modules()

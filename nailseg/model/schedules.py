@@ -20,11 +20,7 @@ class WarmupCosineLR(LambdaLR):
     `min_lr_ratio` × the base LR at the last step (step `total_steps - 1`)."""
 
     def __init__(
-        self,
-        optimizer: Optimizer,
-        total_steps: int,
-        warmup_fraction: float,
-        min_lr_ratio: float,
+        self, optimizer: Optimizer, total_steps: int, warmup_fraction: float, min_lr_ratio: float
     ) -> None:
         if total_steps < 1:
             raise ValueError(f"scheduler.total_steps={total_steps}: must be at least 1")
