@@ -42,10 +42,9 @@ def run(name: str) -> None:
     """Run command `name`'s Hydra app on the command line: a misspelt key or option exits in one
     line, named by the program (`os.path.basename(sys.argv[0])`), and `--help` answers without
     Hydra's walk over every config group."""
-    from nailseg.training.checks import one_line_errors
-    from nailseg.training.private_api import help_without_group_walk
+    from nailseg.training.checks import command_line
 
-    with one_line_errors(os.path.basename(sys.argv[0])), help_without_group_walk():
+    with command_line(os.path.basename(sys.argv[0])):
         importlib.import_module(COMMANDS[name][0]).main()
 
 

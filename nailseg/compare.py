@@ -1,31 +1,9 @@
-"""Summarise a training sweep: one row per job, what the sweep varied, throughput and quality.
+"""`python -m nailseg compare sweep_dir=multirun/<time>`: a sweep's jobs as one table and a plot.
 
-    python -m nailseg compare sweep_dir=multirun/<timestamp>      (or just the folder)
-
-Each row is read from its job's folder alone: the overrides from `<job>/.hydra/overrides.yaml`,
-the scores from `<job>/metrics.json`, which records the overrides it was written for; a
-metrics.json of another job (an earlier sweep into the same folder) is not shown under this job's
-overrides: the job is reported as failed. The columns are every override key whose value differs
-between jobs, so a loader comparison shows `loader` and `aug`, an Optuna study `optimizer.lr`,
-`model.encoder_name`, `module.loss`. A job without metrics.json, or with a failure record, is
-reported as failed, with its error. `train_img_s` / `data_wait_frac`: the medians over the epochs
-after the first two (`metrics.json` `throughput`; the last epoch's value for runs written before
-it). `world_size`: the job's processes; `scaling`: a multi-GPU job's images/s ÷ (its GPUs × the
-one-GPU job's of the same setting); `ledger`: with `callbacks=audit`, whether every training row
-was seen once per epoch across ranks. `target_s` / `target_epoch` / `startup_s`: when validation
-first reached `callbacks.time_to_target.target`, in seconds since the job started (its process's
-start for a process's first job; empty where it never did). An Optuna sweep's
-`optimization_results.yaml` is named in a line under the table; its storage is never opened.
-
-Writes `compare.md` (a markdown table), `compare.csv` (every column and value) and `compare.png`
-(throughput; the best score and the final evaluation's Dice per job) into the sweep folder, which
-it holds as nailseg's `sweep` folder while it works: a sweep still running, a folder nailseg did
-not make, or a file of the user's at one of those names is refused in one line before anything is
-written. The printed table and compare.md leave out the columns that are empty or the same in
-every job (one line names the values they had) and show numbers to 4 significant digits. A job
-folder that cannot be read (a broken metrics.json, a FIFO) is named in one line and listed as
-unreadable; a folder that is not a sweep is refused in one line.
-"""
+Each row is read from its job's folder alone: `.hydra/overrides.yaml`, and `metrics.json` shown
+only under the overrides it records. The columns: every override that differs between jobs, then
+`RESULTS` (docs/SWEEPS.md). compare.md, .csv and .png are written into the sweep folder, held as
+nailseg's meanwhile: a sweep still running or a user's folder or file is refused in one line."""
 
 from __future__ import annotations
 
@@ -54,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RESULTS = [
-    "status", "train_img_s", "data_wait_frac", "world_size", "scaling", "ledger", "best",
+    "status", "train_img_s", "data_wait_frac", "world_size", "scaling", "ledger", "metric", "best",
     "final_dice", "evaluated_on", "epochs", "target_s", "target_epoch", "startup_s",
 ]  # fmt: skip
 OUTPUTS = ["compare.md", "compare.csv", "compare.png"]  # written into the sweep folder
@@ -72,7 +50,7 @@ ConfigStore.instance().store(name="compare_schema", node=CompareConfig)
 
 
 class CompareError(UserError, ValueError):
-    """A folder compare cannot tabulate; the message names it and what compare expected."""
+    """A folder compare cannot tabulate, named, with what compare expected."""
 
 
 def _sweep_jobs(folder: Path) -> list[Path]:
@@ -99,8 +77,7 @@ def _read(path: Path) -> Any:
 
 
 def _results(job: Path, overrides: list[str]) -> dict:
-    """A job's columns from its own metrics.json: one written for other overrides (an earlier
-    job in this folder) or for none is not this job's."""
+    """A job's columns from its own metrics.json (one written for other overrides is not)."""
     failure = read_failure(job)
     if failure is not None:
         return {"status": "failed: " + " ".join(failure.split())[:300]}
@@ -120,16 +97,12 @@ def _results(job: Path, overrides: list[str]) -> dict:
 
 
 def _unreadable(name: str, err: Exception) -> dict:
-    """The row of a job whose file `name` could not be read, its error on one line."""
-    return {
-        "status": f"unreadable: {name}: {type(err).__name__}: {' '.join(str(err).split())}"[:300]
-    }
+    text = " ".join(str(err).split())
+    return {"status": f"unreadable: {name}: {type(err).__name__}: {text}"[:300]}
 
 
 def _metrics(job: Path, metrics: dict) -> dict:
-    """A job's columns from its `metrics.json`."""
-    # here: the ledger's module loads Lightning, which --help and a refusal need not wait for
-    from nailseg.training.ledger import train_rows_once
+    from nailseg.training.ledger import train_rows_once  # Lightning: not for --help
 
     fit, final = metrics.get("fit", {}), metrics.get("final", {}).get("metrics", {})
     reached = metrics.get("time_to_target") or {}
@@ -143,11 +116,11 @@ def _metrics(job: Path, metrics: dict) -> dict:
         "data_wait_frac": speed["data_wait_frac"],
         "world_size": metrics.get("world_size"),
         "ledger": train_rows_once(job / "ledger"),
+        "metric": (metrics.get("best") or {}).get("metric"),
         "best": (metrics.get("best") or {}).get("value"),
         "final_dice": next((v for k, v in final.items() if k.endswith("/dice")), None),
         "evaluated_on": metrics.get("evaluated_on"),
         "epochs": metrics.get("epochs"),
-        # when validation first reached callbacks.time_to_target.target (empty: never)
         "target_s": reached.get("seconds"),
         "target_epoch": reached.get("epoch"),
         "startup_s": reached.get("startup_s"),
@@ -161,10 +134,10 @@ def _job(job: Path) -> tuple[dict[str, str], dict]:
         if not isinstance(entries, list):
             raise ValueError(f"a list of overrides expected, not {type(entries).__name__}")
     except (OSError, NotOursError, ValueError, yaml.YAMLError) as err:
-        return {}, _unreadable(".hydra/overrides.yaml", err)
+        return {}, {"job": job.name, **_unreadable(".hydra/overrides.yaml", err)}
     overrides = [str(entry) for entry in entries]
     pairs = dict(entry.split("=", 1) for entry in overrides if "=" in entry)
-    return pairs, _results(job, overrides)
+    return pairs, {"job": job.name, **_results(job, overrides)}
 
 
 def _optuna_best(sweep_dir: Path) -> str:
@@ -178,13 +151,9 @@ def _optuna_best(sweep_dir: Path) -> str:
 
 
 def summarise(sweep_dir: Path) -> pd.DataFrame:
-    """The table of a sweep's jobs; also written as compare.md, compare.csv and compare.png.
-
-    Raises:
-        CompareError: not a sweep's folder.
-        NotOursError: a sweep still running (BusyError), a folder nailseg did not make, or a
-            file of the user's where an output goes; nothing was written.
-    """
+    """The table of a sweep's jobs, also written as compare.md, compare.csv and compare.png;
+    CompareError (not a sweep) or NotOursError (a sweep still running, a user's folder or
+    file) before anything is written."""
     sweep_dir = Path(sweep_dir)
     jobs = _sweep_jobs(sweep_dir)
     with OwnedFolder.claim(sweep_dir, "sweep", key="sweep_dir") as folder:
@@ -193,26 +162,20 @@ def summarise(sweep_dir: Path) -> pd.DataFrame:
         overrides = [o for o, _ in read]
         keys = list(dict.fromkeys(k for o in overrides for k in o))
         varied = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
-        rows = pd.DataFrame(
-            [
-                {"job": job.name, **{k: o.get(k) for k in varied}, **r}
-                for job, (o, r) in zip(jobs, read, strict=True)
-            ],
-            columns=["job", *varied, *RESULTS],
-        ).astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
+        found = [{**r, **{k: o.get(k) for k in varied}} for o, r in read]
+        rows = pd.DataFrame(found, columns=["job", *varied, *RESULTS])
+        rows = rows.astype({"epochs": "Int64", "target_epoch": "Int64", "world_size": "Int64"})
         rows["scaling"] = _scaling(rows, overrides)
         folder.write("compare.md", table(rows, sweep_dir).encode())
         folder.write("compare.csv", rows.to_csv(index=False, lineterminator="\n").encode())
-        ok = rows[rows["status"] == "ok"]
-        if not ok.empty:
-            _plot(ok, varied, folder)
+        if (rows["status"] == "ok").any():
+            _plot(rows[rows["status"] == "ok"], varied, folder)
     return rows
 
 
 def _scaling(rows: pd.DataFrame, overrides: list[dict[str, str]]) -> list[float | None]:
     """Each multi-process job's images/s ÷ (its processes × the images/s of the one-process job
-    whose overrides are the same but for the `trainer` keys that set the processes): 1.0 is
-    perfect scaling. Empty for one-process jobs and where no such job ran."""
+    of the same overrides but the `trainer` keys that set the processes): 1.0 is perfect."""
     same = [{k: v for k, v in o.items() if k not in SCALING_KEYS} for o in overrides]
     speeds = [float(v) if pd.notna(v) else None for v in rows["train_img_s"]]
     worlds = [int(v) if pd.notna(v) else None for v in rows["world_size"]]
@@ -229,8 +192,7 @@ NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+)(e[-+]?\d+)?|-?\d+e[-+]?\d+", re.IGNOREC
 
 
 def _cell(value) -> str:
-    """A value as the table shows it: floats, also in an override (`optimizer.lr=0.00467395...`),
-    to 4 significant digits (whole numbers from 10,000 on)."""
+    """Floats, also in an override (`optimizer.lr=0.00467...`), to 4 significant digits."""
     if value is None or pd.isna(value):
         return ""
     if isinstance(value, str) and NUMBER.fullmatch(value):
@@ -243,8 +205,8 @@ def _cell(value) -> str:
 
 
 def _shown(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """`rows` without the columns that are empty, or (over two rows or more) the same in every
-    row, and a line naming the values of the latter."""
+    """`rows` without the columns that are empty or (over two rows) the same in every row, and a
+    line naming the values of the latter."""
     empty = [c for c in rows.columns if c != "job" and rows[c].map(_cell).eq("").all()]
     same = [
         c
@@ -256,34 +218,35 @@ def _shown(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def table(rows: pd.DataFrame, sweep_dir: Path) -> str:
-    """compare.md, as printed: the table of what differs, the line naming what does not, and an
-    Optuna sweep's best trial."""
+    """compare.md, as printed: what differs, a line naming what does not, Optuna's best trial."""
     shown, note = _shown(rows)
     notes = [line for line in (note, _optuna_best(sweep_dir)) if line]
     return _markdown(shown) + "".join(f"\n{line}\n" for line in notes)
 
 
 def _markdown(rows: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(rows.columns) + " |", "|" + "---|" * len(rows.columns)]
-    lines += [
-        "| " + " | ".join(_cell(v) for v in row) + " |" for row in rows.itertuples(index=False)
-    ]
+    lines = [f"| {' | '.join(rows.columns)} |", "|" + "---|" * len(rows.columns)]
+    lines += [f"| {' | '.join(_cell(v) for v in row)} |" for row in rows.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
 
 def _plot(rows: pd.DataFrame, varied: list[str], folder: OwnedFolder) -> None:
+    """Throughput, and each job's best optimized metric beside its final Dice, titled with both
+    names; the legend above the bars (the axis leaves it room)."""
     labels = ["\n".join(f"{k}={row[k]}" for k in varied) for _, row in rows.iterrows()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(rows)) * 2, 4.5))
     left.bar(labels, rows["train_img_s"].astype(float))
-    left.set_ylabel("training images/s (median epoch)")
+    left.set_title("training images/s (median epoch)")
     at, width = np.arange(len(rows)), 0.4
-    right.bar(at - width / 2, rows["best"].astype(float), width, label="best (optimized metric)")
-    final = rows["final_dice"].astype(float)
+    metric = "/".join(sorted({str(m) for m in rows["metric"].dropna()})) or "optimized metric"
     splits = "/".join(sorted({str(s) for s in rows["evaluated_on"].dropna()})) or "final"
+    best, final = rows["best"].astype(float), rows["final_dice"].astype(float)
+    right.bar(at - width / 2, best, width, label=f"best {metric}")
     right.bar(at + width / 2, final, width, label=f"final evaluation Dice ({splits})")
     right.set_xticks(at, labels)
-    right.set_ylabel("score")
-    right.legend(loc="lower right", fontsize=8)
+    right.set_title(f"best {metric} and final Dice ({splits}) per job")
+    right.set_ylim(0, 1.35 * max(np.nanmax([*best, *final, 0.0]), 1e-9))
+    right.legend(loc="upper center", ncol=2, fontsize=8)
     for ax in (left, right):
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
@@ -294,11 +257,15 @@ def _plot(rows: pd.DataFrame, varied: list[str], folder: OwnedFolder) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="compare")
 def _app(cfg: DictConfig) -> None:
     require_values(cfg, "nailseg compare")
-    sweep_dir = Path(cfg.sweep_dir)
     try:
-        rows = summarise(sweep_dir)
+        report(Path(cfg.sweep_dir))
     except UserError as err:  # not a sweep, a sweep still running, a user's folder or file
         sys.exit(f"nailseg compare: {err}")
+
+
+def report(sweep_dir: Path) -> None:
+    """`summarise`, printed: the table, a line per unreadable job (stderr), where it was written."""
+    rows = summarise(sweep_dir)
     for _, row in rows[rows["status"].str.startswith("unreadable")].iterrows():
         print(f"nailseg compare: {sweep_dir / row['job']}: {row['status']}", file=sys.stderr)
     print(table(rows, sweep_dir))
@@ -307,8 +274,6 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The Hydra app; a bare folder argument is taken as `sweep_dir=<folder>`."""
-    sys.argv[1:] = [
-        f"sweep_dir={arg}" if "=" not in arg and not arg.startswith("-") else arg
-        for arg in sys.argv[1:]
-    ]
+    bare = [arg for arg in sys.argv[1:] if "=" not in arg and not arg.startswith("-")]
+    sys.argv[1:] = [f"sweep_dir={arg}" if arg in bare else arg for arg in sys.argv[1:]]
     _app()

@@ -396,7 +396,7 @@ def test_a_checkpoint_snapshot_holds_the_values_at_the_save():
     stream = torch.cuda.Stream()
     snapshot, copies = host_snapshot({"w": weights, "step": torch.tensor(3)}, lambda _: stream)
     weights.mul_(-1)  # the next optimizer step, queued at once
-    copies.synchronize()
+    copies()  # waits for the copies
     assert snapshot["w"].device.type == "cpu" and snapshot["w"].is_pinned()
     assert torch.equal(snapshot["w"], torch.arange(1_000_000, dtype=torch.float32))
     assert snapshot["step"].item() == 3

@@ -1,14 +1,11 @@
-"""`build(cfg)`: every object a training run uses, wired from the composed config in one place.
-
-`train.py`, the evaluation-only run (`train=false`) and the tests all build through here. Each
-part is its config group's `_target_`, instantiated; every check that needs no data runs first,
-and nothing here writes into the run folder.
-"""
+"""`build(cfg)`: every object a training run uses, wired from the composed config in one place
+(train.py, the evaluation and the tests); nothing here writes into the run folder."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
@@ -19,6 +16,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.data.datamodule import NailDataModule
+from nailseg.errors import ConfigError
 from nailseg.model.checkpoint import make_card
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
@@ -47,19 +45,8 @@ class Built:
 
 
 def build(cfg: DictConfig) -> Built:
-    """Check `cfg`, make the built-in data if it is the dataset, and build the run.
-
-    Args:
-        cfg: train.py's composed config. `cfg.run_dir` becomes the resumed run's own folder when
-            `ckpt_path` continues a fit there; an evaluation takes the checkpoint's model.
-
-    Returns:
-        The data, module, trainer and loggers, and what the run resumes.
-
-    Raises:
-        ConfigError, CheckpointError, SplitFileError, FileNotFoundError: a value, checkpoint or
-            file that cannot work, named, before anything is written into the run folder.
-    """
+    """Check `cfg`, make the built-in data if it is the dataset, build the run; a UserError names
+    what cannot work before anything is written (`cfg.run_dir`: a resumed run's own folder)."""
     checks.check(cfg)  # before the built-in data is made
     prepare_builtin(cfg.dataset)
     resumed = resume.resolve_for(cfg, sweep_job())
@@ -74,7 +61,7 @@ def build(cfg: DictConfig) -> Built:
         logger=loggers or False,
         plugins=[BackgroundCheckpointIO()],
     )
-    check_built(cfg, datamodule, module, trainer, resumed)
+    check_built(cfg, datamodule, module.scheduler_factory, trainer, resumed)
     # claimed after every check, so that a refusal writes nothing (DDP's later ranks attach)
     own = resumed is not None and resumed.run_id is not None
     run_id = hold(cfg.run_dir, "ckpt_path" if own else "hydra.run.dir").id
@@ -114,8 +101,17 @@ def build_module(
     try:
         net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
     except InstantiationException as err:  # a misspelt model.options key, missing weights
-        raise checks.ConfigError(f"model: {err.__cause__ or err}") from err
-    checks.check_input_size(net, image_size(cfg), cfg.model)
+        raise ConfigError(f"model: {err.__cause__ or err}") from err
+    stride = getattr(getattr(net, "encoder", None), "output_stride", 1)  # smp: 32 for most
+    size = image_size(cfg)
+    if getattr(net, "requires_divisible_input_shape", False) and (
+        size[0] % stride or size[1] % stride
+    ):
+        fit = [-(-side // stride) * stride for side in size]
+        raise ConfigError(
+            f"dataset.image_size={list(size)}: {cfg.model.arch}/{cfg.model.encoder_name} needs "
+            f"sides divisible by {stride}; e.g. dataset.image_size={fit}"
+        )
     module = SegModule(
         net=net,
         optimizer=instantiate(cfg.optimizer),
@@ -143,39 +139,33 @@ def build_callbacks(
     try:  # the callbacks group is untyped: each callback checks its own values
         callbacks = [instantiate(c) for c in confs]
     except InstantiationException as err:
-        raise checks.ConfigError(f"callbacks: {err.__cause__ or err}") from None
+        raise ConfigError(f"callbacks: {err.__cause__ or err}") from None
     wandb_run_id = resumed.card.get("wandb_run_id") if resumed else None
     card = make_card(cfg, datamodule.group_names)
     return [*callbacks, CheckpointCard(card, wandb_run_id)]
 
 
 def check_built(
-    cfg: DictConfig,
-    datamodule: NailDataModule,
-    module: SegModule,
-    trainer: L.Trainer,
-    resumed: resume.Resume | None,
+    cfg: DictConfig, data: NailDataModule, scheduler: Any, trainer: L.Trainer, resumed: Any
 ) -> None:
-    """What needs the data and the trainer: a full batch per rank, a row per rank in every
-    evaluation (overfitting validates on the train rows), a resumed schedule's length."""
-    if cfg.train:
-        checks.check_train_split(
-            len(datamodule.train_rows), cfg.loader.batch_size, trainer.world_size
+    """A full batch per rank, a row per rank in every evaluation, a resumed schedule's length."""
+    rows, batch, world = len(data.train_rows), cfg.loader.batch_size, trainer.world_size
+    if cfg.train and rows // world < batch:  # Lightning would train on nothing
+        raise ConfigError(
+            f"loader.batch_size={batch}: the train split has {rows} rows for {world} rank(s), "
+            f"fewer than one full batch each; lower loader.batch_size (at most "
+            f"{max(1, rows // world)}) or prepare more data"
         )
-    datamodule.check_evaluations(
-        trainer.world_size,
-        fit=cfg.train and not trainer.overfit_batches,
-        final=cfg.test or not cfg.train,
-    )
-    scheduler = module.scheduler_factory
+    fit, final = cfg.train and not trainer.overfit_batches, cfg.test or not cfg.train
+    data.check_evaluations(world, fit=fit, final=final)
     if cfg.train and resumed is not None and scheduler is not None:
-        length = schedule_length_args(scheduler, lambda: fit_steps(trainer, datamodule))
+        length = schedule_length_args(scheduler, lambda: fit_steps(trainer, data))
         resume.check_schedule(resumed, next(iter(length.values()), None), cfg)
 
 
 def final_prefix(split: str, after_fit: bool) -> str:
-    """What the final evaluation logs under: `test` only for the test split; the validation
-    split after a fit is `val_best` (the checkpoint was chosen on it), otherwise `<split>_eval`."""
+    """What the final evaluation logs under: `test` for the test split; else `val_best` after a
+    fit (the checkpoint was chosen on it), or `<split>_eval`."""
     if split == "test":
         return "test"
     short = "val" if split == "valid" else split
@@ -183,9 +173,8 @@ def final_prefix(split: str, after_fit: bool) -> str:
 
 
 def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
-    """The optimizer steps of the whole fit before it starts, as Lightning's
-    `estimated_stepping_batches` counts them inside it (what sizes the LR schedule); inf: a fit
-    without a finite length."""
+    """The fit's optimizer steps before it starts, as Lightning's `estimated_stepping_batches`
+    counts them inside it; inf: a fit without a finite length."""
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
     if max_epochs is None:  # Lightning's default: 1000 epochs, unless steps or time bound the fit
         timed = any(isinstance(c, Timer) for c in trainer.callbacks)
@@ -201,7 +190,5 @@ def fit_steps(trainer: L.Trainer, datamodule: NailDataModule) -> float:
 
 
 def use_channels_last(setting: bool | None, on_cuda: bool) -> bool:
-    """`module.channels_last` (bench: `channels_last`): None means on for CUDA only, where tensor
-    cores run channels-last convolutions faster under AMP (the configs set true: oneDNN's CPU
-    convolutions gain too, docs/BENCHMARKS.md)."""
+    """`module.channels_last` (bench's `channels_last`): None means on for CUDA only."""
     return on_cuda if setting is None else bool(setting)

@@ -1,7 +1,6 @@
-"""Lightning callbacks: training speed and loader wait, the learning rates, time to a target
-score, prediction overlays of validation, the card every checkpoint carries, and a progress bar
-safe under DDP. They read only the batch contract and the module's `forward`: any loader backend.
-"""
+"""Lightning callbacks: training speed and loader wait, the learning rates, time to a target,
+overlays of validation, the card every checkpoint carries, a progress bar safe under DDP. They
+read only the batch contract and the module's `forward`: any loader backend."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from PIL import Image
 
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.model.module import logs_step
-from nailseg.training.private_api import computed_bar_values
 from nailseg.training.run_folder import write_file
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay
 
@@ -32,20 +30,13 @@ WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, f
 
 
 def settled(epochs: Any) -> Any:
-    """A fit's epochs (a list, or a frame's rows) after its first `WARMUP_EPOCHS` (all, in a
-    shorter fit): what the throughput summaries take medians of."""
+    """A fit's epochs after its first `WARMUP_EPOCHS` (all, in a shorter fit)."""
     return epochs[WARMUP_EPOCHS:] if len(epochs) > WARMUP_EPOCHS else epochs
 
 
 class TrainSpeedMonitor(L.Callback):
-    """Logs `train/images_per_s` and `train/data_wait_frac` once per training epoch.
-
-    `images_per_s`: the epoch's training images / its training wall time (validation excluded),
-    summed over DDP ranks; the device is synchronised only where that time starts and stops, so
-    the host keeps queueing steps ahead. `data_wait_frac`: the host's time between one batch's
-    end and the next one's start / that wall time (as `make bench`), averaged over ranks; the
-    device's own idle time is `GpuTimeline`'s.
-    """
+    """Logs `train/images_per_s` (summed over ranks; the device synchronised only at the ends of
+    the training time) and `train/data_wait_frac` (host time between batches) once per epoch."""
 
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []  # this process's epochs, values over all ranks
@@ -53,9 +44,7 @@ class TrainSpeedMonitor(L.Callback):
 
     def _reset(self) -> None:
         self._segment_start: float | None = None  # start of the running training stretch
-        self._last_end = 0.0
-        self._elapsed = 0.0
-        self._wait = 0.0
+        self._last_end = self._elapsed = self._wait = 0.0
         self._images = 0
 
     @staticmethod
@@ -76,19 +65,10 @@ class TrainSpeedMonitor(L.Callback):
         self._reset()
         self._resume(pl_module)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, *_: Any) -> None:
         self._wait += time.perf_counter() - self._last_end
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, out: Any, batch: Any, *_: Any):
         self._last_end = time.perf_counter()
         self._images += len(batch["image"])
 
@@ -101,8 +81,7 @@ class TrainSpeedMonitor(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause(pl_module)
-        # every rank joins the reduce; an epoch some rank did not time (a fit resumed mid-epoch)
-        # is left out on every rank alike
+        # every rank joins; an epoch some rank did not time (resumed mid-epoch) is left out
         timed = self._elapsed > 0.0
         elapsed = self._elapsed if timed else 1.0
         local = torch.tensor(
@@ -115,18 +94,11 @@ class TrainSpeedMonitor(L.Callback):
         # the values are reduced already; sync_dist only marks them as global (as in the module)
         pl_module.log("train/images_per_s", images_per_s, sync_dist=True)
         pl_module.log("train/data_wait_frac", wait, sync_dist=True)
-        self.epochs.append(
-            {
-                "epoch": trainer.current_epoch,
-                "images": int(total[3]),
-                "images_per_s": images_per_s,
-                "data_wait_frac": wait,
-            }
-        )
+        epoch = {"epoch": trainer.current_epoch, "images": int(total[3])}
+        self.epochs.append(epoch | {"images_per_s": images_per_s, "data_wait_frac": wait})
 
     def summary(self) -> dict[str, Any] | None:
-        """For metrics.json: the medians over the `settled` epochs (one epoch's value alone is
-        noisy), and every epoch's values; None before any epoch."""
+        """For metrics.json: the medians over the `settled` epochs, and every epoch's values."""
         if not self.epochs:
             return None
         counted = settled(self.epochs)
@@ -139,49 +111,35 @@ class TrainSpeedMonitor(L.Callback):
 
 
 class RankSafeProgressBar(RichProgressBar):
-    """Lightning's Rich progress bar, showing only values every rank has computed already.
+    """Lightning's Rich progress bar, showing only values every rank has computed already: reading
+    a pending one computes it, a collective under DDP, which rank 0 alone would start (a hang)."""
 
-    Reading a logged value computes it, a collective under DDP; Lightning's bar reads on rank 0
-    alone, so the ranks' collectives would pair up wrongly and hang. This bar starts none: an
-    epoch's training values show from the next refresh on.
-    """
-
-    def get_metrics(
-        self, trainer: L.Trainer, pl_module: L.LightningModule
-    ) -> dict[str, int | str | float | dict[str, float]]:
-        return {**get_standard_metrics(trainer), **computed_bar_values(trainer)}
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        return {**get_standard_metrics(trainer), **trainer._logger_connector._progress_bar_metrics}
 
 
 class LearningRates(L.Callback):
-    """Logs the learning rate at the steps Lightning logs, under the names Lightning's
-    `LearningRateMonitor(logging_interval="step")` gives them, from the host's values: Lightning's
-    monitor copies each rate to the device, a copy that waits for every queued step. It takes one
-    optimizer with automatic optimization (`SegModule`'s) and refuses anything else at the start."""
+    """Lightning's `LearningRateMonitor(logging_interval="step")`, from the host's values (its
+    copy of each rate to the device waits for every queued step); one optimizer only."""
 
     def __init__(self) -> None:
         self._logged: int | None = None  # the last step logged (an accumulating batch repeats it)
         self._base = ""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        schedulers = trainer.lr_scheduler_configs
-        if (
-            len(trainer.optimizers) != 1
-            or len(schedulers) > 1
-            or not pl_module.automatic_optimization
-        ):
+        schedulers, automatic = trainer.lr_scheduler_configs, pl_module.automatic_optimization
+        if len(trainer.optimizers) != 1 or len(schedulers) > 1 or not automatic:
             raise ValueError(
                 "callbacks.lr_monitor (nailseg's LearningRates) logs one optimizer with at most "
                 f"one scheduler under automatic optimization; {type(pl_module).__name__} has "
                 f"{len(trainer.optimizers)} optimizers, {len(schedulers)} schedulers, automatic "
-                f"optimization {pl_module.automatic_optimization}: use "
+                f"optimization {automatic}: use "
                 "lightning.pytorch.callbacks.LearningRateMonitor as callbacks.lr_monitor"
             )
         named = schedulers[0].name if schedulers else None
         self._base = named or f"lr-{type(trainer.optimizers[0]).__name__}"
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, *_: Any) -> None:
         step = trainer.global_step  # the optimizer step this batch is part of
         if step == self._logged or not logs_step(trainer, step):
             return
@@ -203,35 +161,24 @@ def process_start_time() -> float:
     return time.time() - uptime + since_boot
 
 
-_clocks_started = 0  # training jobs this process has started (`start_job_clock`)
 _job_started: float | None = None  # when the running job started (`start_job_clock`)
 _run_entered: float | None = None  # when its `run` began: its imports done
 
 
-def job_start_time() -> float:
-    """When this training job started: the process's start for its first job, now for a later
-    one (a sweep's next job in the same process)."""
-    global _clocks_started
-    _clocks_started += 1
-    return process_start_time() if _clocks_started == 1 else time.time()
-
-
 def start_job_clock() -> None:
-    """Mark a training job's start, which `TimeToTarget` counts from (`run` calls it first)."""
+    """Mark a training job's start, which `TimeToTarget` counts from: the process's start for its
+    first job, now for a later one (a sweep's next job in the same process)."""
     global _job_started, _run_entered
-    _job_started, _run_entered = job_start_time(), time.time()
+    _job_started = process_start_time() if _job_started is None else time.time()
+    _run_entered = time.time()
 
 
 class TimeToTarget(L.Callback):
-    """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): the epoch,
-    the step and the seconds since the job started (`start_job_clock`), split into start-up,
-    training, validation and epoch 0's training. `reached` holds it (None until then);
-    metrics.json reports it as `time_to_target`, and this session's start-up as `startup`. With `stop`, training ends there, on every rank
-    alike (the metric is synced).
-
-    The checkpoint carries this state: a resumed fit keeps a target reached before it, and adds
-    the earlier sessions' time to one reached later; one for another metric or target is dropped.
-    """
+    """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): epoch, step
+    and seconds since the job started, split into start-up, training, validation and epoch 0's
+    training (`reached`, metrics.json's `time_to_target`; this session's start-up: `startup`).
+    `stop` ends training there. A resumed fit keeps a target reached before, and adds the earlier
+    sessions' time to one reached later."""
 
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
         if mode not in ("max", "min"):
@@ -249,17 +196,15 @@ class TimeToTarget(L.Callback):
         self._first_epoch: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed fit continues from; at a save the time since the last lap is training
-        (Lightning runs the checkpoint callbacks after this one)."""
+        """At a save, the time since the last lap is training (checkpoints are saved after it)."""
         now = time.time()
-        return {
-            "reached": self.reached,
-            "seconds": self._earlier_s + now - self._started,
-            "startup_s": self._startup_s(),
-            "train_s": self._train + now - self._mark,
-            "val_s": self._val,
-            "first_epoch_train_s": self._first_epoch,
-        }
+        return {"reached": self.reached, **self._times(now, self._train + now - self._mark)}
+
+    def _times(self, now: float, train_s: float) -> dict[str, Any]:
+        startup = self._earlier_startup_s + self._fit_start - self._started
+        seconds = self._earlier_s + now - self._started
+        times = {"seconds": seconds, "startup_s": startup, "train_s": train_s, "val_s": self._val}
+        return times | {"first_epoch_train_s": self._first_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._earlier_s, self._earlier_startup_s = state_dict["seconds"], state_dict["startup_s"]
@@ -275,15 +220,11 @@ class TimeToTarget(L.Callback):
             )  # fmt: skip
 
     def _answers(self, reached: dict[str, Any]) -> bool:
-        """Whether a checkpoint's `reached` is for this metric, target and mode."""
         same = (reached["metric"], reached["target"]) == (self.metric, self.target)
         return same and self._meets(reached["value"])
 
     def _meets(self, value: float) -> bool:
         return value >= self.target if self.mode == "max" else value <= self.target
-
-    def _startup_s(self) -> float:
-        return self._earlier_startup_s + self._fit_start - self._started
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._mark = time.time()
@@ -293,21 +234,15 @@ class TimeToTarget(L.Callback):
             self._first_step = time.time()
 
     def startup(self) -> dict[str, float | None]:
-        """This session's start-up: the job's start to its `run` (Python, Hydra, the checks and
-        the imports), to the fit's start (data, net, trainer, loggers), to its first step's end
-        (sanity validation, the loaders' start, the first batch)."""
-        first = self._first_step
-        return {
-            "imports_s": self._entered - self._started,
-            "build_s": self._fit_start - self._entered,
-            "first_step_s": None if first is None else first - self._fit_start,
-        }
+        """This session's start-up: to its `run` (imports, Hydra, checks), to the fit's start (data,
+        net, trainer, loggers), to its first step's end (sanity validation, the first batch)."""
+        first = None if self._first_step is None else self._first_step - self._fit_start
+        imports, build = self._entered - self._started, self._fit_start - self._entered
+        return {"imports_s": imports, "build_s": build, "first_step_s": first}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.stop and self.reached is not None:
-            log.info(
-                "%s reached its target before the checkpoint: no further training", self.metric
-            )
+            log.info("%s reached its target before the checkpoint: no training", self.metric)
             trainer.should_stop = True
 
     def _lap(self) -> float:
@@ -330,18 +265,9 @@ class TimeToTarget(L.Callback):
             return
         value = float(value)
         if self._meets(value):
-            self.reached = {
-                "metric": self.metric,
-                "target": self.target,
-                "value": value,
-                "epoch": trainer.current_epoch,
-                "global_step": trainer.global_step,
-                "seconds": self._earlier_s + self._mark - self._started,
-                "startup_s": self._startup_s(),
-                "train_s": self._train,
-                "val_s": self._val,
-                "first_epoch_train_s": self._first_epoch,
-            }
+            self.reached = {"metric": self.metric, "target": self.target, "value": value}
+            self.reached |= {"epoch": trainer.current_epoch, "global_step": trainer.global_step}
+            self.reached |= self._times(self._mark, self._train)
             trainer.should_stop = trainer.should_stop or self.stop
             log.info(
                 "%s reached %s (target %s) at epoch %d, %.1f s after the job started",
@@ -350,11 +276,8 @@ class TimeToTarget(L.Callback):
 
 
 class PredictionOverlays(L.Callback):
-    """Every `every_n_epochs` epochs and at the end of training, rank 0 draws the first
-    `max_images` samples of the first validation batch as a grid (image; truth in green;
-    prediction in red) into `<run>/overlays/epoch_XXX.png` and W&B's `val/overlays`. `mean` and
-    `std`: the loader's normalisation, so the image row looks like the photo.
-    """
+    """Every `every_n_epochs` epochs and at the fit's end, rank 0 draws the first validation batch
+    (image; truth green; prediction red) into `<run>/overlays/epoch_XXX.png` and W&B."""
 
     def __init__(
         self,
@@ -366,24 +289,16 @@ class PredictionOverlays(L.Callback):
     ) -> None:
         if every_n_epochs < 1 or max_images < 1:
             raise ValueError("every_n_epochs and max_images must be >= 1")
-        self.every_n_epochs = every_n_epochs
-        self.max_images = max_images
-        self.mean = tuple(mean)
-        self.std = tuple(std)
+        self.every_n_epochs, self.max_images = every_n_epochs, max_images
+        self.mean, self.std = tuple(mean), tuple(std)
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._batch_epoch = -1
         self._drawn_epoch = -1
 
     def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Mapping[str, torch.Tensor],
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: Any, out: Any, batch: Any, batch_idx: int, loader=0
     ) -> None:
-        if batch_idx or dataloader_idx or trainer.sanity_checking or not trainer.is_global_zero:
+        if batch_idx or loader or trainer.sanity_checking or not trainer.is_global_zero:
             return
         # kept on the device: a copy to the host here would wait for the GPU
         n = self.max_images
@@ -407,8 +322,7 @@ class PredictionOverlays(L.Callback):
         threshold = float(pl_module.hparams.get("threshold", 0.5))
         was_training = pl_module.training
         pl_module.eval()
-        # inference_mode: the kept batch is an inference tensor; force_eager: a compiled net
-        # would recompile for it; the precision plugin's cast and autocast, as in a val step
+        # the kept batch is an inference tensor; a compiled net would recompile for it
         precision = trainer.precision_plugin
         with (
             torch.inference_mode(),
@@ -422,64 +336,36 @@ class PredictionOverlays(L.Callback):
         pictures = [denormalize(img.float().numpy(), self.mean, self.std) for img in images]
         truths = masks[:, 0].numpy() > 0.5
         preds = probs[:, 0].numpy() > threshold
+        pairs = list(zip(pictures, truths, preds, strict=True))
         canvas = grid(
-            [
-                pictures,
-                [overlay(p, t, TRUTH_COLOR) for p, t in zip(pictures, truths, strict=True)],
-                [overlay(p, m, PRED_COLOR) for p, m in zip(pictures, preds, strict=True)],
-            ]
-        )
+            [pictures, [overlay(p, t, TRUTH_COLOR) for p, t, _ in pairs],
+             [overlay(p, m, PRED_COLOR) for p, _, m in pairs]]
+        )  # fmt: skip
         path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
         write_file(path, lambda f: Image.fromarray(canvas).save(f, format="PNG"))
-        self._drawn_epoch = self._batch_epoch
-        self._log_to_wandb(trainer, canvas, pictures, truths, preds)
-
-    def _log_to_wandb(
-        self,
-        trainer: L.Trainer,
-        canvas: np.ndarray,
-        pictures: Sequence[np.ndarray],
-        truths: np.ndarray,
-        preds: np.ndarray,
-    ) -> None:
-        """The grid (`val/overlays`), and each photo with its truth and prediction as W&B masks
-        (`val/examples`)."""
-        for logger in trainer.loggers:
-            if not isinstance(logger, WandbLogger):
-                continue
-            logger.log_image(
-                key="val/overlays",
-                images=[canvas],
-                step=trainer.global_step,
-                caption=[f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"],
-            )
-            labels = {0: "background", 1: "nail"}
-            logger.log_image(
-                key="val/examples",
-                images=list(pictures),
-                step=trainer.global_step,
-                masks=[
-                    {
-                        "truth": {"mask_data": t.astype(np.uint8), "class_labels": labels},
-                        "prediction": {"mask_data": m.astype(np.uint8), "class_labels": labels},
-                    }
-                    for t, m in zip(truths, preds, strict=True)
-                ],
-            )
+        self._drawn_epoch, step = self._batch_epoch, trainer.global_step
+        caption = f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"
+        labels = {0: "background", 1: "nail"}
+        masks = [
+            {"truth": {"mask_data": t.astype(np.uint8), "class_labels": labels},
+             "prediction": {"mask_data": m.astype(np.uint8), "class_labels": labels}}
+            for _, t, m in pairs
+        ]  # fmt: skip
+        for logger in trainer.loggers:  # the grid, and each photo with W&B's masks
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="val/overlays", images=[canvas], step=step, caption=[caption])
+                logger.log_image(key="val/examples", images=pictures, step=step, masks=masks)
 
 
 class CheckpointCard(L.Callback):
-    """Writes the run's card (model/checkpoint.py) and the W&B run id into every checkpoint: the
-    checkpoint alone predicts, exports or resumes into its W&B run. `wandb_run_id`: the resumed
-    checkpoint's, passed on by a session without W&B."""
+    """Writes the run's card (model/checkpoint.py) and the W&B run id (`wandb_run_id`: the resumed
+    checkpoint's, passed on by a session without W&B) into every checkpoint."""
 
     def __init__(self, card: Mapping[str, Any], wandb_run_id: str | None = None) -> None:
         self.card = dict(card)
         self.wandb_run_id = wandb_run_id
 
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict
-    ) -> None:
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 self.wandb_run_id = logger.version

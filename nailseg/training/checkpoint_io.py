@@ -1,21 +1,12 @@
-"""Checkpoints written as every other output is (`io.atomic`: a temporary file in the
-checkpoint's folder, fsync'd, renamed), by a background thread, and only where the path is free
-or the run's own (`run_folder`): a user's file in the way is neither replaced nor removed.
-
-Lightning's own save stages the file in `$TMPDIR` and never fsyncs it: a kill during the move
-could leave a truncated `last.ckpt`. The thread keeps saving off the training loop; the snapshot
-is taken before it returns (`host_snapshot`), so later steps cannot change what is written.
-
-A moved or copied run folder resumes with its best: ModelCheckpoint's state names its files
-absolute, so a checkpoint read here has them mapped into the folder it was read from
-(`relocate`); a best checkpoint that is gone is forgotten with its score.
-"""
+"""Checkpoints written atomically through the run folder (a user's file in the way is neither
+replaced nor removed), by a background thread from a host snapshot taken at the save. A moved or
+copied run folder resumes with its best: ModelCheckpoint's absolute paths are mapped into the
+folder the checkpoint was read from (`relocate`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +44,8 @@ _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
 def relocate(checkpoint: dict[str, Any], path: Path) -> None:
-    """Map each ModelCheckpoint state of `checkpoint` (read from `path`) whose `dirpath` is another
-    folder into `path`'s folder (real path, as Lightning's), when every file it names is there;
-    a best checkpoint of this folder that is not there is forgotten, with its score."""
+    """Map each ModelCheckpoint state whose `dirpath` is another folder into `path`'s, when every
+    file it names is there; a best checkpoint that is not there is forgotten, with its score."""
     here = os.path.realpath(path.parent)
     for state in (checkpoint.get("callbacks") or {}).values():
         before = state.get("dirpath") if isinstance(state, dict) else None
@@ -87,9 +77,8 @@ def _move(state: dict[str, Any], before: str, here: str) -> None:
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
-    """`AtomicCheckpointIO`'s saves and removals in one background thread, in order (a removal
-    run at once could precede that file's queued write), each save of a host snapshot taken at
-    the call. A failed one raises at the next call or at teardown, which waits for them all."""
+    """`AtomicCheckpointIO`'s saves and removals in one thread, in order (a removal must not
+    precede that file's queued write); a failure raises at the next call or at teardown."""
 
     def __init__(self) -> None:
         super().__init__(AtomicCheckpointIO())
@@ -102,7 +91,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
         def write() -> None:
             if copied is not None:
-                copied.synchronize()
+                copied()
             self.checkpoint_io.save_checkpoint(snapshot, path, storage_options)
 
         self._queue(write)
@@ -131,11 +120,9 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
 def host_snapshot(
     checkpoint: Any, copy_stream: Callable[[torch.device], torch.cuda.Stream]
-) -> tuple[Any, HostCopies | None]:
-    """`checkpoint` with every tensor replaced by a host copy of its value now, and what marks
-    the end of the copies (None: no CUDA tensors). A CUDA tensor is cloned on its device in
-    stream order, then copied into pinned memory on `copy_stream(device)`, beside the training
-    kernels: a blocking copy per tensor on the training stream would stall the next steps."""
+) -> tuple[Any, Callable[[], None] | None]:
+    """`checkpoint` with every tensor replaced by a host copy of its value now, and the wait for
+    the copies (None: no CUDA tensors), made on a side stream: a blocking copy stalls training."""
     clones: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def snapshot(tensor: torch.Tensor) -> torch.Tensor:
@@ -157,16 +144,9 @@ def host_snapshot(
             host.copy_(clone, non_blocking=True)
         done = torch.cuda.Event()
         done.record(stream)
-    return copied, HostCopies(done, clones)
 
+    def wait() -> None:
+        done.synchronize()
+        clones.clear()  # copied: their device memory can go back to the allocator
 
-@dataclass
-class HostCopies:
-    """The end of a snapshot's copies; holds the device clones until then."""
-
-    done: torch.cuda.Event
-    clones: list[tuple[torch.Tensor, torch.Tensor]]
-
-    def synchronize(self) -> None:
-        self.done.synchronize()
-        self.clones.clear()  # copied: their device memory can go back to the allocator
+    return copied, wait

@@ -1,17 +1,11 @@
-"""Each value checked once, before Hydra writes the run folder: types by the schema (config.py),
-what no library checks here (`check_values`, torch-free, so a typo answers before torch loads), and
-the rest by the libraries themselves: the Trainer, the optimizer and the schedule are built early
-(`check_objects`) and their exception becomes the one line.
-
-`PreCheck` runs them on the single run's config, or on every job of a basic sweep composed as it
-will run (a sampling sweeper: its base config; each job checks its own as it starts). A refusal
-exits with its message alone: Hydra turns an exception raised in a callback into a warning and
-runs on. HYDRA_FULL_ERROR=1 re-raises it instead, for the trace.
+"""Each value checked once, before Hydra writes the run folder: types by the schema, what no
+library checks by `check_values` (torch-free: a typo answers before torch loads), the rest by the
+libraries: the Trainer, optimizer and schedule built early (`check_objects`), their exception
+made the one line. A refusal exits (HYDRA_FULL_ERROR=1 re-raises it, for the trace).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import inspect
 import logging
@@ -19,14 +13,16 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
+from unittest import mock
 
 from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 from hydra.experimental.callback import Callback
-from hydra.utils import get_method, instantiate
+from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.progress import track
@@ -35,17 +31,16 @@ from nailseg.config import DIRECTIONS
 from nailseg.data.augment import rgb_triple
 from nailseg.device import check_name
 from nailseg.errors import ConfigError, refusal
-from nailseg.training.private_api import (
-    basic_launcher_target,
-    basic_sweep_jobs,
-    basic_sweeper_target,
-    hydra_errors,
-)
 
+# Hydra's basic sweeper (its jobs can be composed before they run) and launcher (this process)
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 EVAL_SPLITS = ("auto", "train", "valid", "test")
 SEEDS = (0, 2**32 - 1)  # what numpy, which Lightning seeds too, takes
-# trainer values Lightning takes when the Trainer is built and misreads or refuses only in the
-# fit: the lowest value, and a value below it with a meaning of its own
+# the lowest value of counts no library checks before the fit (numpy takes no negative seed)
+LOWEST = {"loader.batch_size": 1, "loader.prefetch": 1, "loader.seed": 0, "dataset.synthetic.n": 1}
+LOWEST |= {"overlay_every_n_epochs": 1}
+# trainer values Lightning misreads or refuses only in the fit: the lowest, and a special value
 TRAINER_COUNTS: dict[str, tuple[float, tuple[int, str] | None]] = {
     "max_epochs": (1, (-1, "no limit")),  # 0: a fit that trains nothing
     "check_val_every_n_epoch": (1, None),
@@ -63,9 +58,8 @@ HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 
 class PreCheck(Callback):
-    """Runs `check_values` and then `check_objects` on every config a run or sweep will run; jobs
-    a launcher runs on other machines are checked without this machine's devices. `check`
-    (another command's own, prepare's) replaces both when given."""
+    """`check_values`, then `check_objects`, on the run's config or every job of a basic sweep (a
+    sampling sweeper: its base config); `check` (prepare's) replaces both."""
 
     def __init__(self, check: str | None = None) -> None:
         self.check = get_method(check) if check else None
@@ -74,16 +68,14 @@ class PreCheck(Callback):
         self._run_checks([("", config)], here=True)
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **_) -> None:
-        here = config.hydra.launcher._target_ == basic_launcher_target()
-        if config.hydra.sweeper._target_ != basic_sweeper_target():
+        here = config.hydra.launcher._target_ == BASIC_LAUNCHER
+        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
             self._run_checks([("the sweep's base config: ", config)], here)
-            return
-        self._run_checks(list(composed_jobs(config, config_name)), here)
+        else:
+            self._run_checks(list(composed_jobs(config, config_name)), here)
 
     def _run_checks(self, configs: list[tuple[str, DictConfig]], here: bool) -> None:
-        stages: list[Callable[[DictConfig], Any]] = (
-            [self.check] if self.check else [check_values, lambda c: check_objects(c, here)]
-        )
+        stages = [self.check] if self.check else [check_values, lambda c: check_objects(c, here)]
         for stage in stages:  # every job's torch-free checks before the first import
             for where, config in configs:
                 try:
@@ -93,28 +85,27 @@ class PreCheck(Callback):
 
 
 def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple[str, DictConfig]]:
-    """Each job of a basic-sweeper sweep composed as it will run, with where it is in the sweep
-    (`job 1 of 4 (overrides): `, to start a message); a job that does not compose (a choice or
-    key that exists in no config) leaves with its error (`leave`)."""
+    """Each job of a basic-sweeper sweep composed as it will run (with the command line's hydra
+    overrides: hydra.searchpath), with `job 1 of 4 (overrides): ` to start a message."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
     params = config.hydra.sweeper.params or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
     arguments += list(OmegaConf.to_container(config.hydra.overrides.task))
-    jobs = basic_sweep_jobs(OverridesParser.create().parse_overrides(arguments))
-    hydra_overrides = list(config.hydra.overrides.hydra)  # hydra.searchpath: a user's own configs
-    for number, overrides in enumerate(
-        track(jobs, description="checking the sweep's jobs", transient=True)
-    ):
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    hydra_overrides = list(config.hydra.overrides.hydra)
+    for number, overrides in enumerate(track(jobs, "checking the sweep's jobs", transient=True)):
         where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
-        try:  # with the command line's hydra overrides, as the launcher composes it
+        try:
             job = compose(config_name, overrides=[*hydra_overrides, *overrides])
-        except Exception as err:
+        except Exception as err:  # a choice or key that exists in no config
             leave(where, err)
         yield where, job
 
 
 def leave(where: str, err: Exception) -> NoReturn:
-    """Stop before Hydra writes; with HYDRA_FULL_ERROR set, re-raise for a warning with the
-    trace and let the job's own check fail in full."""
+    """Stop before Hydra writes; with HYDRA_FULL_ERROR=1, re-raise (a warning with the trace)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     sys.exit(refusal(os.path.basename(sys.argv[0]) or "nailseg", err, where))
@@ -127,7 +118,7 @@ def did_you_mean(key: str, taken: Iterable[str], node: str) -> str:
 
 
 def composition_error(err: Exception) -> ConfigError | None:
-    """Hydra's error for a value, key or option no config takes, as one line naming it (with the
+    """Hydra's error for a value, key or option no config takes, as one line naming it (and the
     closest key or option); None for any other error (Hydra reports it)."""
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
@@ -145,10 +136,41 @@ def composition_error(err: Exception) -> ConfigError | None:
     return None
 
 
-def one_line_errors(command: str) -> contextlib.AbstractContextManager[None]:
-    """Within the block (a command's Hydra app), a misspelt key or option exits in one line:
-    Hydra's own answer spans lines and advises `+key=`, which makes the typo a new key."""
-    return hydra_errors(lambda err: (line := composition_error(err)) and refusal(command, line))
+@contextmanager
+def command_line(command: str) -> Iterator[None]:
+    """Within the block (a command's Hydra app): a misspelt key or option exits in one line
+    (Hydra advises `+key=`, which makes the typo a new key); `--help` lists the config groups
+    only for a template that prints them (the listing deep-copies every group: a second)."""
+    from hydra._internal import utils
+    from hydra._internal.hydra import Hydra
+
+    original, original_help = utils.run_and_report, Hydra.get_help
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def reported() -> Any:
+            try:
+                return func()
+            except Exception as err:
+                full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+                if full or (line := composition_error(err)) is None:
+                    raise
+                sys.exit(refusal(command, line))
+
+        return original(reported)
+
+    def get_help(self: Hydra, help_cfg: Any, *args: Any, **kwargs: Any) -> str:
+        if "CONFIG_GROUPS" not in help_cfg.template:  # shadows the method for this call
+            self.format_config_groups = lambda *_, **__: ""
+        try:
+            return original_help(self, help_cfg, *args, **kwargs)
+        finally:
+            vars(self).pop("format_config_groups", None)
+
+    with (
+        mock.patch.object(utils, "run_and_report", run_and_report),
+        mock.patch.object(Hydra, "get_help", get_help),
+    ):
+        yield
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -157,17 +179,13 @@ def check_values(cfg: DictConfig) -> None:
     size = list(cfg.dataset.image_size)
     if len(size) != 2 or any(int(v) < 1 for v in size):
         raise ConfigError(f"dataset.image_size={size}: must be [height, width], both >= 1")
-    synthetic = cfg.dataset.synthetic  # the built-in set, which train.py generates
-    if synthetic is not None and synthetic.n < 1:
-        raise ConfigError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
     if not SEEDS[0] <= cfg.seed <= SEEDS[1]:
         raise ConfigError(f"seed={cfg.seed}: must be in [{SEEDS[0]}, {SEEDS[1]}]")
-    loader = cfg.loader
-    for key, lowest in (("batch_size", 1), ("prefetch", 1), ("seed", 0)):
-        if loader[key] < lowest:  # a negative seed: numpy's seed sequences take none
-            raise ConfigError(f"loader.{key}={loader[key]}: must be at least {lowest}")
+    for key, lowest in LOWEST.items():
+        if (value := OmegaConf.select(cfg, key)) is not None and value < lowest:
+            raise ConfigError(f"{key}={value}: must be at least {lowest}")
     try:
-        check_name(loader.device)
+        check_name(cfg.loader.device)
     except ValueError as err:
         raise ConfigError(f"loader.{err}") from None
     try:
@@ -184,8 +202,6 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"eval_split={cfg.eval_split}: must be one of {', '.join(EVAL_SPLITS)}")
     if cfg.optimized_mode not in DIRECTIONS:
         raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
-    if cfg.overlay_every_n_epochs < 1:
-        raise ConfigError(f"overlay_every_n_epochs={cfg.overlay_every_n_epochs}: must be >= 1")
     if not cfg.train and not cfg.ckpt_path:
         raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
     check_trainer(cfg.trainer, cfg.train)
@@ -197,7 +213,6 @@ def check_values(cfg: DictConfig) -> None:
 
 
 def check_trainer(trainer: DictConfig, train: bool) -> None:
-    """The trainer values Lightning takes when built and misreads or refuses only in the fit."""
     for key, (lowest, special) in TRAINER_COUNTS.items():
         value = trainer.get(key)
         if value is None or (special is not None and value == special[0]):
@@ -217,7 +232,7 @@ def check_trainer(trainer: DictConfig, train: bool) -> None:
 
 def check_schema_keys(cfg: DictConfig, node: str = "") -> None:
     """A key added with `+` to a typed node is read by nothing, unless the node's `_target_`
-    takes it (`check_target_keys`, once torch may load)."""
+    takes it (`check_target_keys`); one close to a schema key is a typo (+trainer.max_epoch)."""
     fields = getattr(OmegaConf.get_type(cfg), "__dataclass_fields__", None)
     for key in cfg:
         path = f"{node}.{key}" if node else str(key)
@@ -227,8 +242,6 @@ def check_schema_keys(cfg: DictConfig, node: str = "") -> None:
             or OmegaConf.is_missing(cfg, key)
         ):
             continue
-        # a `_target_` node's other keys are its target's to judge (`check_target_keys`), but
-        # one this close to a schema key is a typo of it (+trainer.max_epoch)
         typo = difflib.get_close_matches(str(key), fields or (), n=1, cutoff=0.8)
         if fields is not None and key not in fields and ("_target_" not in cfg or typo):
             raise ConfigError(f"{path}: no such key{did_you_mean(str(key), fields, node)}")
@@ -255,9 +268,8 @@ def check_weights(model: DictConfig) -> None:
 
 
 def check_objects(cfg: DictConfig, here: bool = True) -> None:
-    """Build what the libraries check themselves (the Trainer, the optimizer on a stand-in
-    parameter, the schedule on it) and check each `_target_` node's keys against what its target
-    takes; `here`: also this machine's devices (False for jobs run elsewhere)."""
+    """Build what the libraries check themselves (Trainer, optimizer, schedule), check each
+    `_target_` node's keys; `here`: also this machine's devices (False for jobs run elsewhere)."""
     import torch
 
     from nailseg.model.module import monitorable
@@ -279,9 +291,7 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
         )
     for node in ("trainer", "trainer.strategy", "model", "optimizer", "scheduler", "loader", "aug"):
         check_target_keys(cfg, node)
-    optimizer = instantiate(cfg.optimizer)
-    scheduler = instantiate(cfg.scheduler) if cfg.scheduler is not None else None
-    check_optimization(optimizer, scheduler, cfg.trainer)
+    check_optimization(cfg)
     if here:
         device = cfg.loader.device
         wanted = (
@@ -298,13 +308,11 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
             raise ConfigError(
                 f"trainer.accelerator={name}: torch sees no GPU here; trainer=cpu trains on the CPU"
             )
-    build_trainer(cfg.trainer, here)
+    kwargs = trainer_kwargs(cfg.trainer, ("default_root_dir", *(() if here else DEVICE_KEYS)))
+    _built("trainer", _build_trainer_quietly, kwargs)
 
 
 def _target(node: DictConfig, path: str) -> Any:
-    """The class or function a `_target_` node names."""
-    from hydra.utils import get_object
-
     try:
         return get_object(node._target_)
     except Exception as err:  # no such module or name
@@ -335,37 +343,38 @@ def check_target_keys(cfg: DictConfig, path: str) -> None:
             )
 
 
-def check_optimization(optimizer: Any, scheduler: Any, trainer: DictConfig) -> None:
-    """torch checks an optimizer's and a schedule's values only when they are built (inside the
-    fit): built here on a stand-in parameter. A schedule as long as the whole fit needs a fit
-    with an end."""
+def check_optimization(cfg: DictConfig) -> None:
+    """torch checks an optimizer's and a schedule's values only when they are built: built here
+    on a stand-in parameter. A schedule as long as the whole fit needs a fit with an end."""
     import torch
 
     from nailseg.model.module import schedule_length_args
 
+    optimizer, trainer = instantiate(cfg.optimizer), cfg.trainer
     param = [torch.nn.Parameter(torch.zeros(1))]
     stand_in = _built("optimizer", lambda kw: optimizer.func(param, **kw), optimizer.keywords)
-    if scheduler is None:
+    if cfg.scheduler is None:
         return
+    scheduler = instantiate(cfg.scheduler)
     for arg, length in schedule_length_args(scheduler, lambda: None).items():
         if length is not None and length < 1:  # cosine's T_max=0 divides by zero at step 1
             raise ConfigError(f"scheduler.{arg}={length}: must be >= 1 (null: the whole fit)")
-        if length is None and not trainer.fast_dev_run and trainer.max_steps in (None, -1):
-            endless = None
-            if trainer.max_epochs == -1:
-                endless = "trainer.max_epochs=-1"
-            elif trainer.max_epochs is None and trainer.max_time is not None:
-                endless = f"trainer.max_time={trainer.max_time} (trainer.max_epochs unset)"
-            if endless:
-                raise ConfigError(
-                    f"{endless}: a fit without an end has no length for the LR schedule, which "
-                    f"spans the whole fit; set trainer.max_steps=N, scheduler.{arg}=N or "
-                    "scheduler=none"
-                )
+        if length is not None or trainer.fast_dev_run or trainer.max_steps not in (None, -1):
+            continue
+        endless = None
+        if trainer.max_epochs == -1:
+            endless = "trainer.max_epochs=-1"
+        elif trainer.max_epochs is None and trainer.max_time is not None:
+            endless = f"trainer.max_time={trainer.max_time} (trainer.max_epochs unset)"
+        if endless:
+            raise ConfigError(
+                f"{endless}: a fit without an end has no length for the LR schedule, which "
+                f"spans the whole fit; set trainer.max_steps=N, scheduler.{arg}=N or "
+                "scheduler=none"
+            )
     if scheduler.keywords.get("eta_min", 0) < 0:  # the LR it decays to
         raise ConfigError(f"scheduler.eta_min={scheduler.keywords['eta_min']}: must be >= 0")
-    lengths = schedule_length_args(scheduler, lambda: 1000)
-    kwargs = {**scheduler.keywords, **lengths}
+    kwargs = {**scheduler.keywords, **schedule_length_args(scheduler, lambda: 1000)}
     _built("scheduler", lambda kw: scheduler.func(stand_in, **kw), kwargs)
 
 
@@ -387,8 +396,7 @@ def _built(node: str, build: Callable[[dict[str, Any]], Any], kwargs: Mapping[st
 
 
 def trainer_kwargs(trainer: DictConfig, leave_out: Iterable[str] = ()) -> dict[str, Any]:
-    """The trainer group without its unset (None) keys, which take Lightning's own defaults, nor
-    the keys `leave_out` names."""
+    """The trainer group without its unset keys (Lightning's defaults) nor those of `leave_out`."""
     kept = {k: trainer[k] for k in trainer if k not in leave_out and trainer[k] is not None}
     return {
         k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig | ListConfig) else v
@@ -396,19 +404,10 @@ def trainer_kwargs(trainer: DictConfig, leave_out: Iterable[str] = ()) -> dict[s
     }
 
 
-def build_trainer(trainer: DictConfig, here: bool) -> None:
-    """Build the Trainer as train.py will (without its folder, loggers and callbacks), quietly,
-    so its own checks of every value answer now, in one line naming the key."""
-
-    kwargs = trainer_kwargs(trainer, ("default_root_dir", *(() if here else DEVICE_KEYS)))
-    _built("trainer", _build_quietly, kwargs)
-
-
-def _build_quietly(kwargs: dict[str, Any]) -> None:
-    """The Trainer `kwargs` ask for, without its device report, tips and warnings."""
+def _build_trainer_quietly(kwargs: dict[str, Any]) -> None:
     lightning = logging.getLogger("lightning.pytorch")
     level = lightning.level
-    lightning.setLevel(logging.WARNING)
+    lightning.setLevel(logging.WARNING)  # its device report
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -417,71 +416,7 @@ def _build_quietly(kwargs: dict[str, Any]) -> None:
         lightning.setLevel(level)
 
 
-def check_input_size(net: Any, image_size: tuple[int, int], model: DictConfig) -> None:
-    """The net takes inputs of `image_size` (smp nets need sides divisible by the encoder's
-    output stride, 32 for most)."""
-    stride = getattr(getattr(net, "encoder", None), "output_stride", 1)
-    if getattr(net, "requires_divisible_input_shape", False) and any(
-        side % stride for side in image_size
-    ):
-        fit = [-(-side // stride) * stride for side in image_size]
-        raise ConfigError(
-            f"dataset.image_size={list(image_size)}: {model.arch}/{model.encoder_name} needs sides "
-            f"divisible by {stride}; e.g. dataset.image_size={fit}"
-        )
-
-
-def check_train_split(rows: int, batch_size: int, world_size: int) -> None:
-    """At least one full batch per rank: Lightning would otherwise train on nothing."""
-    if rows // world_size < batch_size:
-        raise ConfigError(
-            f"loader.batch_size={batch_size}: the train split has {rows} rows for {world_size} "
-            f"rank(s), fewer than one full batch each; lower loader.batch_size (at most "
-            f"{max(1, rows // world_size)}) or prepare more data"
-        )
-
-
 def check(cfg: DictConfig) -> None:
     """Every check that needs no data or net, as `PreCheck` runs them (`build` starts with it)."""
     check_values(cfg)
     check_objects(cfg)
-
-
-def take_card(cfg: DictConfig, card: Mapping[str, Any], ckpt: str) -> None:
-    """An evaluation-only run (`train=false ckpt_path=X`) takes the model and input size from the
-    checkpoint's card, as predict does, unless the command line gives them: a given value that
-    differs from the card's raises a `CheckpointError` naming the key."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from nailseg.model.checkpoint import CheckpointError, plain_model
-
-    # the keys the command line sets; not started by Hydra (a script's config): every key
-    given = (
-        [a.lstrip("+~").partition("=")[0] for a in HydraConfig.get().overrides.task]
-        if (HydraConfig.initialized())
-        else None
-    )
-    for key, theirs in (
-        ("model", card.get("model")),
-        ("dataset.image_size", card.get("image_size")),
-    ):
-        if theirs is None:  # a checkpoint older than cards
-            continue
-        node = OmegaConf.select(cfg, key)
-        ours = (
-            plain_model(node, "model")
-            if key == "model"
-            else OmegaConf.to_container(node, resolve=True)
-        )
-        if ours == theirs:
-            continue
-        if given is None or any(k == key or k.startswith(f"{key}.") for k in given):
-            raise CheckpointError(
-                f"{key}: {ckpt} was trained with {theirs}, not {ours}: leave {key} out to "
-                "evaluate the checkpoint with its own"
-            )
-        if key == "model":  # arch, encoder_name and options, each replaced whole
-            for name, value in theirs.items():
-                cfg.model[name] = value
-        else:
-            OmegaConf.update(cfg, key, list(theirs), merge=False)

@@ -1,8 +1,6 @@
 """An audit of which CSV rows each rank saw (`callbacks=audit`): a `*/samples` count can be
 right while the rows are wrong (one row twice, another never). Each rank keeps its rows (the
-batch contract's `index`) on the device until the stage's epoch ends, then writes its own file;
-nothing is exchanged between ranks. The sanity check is not recorded.
-"""
+batch's `index`) on the device until the epoch ends, then writes its own file."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from nailseg.training.run_folder import write_file
 
 class SampleLedger(L.Callback):
     """Writes `<dirpath>/<stage>_epoch<EEE>_step<SSSSSSS>_rank<R>.json` for every train, val and
-    test epoch on every rank: the stage, epoch, global step, rank, world size and `rows`, the
-    CSV rows the rank saw in order (the step tells apart several validations in one epoch)."""
+    test epoch on every rank: `rows`, the CSV rows the rank saw in order, and where it was."""
 
     def __init__(self, dirpath: str | Path) -> None:
         self.dirpath = Path(dirpath)
@@ -36,57 +33,26 @@ class SampleLedger(L.Callback):
             return
         chunks, self._rows[stage] = self._rows[stage], []
         rows = torch.cat(chunks).cpu().tolist() if chunks else []
-        entry = {
-            "stage": stage,
-            "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            "rank": trainer.global_rank,
-            "world_size": trainer.world_size,
-            "rows": rows,
-        }
-        name = (
-            f"{stage}_epoch{trainer.current_epoch:03d}_step{trainer.global_step:07d}"
-            f"_rank{trainer.global_rank}.json"
-        )
+        epoch, step, rank = trainer.current_epoch, trainer.global_step, trainer.global_rank
+        entry = {"stage": stage, "epoch": epoch, "global_step": step, "rank": rank}
+        entry |= {"world_size": trainer.world_size, "rows": rows}
+        name = f"{stage}_epoch{epoch:03d}_step{step:07d}_rank{rank}.json"
         write_file(self.dirpath / name, json.dumps(entry).encode())
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        self._record(trainer, "train", batch)
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._record(trainer, "train", args[2])  # (pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._record(trainer, "val", args[2])
+
+    def on_test_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._record(trainer, "test", args[2])
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "train")
 
-    def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._record(trainer, "val", batch)
-
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "val")
-
-    def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._record(trainer, "test", batch)
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "test")
@@ -94,8 +60,7 @@ class SampleLedger(L.Callback):
 
 def train_rows_once(dirpath: Path) -> str | None:
     """The ledger's verdict on training: "every row once in each of N epochs", or the first epoch
-    where a rank is missing or a row was seen twice; None without training entries. Rows a
-    `drop_last` pass leaves out are no error: the `*/samples` counts say how many were seen."""
+    where a rank is missing or a row was seen twice (rows `drop_last` leaves out are no error)."""
     entries = [json.loads(read_regular(p)) for p in sorted(Path(dirpath).glob("train_*.json"))]
     if not entries:
         return None

@@ -1,7 +1,5 @@
-"""The `logger=` group's loggers: each one's folder reserved in the run folder before it writes
-there (a user's file or a link in the way is refused, naming it), W&B kept inside it, named for a
-sweep's job and, online, given the best checkpoint as a model artifact, and a CSV log that a
-resumed fit continues."""
+"""The `logger=` group's loggers, each one's folder reserved before it writes there: W&B kept
+inside the run folder, named for a sweep's job; a CSV log that a resumed fit continues."""
 
 from __future__ import annotations
 
@@ -17,12 +15,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import read_regular
 from nailseg.training.jobs import sweep_job
-from nailseg.training.private_api import drop_unset_wandb_anonymous
 from nailseg.training.resume import Resume
 from nailseg.training.run_folder import first_rank, reserve, write_file
 
@@ -32,29 +29,18 @@ _wandb_dirs_set: dict[str, str] = {}  # the values set here, which a sweep's nex
 
 
 def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
-    """The `logger=` group's loggers. W&B resumes the checkpoint's run; in a sweep its runs share
-    a group named after the sweep folder, each named by its overrides (unless `logger.wandb.group`
-    / `.name` say otherwise). A resumed fit's CSV log keeps the rows before its checkpoint."""
+    """The `logger=` group's loggers; a resumed fit's CSV log keeps the rows before its checkpoint."""
     loggers = []
     for name, conf in (cfg.logger or {}).items():
-        extra: dict[str, Any] = {}
-        if name == "wandb":
-            keep_wandb_inside(Path(conf.get("save_dir") or cfg.run_dir) / "wandb")
-            extra = _wandb_run(conf, resumed)
-            if conf.get("log_model") and not wandb_online(conf):
-                extra["log_model"] = False  # an offline run has nowhere to upload it
+        extra = _wandb_args(conf, cfg.run_dir, resumed) if name == "wandb" else {}
         if name == "csv" and resumed is not None and cfg.train:
             extra["keep_steps_before"] = resumed.global_step
-        logger = instantiate(conf, **extra)
-        if isinstance(logger, WandbLogger):
-            drop_unset_wandb_anonymous(logger)
-        loggers.append(logger)
+        loggers.append(instantiate(conf, **extra))
     return loggers
 
 
 def reserve_folders(loggers: list[Logger], run_dir: str) -> None:
-    """Each logger's folder reserved in the run folder before it writes there (by the first
-    rank: the loggers write on it alone)."""
+    """Each logger's folder reserved before it writes there (by the first rank: the only writer)."""
     for logger in loggers if first_rank() else []:
         if isinstance(logger, WandbLogger):
             reserve(Path(logger.save_dir or run_dir) / "wandb")
@@ -62,8 +48,14 @@ def reserve_folders(loggers: list[Logger], run_dir: str) -> None:
             reserve(logger.log_dir)
 
 
-def _wandb_run(conf: DictConfig, resumed: Resume | None) -> dict[str, Any]:
-    """The W&B run's id (a resumed checkpoint's), and in a sweep its group and name."""
+def _wandb_args(conf: DictConfig, run_dir: str, resumed: Resume | None) -> dict[str, Any]:
+    """W&B's caches in the run folder (a value the user set is kept, one set here for an earlier
+    job moves); the run id a resumed checkpoint names; in a sweep, a group named after the sweep
+    folder and a name from the job's overrides, paths left out (unless `group`, `name` are set)."""
+    for var, sub in WANDB_DIRS.items():
+        if os.environ.get(var) in (None, _wandb_dirs_set.get(var)):
+            folder = Path(conf.get("save_dir") or run_dir) / "wandb" / sub
+            _wandb_dirs_set[var] = os.environ[var] = str(folder)
     extra: dict[str, Any] = {}
     if resumed is not None and resumed.card.get("wandb_run_id") is not None:
         extra |= {"id": resumed.card["wandb_run_id"], "resume": "allow"}
@@ -72,44 +64,34 @@ def _wandb_run(conf: DictConfig, resumed: Resume | None) -> dict[str, Any]:
         if conf.get("group") is None:
             extra["group"] = Path(hydra.sweep.dir).name
         if conf.get("name") is None:
-            extra["name"] = run_name(hydra.overrides.task)
+            shown = [o for o in hydra.overrides.task if "/" not in o.split("=", 1)[-1]]
+            extra["name"] = ",".join(shown) or "defaults"
+    mode = conf.get("mode") or os.environ.get("WANDB_MODE") or "online"  # as wandb.init reads it
+    if conf.get("log_model") and (mode not in ("online", "shared") or conf.get("offline")):
+        extra["log_model"] = False  # an offline run has nowhere to upload it
     return extra
-
-
-def wandb_online(conf: DictConfig) -> bool:
-    """Whether the W&B run will be online: its `mode` (else WANDB_MODE) is, as wandb.init reads
-    them, and Lightning's `offline` is not set."""
-    mode = conf.get("mode") or os.environ.get("WANDB_MODE") or "online"
-    return mode in ("online", "shared") and not conf.get("offline")
 
 
 class BestModelWandbLogger(WandbLogger):
     """Lightning's W&B logger; `log_model=true` logs the monitored checkpoint (the best) at the
     end of a fit, not `last.ckpt`, which would take the `best` alias as the last one logged."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous", 0) is None:  # W&B warns about it on every run
+            del self._wandb_init["anonymous"]
+
     def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
         if checkpoint_callback.monitor is not None:
             super().after_save_checkpoint(checkpoint_callback)
 
 
-def keep_wandb_inside(folder: Path) -> None:
-    """Point W&B's cache and data folders into `folder` before its run starts. A value the user
-    set is kept; one set here for an earlier job of a sweep moves. Its settings folder
-    (WANDB_CONFIG_DIR, the user's settings) is only read: it stays."""
-    for var, sub in WANDB_DIRS.items():
-        if os.environ.get(var) in (None, _wandb_dirs_set.get(var)):
-            _wandb_dirs_set[var] = os.environ[var] = str(folder / sub)
-
-
-def run_name(overrides: list[str]) -> str:
-    """A sweep job's name from its overrides (paths left out: they rarely tell jobs apart)."""
-    shown = [o for o in overrides if "/" not in o.split("=", 1)[-1]]
-    return ",".join(shown) or "defaults"
-
-
-def describe_metrics(loggers: list[Logger]) -> None:
-    """W&B's run summary shows the best `val/dice` (not the last epoch's) and the lowest loss."""
+def start_loggers(loggers: list[Logger], cfg: DictConfig, choices: dict[str, str]) -> None:
+    """The config to every logger; W&B's summary shows the best `val/dice` and the lowest loss."""
     for logger in loggers:
+        logger.log_hyperparams(
+            {"config": OmegaConf.to_container(cfg, resolve=True), "choices": choices}
+        )
         if isinstance(logger, WandbLogger):
             for name, summary in (("val/dice", "max"), ("val/loss", "min")):
                 logger.experiment.define_metric(
@@ -118,9 +100,8 @@ def describe_metrics(loggers: list[Logger]) -> None:
 
 
 class ContinuedCSVLogger(CSVLogger):
-    """Lightning's CSVLogger; a resumed fit (`keep_steps_before`: the checkpoint's global step)
-    keeps the rows logged before its checkpoint (a crash may have logged later steps, which the
-    fit runs again)."""
+    """Lightning's CSVLogger; a resumed fit keeps the rows logged before its checkpoint's step
+    (`keep_steps_before`; a crash may have logged later steps, which the fit runs again)."""
 
     def __init__(self, *args: Any, keep_steps_before: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,11 +1,6 @@
 """`train.py`'s job: build the run (`build.py`), fit, evaluate the best checkpoint, and write
-`metrics.json` into the run folder (its keys: docs/TRAINING.md). A resumed session that trains
-nothing keeps the earlier report's figures that only training measures (`MEASURED`).
-
-What a run shows and keeps: the resolved config as a tree (also `config_tree.txt`), the model's
-parameters, and no library chatter. Lightning's loggers, imported before Hydra configures
-logging, keep a console handler of their own and never reach Hydra's log file:
-`route_library_logs` sends them to the root logger.
+`metrics.json` (its keys: docs/TRAINING.md); what a run prints, and the library chatter it keeps
+quiet. A resumed session that trains nothing keeps the earlier figures only training measures.
 """
 
 from __future__ import annotations
@@ -19,26 +14,22 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint, RichModelSummary
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from lightning.pytorch.utilities.model_summary import get_formatted_model_size
 from lightning.pytorch.utilities.model_summary import get_human_readable_count as count
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
-from rich.markup import escape
-from rich.syntax import Syntax
-from rich.table import Table
 from rich.tree import Tree
 
 from nailseg.collector import frozen_heap
-from nailseg.tables import print_table
 from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.jobs import isolated_job, sweep_job
-from nailseg.training.loggers import describe_metrics
+from nailseg.training.loggers import start_loggers
 from nailseg.training.run_folder import (
     hold,
     is_ours,
@@ -51,12 +42,7 @@ from nailseg.training.run_folder import (
 )
 
 log = logging.getLogger(__name__)
-MEASURED = (
-    "fit",
-    "throughput",
-    "time_to_target",
-    "startup",
-)  # what only a session that trains measures
+MEASURED = ("fit", "throughput", "time_to_target", "startup")  # only a session that trains
 SUMMARISED = ("dice", "iou", "loss")  # the final evaluation's metrics in the run's summary
 
 
@@ -64,35 +50,30 @@ LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 # the top-level keys shown first, in the order data flows; the rest follow as composed
 ORDER = ("dataset", "loader", "aug", "normalize", "model", "optimizer", "scheduler", "module")
 CONFIG_TREE = "config_tree.txt"  # the printed tree, kept in the run folder
-# Lightning's info messages that say nothing about the run: its advertisements, that our
-# ParameterSummary replaces its own summary, and how it counts the schedule's steps
+# Lightning's info messages that say nothing about the run
 LIGHTNING_CHATTER = (
     "💡 Tip:",
     "Trainer already configured with model summary callbacks",
     "Loading `train_dataloader` to estimate number of stepping batches",
 )
 # (category, message regex, module regex) of library warnings known to be harmless here
-KNOWN_WARNINGS = (
-    (  # Lightning 2.6 still uses the LeafSpec that torch deprecated
-        FutureWarning,
-        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        r"lightning\.pytorch\.utilities\._pytree",
-    ),
-)
-
-
-def _drop_chatter(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(LIGHTNING_CHATTER)
+KNOWN_WARNINGS = [  # Lightning 2.6 still uses the LeafSpec that torch deprecated
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch"),
+]
 
 
 def quiet_libraries() -> None:
-    """Silence what libraries print on every run that says nothing about it: Lightning's tips,
-    the known warnings, W&B's banner (the run's summary names its folder; WANDB_SILENT=false
-    brings it back)."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_chatter)
+    """Silence Lightning's tips, the known warnings and W&B's banner (WANDB_SILENT=false); once
+    logging is configured, Lightning's messages go to its handlers (console and log file)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER)
+    )
     for category, message, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message, category, module)
     os.environ.setdefault("WANDB_SILENT", "true")
+    for name in LIBRARY_LOGGERS if logging.getLogger().handlers else ():
+        logging.getLogger(name).handlers.clear()  # its own console handler, set at import
+        logging.getLogger(name).propagate = True
 
 
 def _pruned(value: Any) -> Any:
@@ -100,115 +81,58 @@ def _pruned(value: Any) -> Any:
     if isinstance(value, dict):
         kept = {k: _pruned(v) for k, v in value.items()}
         return {k: v for k, v in kept.items() if v is not None and v != {} and v != []}
-    if isinstance(value, list):
-        return [_pruned(v) for v in value]
-    return value
+    return [_pruned(v) for v in value] if isinstance(value, list) else value
 
 
-def _flow(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=1000).removesuffix("...\n").strip()
+class _Compact(yaml.SafeDumper):
+    """YAML with lists of plain values on one line (`image_size: [384, 384]`)."""
+
+    def represent_list(self, data: list) -> yaml.Node:
+        flat = not any(isinstance(v, dict | list) for v in data)
+        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 
-def _as_yaml(value: Any) -> str:
-    """YAML with collections of plain values on one line (`image_size: [384, 384]`)."""
-    if not isinstance(value, dict):
-        return _flow(value)
-    lines = []
-    for key, item in value.items():
-        inner = item.values() if isinstance(item, dict) else item if isinstance(item, list) else []
-        if any(isinstance(v, dict | list) for v in inner):
-            dump = yaml.safe_dump({key: item}, default_flow_style=None, sort_keys=False, width=1000)
-            lines.append(dump.rstrip())
-        else:
-            lines.append(f"{key}: {_flow(item)}")
-    return "\n".join(lines)
+_Compact.add_representer(list, _Compact.represent_list)
 
 
-def config_tree(cfg: DictConfig, choices: dict[str, str] | None = None) -> Tree:
-    """The resolved config, one branch per top-level key (groups first, in data-flow order, each
-    with the option chosen), without null or empty values."""
-    choices = choices or {}
+def config_tree(cfg: DictConfig, choices: dict[str, str]) -> str:
+    """The resolved config as a tree, one branch per top-level key (groups first, in data-flow
+    order, each with the option chosen), without null or empty values, as plain text."""
     tree = Tree("config", guide_style="dim")
     values = _pruned(OmegaConf.to_container(cfg, resolve=True))
     keys = [k for k in ORDER if k in values] + [k for k in values if k not in ORDER]
+    keys += [k for k in choices if k in cfg and k not in values]  # sets nothing: logger=none
     for key in keys:
-        node = values[key]
-        label = f"[bold]{key}[/]" + (f" ({escape(choices[key])})" if key in choices else "")
-        if isinstance(node, dict):
-            syntax = Syntax(_as_yaml(node), "yaml", theme="ansi_dark", word_wrap=True)
-            tree.add(label).add(syntax)
+        label = f"{key} ({choices[key]})" if key in choices else key
+        text = yaml.dump(values.get(key), Dumper=_Compact, sort_keys=False, width=1000)
+        text = text.removesuffix("...\n").strip()  # a plain value's end-of-document mark
+        if isinstance(values.get(key), dict):
+            tree.add(label).add(text)
         else:
-            tree.add(f"{label}: {escape(_as_yaml(node))}")
-    for key in [k for k in choices if k in cfg and k not in values]:  # sets nothing: logger=none
-        tree.add(f"[bold]{key}[/] ({escape(choices[key])})")
-    return tree
-
-
-def print_config_tree(
-    cfg: DictConfig, console: Console | None = None, choices: dict[str, str] | None = None
-) -> str:
-    """Print `config_tree`; returns it as plain text (the run folder's `CONFIG_TREE`)."""
-    tree = config_tree(cfg, choices)
-    (console or Console()).print(tree)
+            tree.add(f"{label}: {text}" if key in values else label)
     plain = Console(file=io.StringIO(), width=1000, color_system=None)
-    plain.print(tree)
+    plain.print(tree, markup=False, highlight=False)
     return "\n".join(line.rstrip() for line in plain.file.getvalue().splitlines()) + "\n"
 
 
-class ParameterSummary(RichModelSummary):
-    """Lightning's table of the model's parameters without its FLOPs, which it counts only for a
-    module with an `example_input_array` (0 otherwise)."""
+class ParameterSummary(ModelSummary):
+    """The model's parameters in one line, in place of Lightning's table."""
 
-    @staticmethod
-    def summarize(
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
-    ) -> None:
-        columns = [(name, cells) for name, cells in summary_data if name != "FLOPs"]
-        table = Table(header_style="bold magenta")
-        for name, _ in columns:
-            table.add_column(name, justify="right" if name == "Params" else "left")
-        for row in zip(*(cells for _, cells in columns), strict=True):
-            table.add_row(*row)
-        print_table(table)
-        frozen = total_parameters - trainable_parameters
-        Console().print(
-            f"parameters: {count(trainable_parameters).strip()} trainable, "
-            f"{count(frozen).strip()} frozen "
-            f"({get_formatted_model_size(model_size)} MB)",
-            highlight=False,
-        )
-
-
-def route_library_logs() -> None:
-    """Lightning's messages go to the root logger's handlers (Hydra's console and log file), once
-    logging is configured; before that they keep their own console handler."""
-    if not logging.getLogger().handlers:
-        return
-    for name in LIBRARY_LOGGERS:
-        library = logging.getLogger(name)
-        library.handlers.clear()
-        library.propagate = True
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            total = sum(p.numel() for p in pl_module.parameters())
+            trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+            size = sum(p.numel() * p.element_size() for p in pl_module.parameters()) / 1e6
+            log.info(
+                "parameters: %s trainable, %s frozen (%.1f MB)",
+                count(trainable).strip(), count(total - trainable).strip(), size,
+            )  # fmt: skip
 
 
 def _choices() -> dict[str, str]:
     """The config group options this run was composed from (loader=dali, aug=heavy, ...)."""
-    if not HydraConfig.initialized():
-        return {}
-    return {
-        k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra")
-    }
-
-
-def _overrides() -> list[str]:
-    """The job's own command-line overrides, as Hydra keeps them: metrics.json records them, so
-    compare never shows its scores under another job's overrides."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    return {k: str(v) for k, v in choices.items() if not k.startswith("hydra")}
 
 
 def _job_log(run_dir: Path) -> Path | None:
@@ -226,14 +150,11 @@ def _plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float
 
 
 def _best(built: Built) -> dict[str, Any]:
-    """optimized_metric's best value and checkpoint, from the checkpoint callback watching it
-    (restored from the checkpoint on resume); without one (fast_dev_run), the last value."""
+    """optimized_metric's best value and checkpoint, from the checkpoint callback watching it;
+    without one (fast_dev_run), the last value."""
     cfg, trainer = built.cfg, built.trainer
-    watching = [
-        c
-        for c in trainer.checkpoint_callbacks
-        if isinstance(c, ModelCheckpoint) and c.monitor == cfg.optimized_metric
-    ]
+    watching = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+    watching = [c for c in watching if c.monitor == cfg.optimized_metric]
     if watching and watching[0].best_model_score is not None:
         value, path = float(watching[0].best_model_score), watching[0].best_model_path or None
     else:
@@ -244,21 +165,19 @@ def _best(built: Built) -> dict[str, Any]:
         "mode": cfg.optimized_mode,
         "value": value,
         "checkpoint": path,
-        # read on rank 0, whose fit returns once its checkpoint writes are done; another DDP
-        # rank could read the file before it is whole (and reports nothing)
+        # on rank 0, whose fit returns once its checkpoint writes are done
         "epoch": _epoch(path) if path and trainer.is_global_zero and is_ours(path) else None,
     }
 
 
 def _epoch(checkpoint: str) -> int:
-    """The epoch a checkpoint was saved in, read from the checkpoint itself (mapped, not read
-    whole): its file name is the user's to choose."""
+    """The epoch a checkpoint was saved in (its file name is the user's to choose)."""
     return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["epoch"])
 
 
 def _measured_before(path: Path, global_step: int) -> dict[str, Any]:
-    """The figures only training measures from the run's earlier report at `path`, if it is
-    nailseg's and ended at `global_step` (the fit this session resumed and trained no further)."""
+    """The figures only training measures from the earlier report at `path`, if it ended at
+    `global_step` (the fit this session resumed and trained no further)."""
     try:
         earlier = json.loads(path.read_text()) if is_ours(path) else {}
     except ValueError:  # damaged: nothing of it is kept
@@ -268,30 +187,13 @@ def _measured_before(path: Path, global_step: int) -> dict[str, Any]:
     return {key: earlier[key] for key in MEASURED if earlier.get(key)}
 
 
-def _log_group_table(built: Built, metrics: dict[str, float], prefix: str) -> None:
-    """The final evaluation per group, as a W&B table (`<prefix>/groups`)."""
-    rows = [
-        [name, *(metrics.get(f"{prefix}/{k}_group_{name}") for k in ("dice", "iou", "samples"))]
-        for name in built.datamodule.group_names
-        if f"{prefix}/samples_group_{name}" in metrics
-    ]
-    for logger in built.loggers:
-        if isinstance(logger, WandbLogger) and rows:
-            logger.log_table(
-                key=f"{prefix}/groups", columns=["group", "dice", "iou", "samples"], data=rows
-            )
-
-
 def _logger_lines(loggers: list[Logger]) -> list[str]:
     """Where each logger's record of the run is, and how to view it."""
     lines = []
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            wandb_run = logger.experiment
-            if wandb_run.offline:
-                lines.append(f"W&B (offline): wandb sync {wandb_run.settings.sync_dir}")
-            else:
-                lines.append(f"W&B: {wandb_run.url}")
+            wandb_run, sync = logger.experiment, f"wandb sync {logger.experiment.settings.sync_dir}"
+            lines.append(f"W&B (offline): {sync}" if wandb_run.offline else f"W&B: {wandb_run.url}")
         elif isinstance(logger, CSVLogger):
             lines.append(f"CSV log: {logger.experiment.metrics_file_path}")
         elif isinstance(logger, TensorBoardLogger):
@@ -325,9 +227,7 @@ def _fit(built: Built) -> dict[str, Any]:
     trainer, run_dir = built.trainer, Path(built.cfg.run_dir)
     checkpoint = built.resume.checkpoint if built.resume else None
     with frozen_heap():  # no full collection walks the built run's objects mid-fit
-        trainer.fit(
-            built.module, datamodule=built.datamodule, ckpt_path=checkpoint, weights_only=True
-        )
+        trainer.fit(built.module, built.datamodule, ckpt_path=checkpoint, weights_only=True)
     timers = [c for c in trainer.callbacks if isinstance(c, TimeToTarget)]
     speed = [c for c in trainer.callbacks if isinstance(c, TrainSpeedMonitor)]
     report = {
@@ -345,26 +245,14 @@ def _fit(built: Built) -> dict[str, Any]:
     return report
 
 
-def _evaluate(built: Built, checkpoint: str | Path | None) -> dict[str, Any]:
-    """The final evaluation of `checkpoint` on the final split, for the report."""
-    trainer, module, datamodule = built.trainer, built.module, built.datamodule
-    trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
-    return {
-        "evaluated_on": datamodule.final_split,
-        "final": {
-            "checkpoint": str(checkpoint) if checkpoint else None,
-            "metrics": _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/"),
-        },
-    }
-
-
 def _report(built: Built) -> dict[str, Any]:
     """Fit and evaluate as `cfg.train` and `cfg.test` say; what metrics.json holds."""
     cfg = built.cfg
     checkpoint = built.resume.checkpoint if built.resume else None
     report: dict[str, Any] = {
         "choices": _choices(),
-        "overrides": _overrides(),
+        # the job's own: compare shows a metrics.json only under the overrides it records
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
         "tags": list(cfg.tags),
         "resumed_from": str(checkpoint) if checkpoint else None,
     }
@@ -375,17 +263,16 @@ def _report(built: Built) -> dict[str, Any]:
         if checkpoint and not built.trainer.strategy.broadcast(is_ours(checkpoint)):
             log.warning("no final evaluation: the best checkpoint was not written")
             return report
-    if cfg.test or not cfg.train:
-        report |= _evaluate(built, checkpoint)
+    if cfg.test or not cfg.train:  # the final evaluation of `checkpoint` on the final split
+        trainer, module, data = built.trainer, built.module, built.datamodule
+        trainer.test(module, datamodule=data, ckpt_path=checkpoint, weights_only=True)
+        metrics = _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/")
+        report["evaluated_on"] = data.final_split
+        report["final"] = {
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "metrics": metrics,
+        }
     return report
-
-
-def _start_loggers(built: Built) -> None:
-    describe_metrics(built.loggers)
-    for logger in built.loggers:
-        logger.log_hyperparams(
-            {"config": OmegaConf.to_container(built.cfg, resolve=True), "choices": _choices()}
-        )
 
 
 def _finish(built: Built, report: dict[str, Any]) -> None:
@@ -395,42 +282,40 @@ def _finish(built: Built, report: dict[str, Any]) -> None:
         text = json.dumps(report, indent=2, sort_keys=True)
         write_file(run_dir / "metrics.json", text.encode())
         hold(run_dir).update_marker(failed=None)  # an earlier attempt's, now resumed
-        if "final" in report:
-            _log_group_table(built, report["final"]["metrics"], built.module.test_prefix)
         summary = _summary(report, run_dir, built, kept())
+    metrics, prefix = report.get("final", {}).get("metrics", {}), built.module.test_prefix
+    rows = [  # the final evaluation per group, as a W&B table
+        [name, *(metrics.get(f"{prefix}/{k}_group_{name}") for k in ("dice", "iou", "samples"))]
+        for name in built.datamodule.group_names
+        if f"{prefix}/samples_group_{name}" in metrics
+    ]
     for logger in built.loggers:
         if isinstance(logger, WandbLogger):
+            if rows and rank_zero:
+                columns = ["group", "dice", "iou", "samples"]
+                logger.log_table(key=f"{prefix}/groups", columns=columns, data=rows)
             logger.experiment.finish()
     if rank_zero:
         log.info(summary)
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Build the run, fit, evaluate the best checkpoint and report (train.py's job).
-
-    Args:
-        cfg: train.py's composed config; `train=false` evaluates `ckpt_path` only.
-
-    Returns:
-        The best value of `cfg.optimized_metric` (what a sweeper ranks); None without a fit.
-
-    Raises:
-        UserError: a request that cannot run, named in one line.
-    """
+    """Build, fit, evaluate the best checkpoint (`train=false`: `ckpt_path` only) and report;
+    returns the best `cfg.optimized_metric` (what a sweeper ranks), None without a fit."""
     start_job_clock()
     quiet_libraries()
-    route_library_logs()
     try:
         built = build(cfg)  # claims the run folder (run_folder.hold); other ranks attach
         cfg = built.cfg
         log_to = _job_log(Path(cfg.run_dir))
         with job_log(log_to) if log_to else contextlib.nullcontext():
             if built.trainer.is_global_zero:
-                tree = print_config_tree(cfg, choices=_choices())
+                tree = config_tree(cfg, _choices())
                 write_file(Path(cfg.run_dir) / CONFIG_TREE, tree.encode())
+                print(tree, end="")
             if built.resume is not None:
                 log.info("checkpoint %s; writing to %s", built.resume.checkpoint, cfg.run_dir)
-            _start_loggers(built)
+            start_loggers(built.loggers, cfg, _choices())
             report = _report(built)
             _finish(built, report)
     finally:
@@ -439,12 +324,10 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """`train.py`'s job: in a sweep (`-m`) a failing job's error is kept in its folder's marker and
-    the sweep goes on (`python -m nailseg compare` reports it; a later run that completes in that
-    folder, such as the job resumed, clears it); a single run raises as usual."""
+    """`train.py`'s job: in a sweep (`-m`) a failing job's error is kept in its folder's marker
+    (compare reports it; a later run that completes there clears it) and the sweep goes on."""
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        # DDP ranks re-run this job only; nothing leaks into the next job
         with isolated_job():
             try:
                 return run(cfg)

@@ -1,14 +1,9 @@
 """The folders a training job writes, each claimed through `nailseg.io.folder` before the first
-byte lands there; what Hydra and the loggers write is reserved for them by name beforehand.
-
-Hydra writes nothing into them itself (conf/train.yaml: `hydra.output_subdir: null` and the
-console-only `hydra/job_logging: console`): `RunFolders` claims a single run's folder and a
-sweep's before Hydra makes them, then each job's before it starts, and writes the job's
-`.hydra/*.yaml` and appends its log through the folder. A job's first rank claims (the folder's
-lock is held for the job); its other DDP ranks attach. A sweep's jobs keep apart: a job folder
-holding a job of an earlier sweep into the same `hydra.sweep.dir` is refused unless the job
-resumes it (`ckpt_path`). A failed job's error is kept in its folder's marker (`failed`), and
-the sweep exits non-zero naming it once every job ran.
+byte lands there. Hydra writes nothing itself (conf/train.yaml: `hydra.output_subdir: null`, a
+console-only log): `RunFolders` claims the run's or sweep's folder, then each job's, and writes
+`.hydra/*.yaml` and the job's log through it. A job's first rank claims; its other DDP ranks
+attach. A job folder of an earlier sweep is refused unless the job resumes it; a failed job's
+error is kept in its folder's marker, and the sweep exits non-zero naming it.
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ def first_rank() -> bool:
 
 
 def hold(path: str | os.PathLike[str], key: str = "hydra.run.dir") -> OwnedFolder:
-    """The run folder at `path`, claimed by the first rank (its lock held until `release`) and
-    attached by the others. Raises NotOursError (naming `key`) for a folder nailseg did not make,
-    a copy of one, or one another command holds."""
+    """The run folder at `path`, claimed by the first rank (until `release`), attached by the
+    others; NotOursError (naming `key`) for a folder nailseg did not make or another holds."""
     path = Path(os.path.abspath(path))
     if path not in _held:
         _held[path] = OwnedFolder.claim(path, RUN, key=key) if first_rank() else _attach(path)
@@ -86,8 +80,8 @@ def _within(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str] | None:
 
 
 def _holder(path: str | os.PathLike[str]) -> tuple[OwnedFolder, str]:
-    """`_within`; a path outside every held folder lies in its own folder, claimed as one (a
-    callback's `dirpath` set elsewhere)."""
+    """`_within`; outside every held folder, the path's own folder, claimed (a `dirpath` set
+    elsewhere)."""
     path = Path(os.path.abspath(path))
     return _within(path) or (hold(path.parent, "its dirpath"), path.name)
 
@@ -100,7 +94,7 @@ def inside(path: str | os.PathLike[str]) -> None:
 
 def write_file(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], object]) -> bool:
     """Write `data` at `path` in its run folder, atomically; False, writing nothing, where a file
-    there is not nailseg's (a user's, a link): it stays, named in `kept`."""
+    there is not nailseg's: it stays, named in `kept`."""
     folder, rel = _holder(path)
     if os.path.islink(path):
         folder.kept.append(Path(path))
@@ -109,8 +103,7 @@ def write_file(path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], 
 
 
 def remove_file(path: str | os.PathLike[str]) -> bool:
-    """Remove the file at `path` while it is nailseg's in a held folder; False, leaving it, where
-    it is not."""
+    """Remove the file at `path` if it is nailseg's in a held folder (else False)."""
     found = _within(path)
     return found is not None and found[0].remove(found[1])
 
@@ -126,8 +119,8 @@ def kept() -> list[Path]:
 
 
 def reserve(path: str | os.PathLike[str]) -> None:
-    """Make `path` (where a library is about to write) the run's; a file there that has other
-    names (a hard-linked snapshot) gets a copy of its own first, so the snapshot never changes."""
+    """Make `path` (where a library is about to write) the run's; a hard-linked file there gets a
+    copy of its own first, so the snapshot never changes."""
     folder, rel = _holder(path)
     folder.reserve(rel)
     top = folder.path / rel
@@ -138,8 +131,8 @@ def reserve(path: str | os.PathLike[str]) -> None:
 
 @contextmanager
 def job_log(path: Path) -> Iterator[None]:
-    """The root logger's records also appended to `path` in its run folder, as Hydra's console
-    shows them (never through a link, never into a hard-linked snapshot)."""
+    """The root logger's records also appended to `path` in its run folder, as the console shows
+    them."""
     folder, rel = _holder(path)
     handler = logging.StreamHandler(os.fdopen(folder.open_append(rel), "a", encoding="utf-8"))
     root = logging.getLogger()
@@ -170,9 +163,8 @@ _PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe")
 
 
 def rank_error(job_dir: Path, err: Exception) -> Exception:
-    """The error a job's process ends with. A later DDP rank keeps its own in the job folder's
-    marker (`rank_failed`) and ends with it in one line; the first rank, whose collective then
-    fails only with its peer gone (gloo's trace of 80 lines), ends with that rank's error."""
+    """The error a job's process ends with: a later DDP rank's own, kept in the job's marker; the
+    first rank's collective then fails with its peer gone, and it ends with that rank's error."""
     if not first_rank():
         rank = next((os.environ[k] for k in _RANK_ENV if os.environ.get(k, "0") != "0"), "?")
         line = f"DDP rank {rank}: {type(err).__name__}: {str(err).strip().splitlines()[0]}"
@@ -209,8 +201,7 @@ def job_folders(sweep_dir: Path) -> list[Path]:
 
 class RunFolders(Callback):
     """Claims the folders of a run, a sweep and each job before anything is written there, and
-    writes Hydra's files through them (see the module docstring). A refusal exits with one line
-    naming the folder: Hydra takes an exception in a callback for a warning."""
+    writes Hydra's files through them; a refusal exits in one line naming the folder."""
 
     def __init__(self) -> None:
         self._job = ExitStack()  # the job's log, closed at its end
@@ -250,11 +241,8 @@ class RunFolders(Callback):
                 folder.update_marker(session=session)
             folder.update_marker(failed=None, rank_failed=None)
             task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-            for name, content in (
-                ("config", task),
-                ("hydra", HydraConfig.instance().cfg),
-                ("overrides", hydra.overrides.task),
-            ):
+            files = {"config": task, "hydra": HydraConfig.instance().cfg}
+            for name, content in (files | {"overrides": hydra.overrides.task}).items():
                 folder.write(f".hydra/{name}.yaml", OmegaConf.to_yaml(content).encode())
         self._job.enter_context(job_log(folder.path / f"{hydra.job.name}.log"))
 

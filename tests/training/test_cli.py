@@ -178,7 +178,7 @@ def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(
     refusals = {
         "loader.batch_size=500": "ConfigError: loader.batch_size=500: the train split has 12 rows",
         "+model.options.decoder_atention_type=scse": "ConfigError: model: model.options."
-        "decoder_atention_type: Unet with encoder resnet18 takes no such argument",
+        "decoder_atention_type='scse': refused: not an argument Unet takes here",
         f"ckpt_path={tmp_path / 'no.ckpt'}": "CheckpointError: ckpt=",
     }
     for override, message in refusals.items():

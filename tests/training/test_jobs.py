@@ -11,8 +11,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import subprocess_script
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from nailseg.training.jobs import DDP_CHILD_COMMAND as PATCHED
 from nailseg.training.jobs import hydra_child_command, isolated_job
-from nailseg.training.private_api import DDP_CHILD_COMMAND as PATCHED
 
 
 def test_the_replaced_function_has_the_signature_of_its_replacement():

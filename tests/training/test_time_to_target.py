@@ -70,7 +70,7 @@ def test_with_stop_a_resumed_fit_that_had_reached_its_target_trains_no_further(p
 def test_a_jobs_clock_starts_before_it_prepares_its_data(monkeypatch, tmp_path):
     # a later job of a sweep in one process: its clock starts when the job does, so the built-in
     # data it prepares (and the data, model and loggers it builds) count as its start-up
-    monkeypatch.setattr(callbacks, "_clocks_started", 1)
+    monkeypatch.setattr(callbacks, "_job_started", 0.0)
     root = tmp_path / "synthetic" / "prepared"  # the built-in set's own, under paths.data_dir
     called = time.time()
     train(root, tmp_path / "run", f"paths.data_dir={tmp_path}", "dataset.synthetic.n=16",

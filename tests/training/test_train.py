@@ -559,10 +559,12 @@ def test_time_to_target_stop_ends_training_at_the_target(prepared, tmp_path):
 
 
 def test_a_jobs_clock_starts_with_the_process_only_for_its_first_job(monkeypatch):
-    monkeypatch.setattr(callbacks, "_clocks_started", 0)
-    assert callbacks.job_start_time() == pytest.approx(callbacks.process_start_time(), abs=0.05)
+    monkeypatch.setattr(callbacks, "_job_started", None)
+    callbacks.start_job_clock()
+    assert callbacks._job_started == pytest.approx(callbacks.process_start_time(), abs=0.05)
     now = time.time()
-    assert now <= callbacks.job_start_time() <= time.time()  # a later job of a sweep
+    callbacks.start_job_clock()
+    assert now <= callbacks._job_started <= time.time()  # a later job of a sweep
 
 
 def test_the_collector_leaves_what_exists_at_the_fit_start_alone_during_the_fit(prepared, tmp_path):
