@@ -135,6 +135,8 @@ def test_a_broken_checkpoint_of_its_own_folder_is_refused_not_replaced_by_a_sibl
         path.parent.mkdir(parents=True)
     own.write_bytes(b"truncated")
     torch.save({"state_dict": {}}, sibling)
-    with pytest.raises(CheckpointError, match=rf"can be resumed: .*{own} is not a checkpoint") as err:
+    with pytest.raises(
+        CheckpointError, match=rf"can be resumed: .*{own} is not a checkpoint"
+    ) as err:
         resume.resolve("last", own.parents[1], sweep_job=False)
     assert str(sibling) not in str(err.value)
