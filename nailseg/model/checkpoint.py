@@ -13,12 +13,12 @@ import re
 import uuid
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nailseg import __version__
 from nailseg.errors import UserError
 from nailseg.io.folder import read_regular
 from nailseg.model import import_smp
@@ -62,13 +62,9 @@ def make_card(
     """The card of a training run composed as `cfg`; `run_id` names its run folder (None: a new
     run). A model a card could not hold is refused now, not when the checkpoint is used."""
     model = _model(cfg.model, "this run's checkpoint card: card key ")
-    try:
-        release = version("nailseg")
-    except PackageNotFoundError:  # a source tree that was never installed
-        release = "unknown"
     return {
         "format": CARD_FORMAT,
-        "nailseg_version": release,
+        "nailseg_version": __version__,
         "run_id": run_id or new_run_id(),
         "model": model,
         "image_size": [int(v) for v in cfg.dataset.image_size],
