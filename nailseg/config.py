@@ -330,6 +330,7 @@ class PredictConfig(InferenceConfig):
     tta: bool = MISSING  # mean of identity, horizontal and vertical flip probabilities
     scales: list[float] | None = None  # factors of the input size, maps averaged (None: 1 size)
     tile: TileConfig = MISSING  # photos in tiles of the input size (long_side None: whole)
+    auto_scale: bool = MISSING  # small nails run again at their training size (no scales, tile)
     threshold: str | None = None  # None: the checkpoint's; a number; "auto": Dice-best on valid
     data_root: str | None = None  # prepared data for threshold=auto (None: the checkpoint's)
     batch_size: int = MISSING

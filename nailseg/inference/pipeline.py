@@ -61,6 +61,7 @@ class Outcome:
     scores: list[ImageScore]
     unscored: list[Skipped]  # written, with no usable true mask
     stages: dict[str, float]  # seconds per `STAGES` name
+    rerun: dict[str, int]  # auto_scale: key -> the long side a photo ran at again
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class _Pipeline:
         self.writes: deque[tuple[int, Future]] = deque()  # (photos, their writing)
         self.pending: list[tuple[Photo, Loaded]] = []  # read, not yet on the device
         self.launched: list[_OnDevice] = []
+        self.rerun: dict[str, int] = {}
 
     def run(self) -> Outcome:
         reads = read_ahead(
@@ -189,7 +191,8 @@ class _Pipeline:
             kept.append((photo, item if isinstance(item, np.ndarray) else image))
         if not images:
             return []
-        probs = self.model.maps(images)
+        probs, sides = self.model.scaled_maps(images)
+        self.rerun |= {p.key: side for (p, _), side in zip(kept, sides, strict=True) if side}
         return [
             _OnDevice(photo, shown if self.request.overlays else None, prob)
             for (photo, shown), prob in zip(kept, probs, strict=True)
@@ -240,7 +243,9 @@ class _Pipeline:
         scores = [r for r in self.results if isinstance(r, ImageScore)]
         unscored = [r for r in self.results if type(r) is Skipped]  # written, not scored
         written = len(self.results) - len(unwritten)
-        return Outcome(written, self.unreadable + unwritten, scores, unscored, self.stages)
+        return Outcome(
+            written, self.unreadable + unwritten, scores, unscored, self.stages, self.rerun
+        )
 
 
 def predict_photos(

@@ -82,6 +82,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> PredictSummary:
             device=str(model.device),
             gpu_decode=request.gpu_jpeg,
             cuda_graphs=model.graphed,
+            auto_scale=outcome.rerun if model.views.auto else None,
         )
         if outcome.scores:
             summary.scores = write_scores(folder, outcome.scores)
@@ -128,6 +129,7 @@ class PredictSummary:
     gpu_decode: bool
     cuda_graphs: bool
     scores: dict[str, Any] | None = None  # totals: `overall` and per `groups`
+    auto_scale: dict[str, int] | None = None  # key -> the long side it ran at again; None: off
 
     @property
     def images_per_s(self) -> float:
@@ -147,6 +149,7 @@ class PredictSummary:
             "image_size": list(spec.image_size),
             "tta": views.tta,
             **views.record(),  # scales, tile: null when unset
+            "auto_scale": self.auto_scale,  # the photos run again, each's long side; null: off
             "threshold": self.threshold,
             "threshold_source": self.threshold_source,
             "device": self.device,

@@ -32,7 +32,14 @@ from nailseg.device import resolve_device
 from nailseg.errors import UserError
 from nailseg.inference.engine import GraphedNet, build_engine, capture
 from nailseg.inference.request import PredictError, check_settings
-from nailseg.inference.views import Views, image_tensors, input_sizes, photo_probabilities, views_of
+from nailseg.inference.views import (
+    Views,
+    auto_probabilities,
+    image_tensors,
+    input_sizes,
+    photo_probabilities,
+    views_of,
+)
 from nailseg.inference.workers import dice_iou
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import read_regular
@@ -59,6 +66,7 @@ class InferenceSpec:
     std: tuple[float, float, float]
     threshold: float  # the run's module.threshold
     data_root: Path | None  # the run's prepared data, for choosing a threshold on validation
+    nail_size: tuple[float, ...] | None = None  # the card's: its training nails (auto_scale)
 
 
 def resolve_spec(cfg: DictConfig) -> InferenceSpec:
@@ -96,6 +104,7 @@ def resolve_spec(cfg: DictConfig) -> InferenceSpec:
         std=tuple(float(v) for v in std),
         threshold=float(card.get("threshold", DEFAULT_THRESHOLD)),
         data_root=Path(card["data_root"]) if card.get("data_root") else None,
+        nail_size=tuple(card["nail_size"]) if card.get("nail_size") else None,
     )
 
 
@@ -124,8 +133,17 @@ class Segmenter:
 
     def maps(self, images: Sequence[torch.Tensor], tta: bool | None = None) -> list[torch.Tensor]:
         """A map per RGB uint8 C×H×W photo on the device, at its size; `tta` None: as loaded."""
+        return self.scaled_maps(images, tta)[0]
+
+    def scaled_maps(
+        self, images: Sequence[torch.Tensor], tta: bool | None = None
+    ) -> tuple[list[torch.Tensor], list[int | None]]:
+        """`maps`, and the long side each photo ran at again (`auto_scale`; None: as asked)."""
         views = self.views if tta is None else replace(self.views, tta=tta)
-        return photo_probabilities(self.net, images, self.spec, views, self.batch_size)
+        if views.auto is not None:
+            return auto_probabilities(self.net, images, self.spec, views, self.batch_size)
+        maps = photo_probabilities(self.net, images, self.spec, views, self.batch_size)
+        return maps, [None] * len(maps)
 
     def probabilities(
         self, photos: Photo | Sequence[Photo], tta: bool | None = None

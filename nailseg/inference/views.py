@@ -19,10 +19,15 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.inference.request import PredictError
-from nailseg.model.scales import scaled_size
+from nailseg.model.scales import NAIL_QUANTILES, nail_size, scaled_size
 
 if TYPE_CHECKING:
     from nailseg.inference.segmenter import InferenceSpec, Net
+
+# auto_scale: nails this many times smaller in the window than the training nails' lower decile
+# (the least size training covers well) run again at that size, at most AUTO_MOST windows across
+AUTO_SMALLER = 1.25
+AUTO_MOST = 8
 
 
 @dataclass(frozen=True)
@@ -35,17 +40,20 @@ class Tiling:
 
 @dataclass(frozen=True)
 class Views:
-    """How each photo is run; `scales` None: the input size alone; `tile` None: the photo whole."""
+    """How each photo is run; `scales` None: the input size alone; `tile` None: the photo whole;
+    `auto` (`auto_scale`, neither given): a photo with small nails runs again in these tiles."""
 
     tta: bool
     scales: tuple[float, ...] | None
     tile: Tiling | None
+    auto: Tiling | None = None  # its long side set per photo
 
     def record(self) -> dict[str, Any]:
         """As summary.json and the threshold cache record them."""
         return {
             "scales": list(self.scales) if self.scales else None,
             "tile": asdict(self.tile) if self.tile else None,
+            "auto_scale": True if self.auto else None,
         }
 
 
@@ -60,7 +68,10 @@ def views_of(cfg: DictConfig, spec: InferenceSpec) -> Views:
             )
         tile = Tiling(long_side=long_side, overlap=float(cfg.tile.overlap))
     scales = None if cfg.scales is None else tuple(OmegaConf.to_object(cfg.scales))
-    return Views(tta=bool(cfg.tta), scales=scales, tile=tile)
+    auto = None
+    if cfg.auto_scale and scales is None and tile is None and spec.nail_size is not None:
+        auto = Tiling(long_side=max(spec.image_size), overlap=float(cfg.tile.overlap))
+    return Views(tta=bool(cfg.tta), scales=scales, tile=tile, auto=auto)
 
 
 def input_sizes(views: Views, spec: InferenceSpec) -> list[tuple[int, int]]:
@@ -90,6 +101,40 @@ def photo_probabilities(
     count = len(views.scales or (1.0,))
     maps = maps if count == 1 else [m / count for m in maps]
     return [maps[j] for j in sorted(range(len(order)), key=order.__getitem__)]
+
+
+@torch.inference_mode()
+def auto_probabilities(
+    net: Net, images: Sequence[torch.Tensor], spec: InferenceSpec, views: Views, batch_size: int
+) -> tuple[list[torch.Tensor], list[int | None]]:
+    """`auto_scale`: each photo's map once in one window; where its nails (above the run's
+    threshold) are clearly smaller there than the training ones, again from `views.auto`'s tiles
+    at the long side that brings them to that size. Returns the maps and those sides."""
+    runs = runs_of_one_size(images)
+    probs = probabilities(net, to_batch(images, spec), views.tta)[:, 0]
+    maps = _at_photo_sizes(probs.split([len(run) for run in runs]), runs)
+    found = (probs > spec.threshold).byte().cpu().numpy()  # waits for the net: one copy a batch
+    sides = [
+        auto_long_side(m, tuple(i.shape[1:]), spec) for m, i in zip(found, images, strict=True)
+    ]
+    for i, side in enumerate(sides):
+        if side is not None:
+            tiling = replace(views.auto, long_side=side)
+            maps[i] = tiled_probabilities(net, [images[i]], spec, tiling, views.tta, batch_size)[0]
+    return maps, sides
+
+
+def auto_long_side(found: np.ndarray, shape: tuple[int, int], spec: InferenceSpec) -> int | None:
+    """The long side an H×W photo (`shape`) runs again at, given the nails `found` in its window:
+    None where none were or they are not `AUTO_SMALLER` times smaller than the training nails'
+    lower decile; else the side scaling its median nail to that decile."""
+    target, found_size = spec.nail_size[NAIL_QUANTILES.index(0.1)], nail_size(found)
+    if found_size is None or target < AUTO_SMALLER * found_size:
+        return None
+    # the window squeezed the photo: a nail's diameter there is its own times the area's root
+    in_photo = found_size * math.sqrt(shape[0] * shape[1] / found.size)
+    side = round(target / in_photo * max(shape))
+    return min(max(side, max(spec.image_size)), AUTO_MOST * max(spec.image_size))
 
 
 def image_tensors(images: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:

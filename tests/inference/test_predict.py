@@ -136,11 +136,12 @@ def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
 
 def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     """The written mask is `p > threshold` of the net's probabilities at the input size, brought
-    back to the photo's size (computed independently of predict: `reference_probabilities`)."""
+    back to the photo's size (computed independently of predict: `reference_probabilities`);
+    auto_scale's second look: test_auto_scale.py."""
     prob = reference_probabilities(trained, np.array(Image.open(photos / "top.jpeg")))
     threshold = round(float(prob.median()), 2)  # a mask of both nail and not
     out = tmp_path / "out"
-    predict(trained, photos / "top.jpeg", out, f"threshold={threshold}")
+    predict(trained, photos / "top.jpeg", out, f"threshold={threshold}", "auto_scale=false")
     written = np.asarray(Image.open(out / "masks" / "top.png")) > 0
     decided = (prob - threshold).abs().numpy() > 1e-4  # sums in another order: a hair apart
     np.testing.assert_array_equal(written[decided], (prob > threshold).numpy()[decided])

@@ -191,8 +191,8 @@ def test_two_scales_are_the_mean_of_each_scale_alone(trained, tile):
         assert not torch.allclose(a, b)  # the scales differ: the mean is of two maps
 
 
-def test_scales_one_writes_todays_masks_byte_for_byte(trained, photos, tmp_path):
-    predict(trained, photos / "photos", tmp_path / "plain")
+def test_scales_one_writes_the_one_windows_masks_byte_for_byte(trained, photos, tmp_path):
+    predict(trained, photos / "photos", tmp_path / "plain", "auto_scale=false")
     predict(trained, photos / "photos", tmp_path / "one", "scales=[1.0]")
     assert _masks(tmp_path / "one") == _masks(tmp_path / "plain")
     report = json.loads((tmp_path / "plain" / "summary.json").read_text())
