@@ -53,7 +53,7 @@ def test_bench_zoomed_runs_and_reports(raw: Path, trained_run: Path, tmp_path: P
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "zoomed_3" in proc.stdout and "tile_64" in proc.stdout
     rows = pd.read_csv(out / "bench_zoomed.csv")
-    assert rows["run"].unique().tolist() == ["default", "tta", "tile_64"]
+    assert rows["run"].unique().tolist() == ["default", "one_window", "tta", "tile_64"]
     assert rows["set"].unique().tolist() == ["framed", "zoomed_3", "zoomed_4"]
     assert rows["dice"].between(0, 1).all()
     report = json.loads((out / "bench_zoomed.json").read_text())

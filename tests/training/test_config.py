@@ -401,6 +401,7 @@ def test_train_help_names_every_group_and_option():
         ("bench_prepare", "repeats", []),
         ("bench_scale", "counts", []),
         ("bench_predict", "onnx_batch", ["ckpt=c"]),
+        ("bench_zoomed", "seeds", ["ckpt=c"]),
     ],
 )
 def test_every_entry_points_config_is_typed(app, key, required):
@@ -418,6 +419,7 @@ def test_every_entry_points_config_is_typed(app, key, required):
         ("nailseg export", "nailseg export", [], "ckpt="),
         ("nailseg compare", "nailseg compare", [], "sweep_dir="),
         ("benchmarks.predict", "benchmarks.predict", [], "ckpt="),
+        ("benchmarks.zoomed", "benchmarks.zoomed", [], "ckpt="),
         ("nailseg.synth", "nailseg.synth", [], "out="),
     ],
 )
