@@ -50,8 +50,8 @@ PYTEST := HF_HUB_OFFLINE=1 WANDB_MODE=offline OMP_NUM_THREADS=1 $(PY) -m pytest 
 test: install  ## the whole suite, README's commands and CI's (real-data tests skip where ../shared is absent)
 	$(PYTEST) -n $(shell echo $$(( $$(nproc) + 1 ))) $(ARGS)
 
-test-quick: install  ## the inner loop (about a minute): every module's core behaviour, no slow test (a fit, a command in a process of its own, DDP, sweeps, benchmarks)
-	$(PYTEST) -n $(shell nproc) -m "not slow" $(ARGS)
+test-quick: install  ## the inner loop (about a minute): every module's core behaviour, no slow or real-data test
+	$(PYTEST) -n $(shell nproc) -m "not slow and not real_data" $(ARGS)
 
 lint: install  ## ruff check and format --check
 	$(VENV)/bin/ruff check .

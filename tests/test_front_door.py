@@ -55,6 +55,7 @@ def test_each_command_has_its_own_hydra_help_through_the_front_door(name, monkey
     assert f"nailseg {name} " in capsys.readouterr().out.split("\n\n")[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["train", "prepare"])
 def test_help_is_hydras_own_without_its_walk_over_the_config_groups(name, monkeypatch, capsys):
     """`--help` skips Hydra's listing of every config group (about a second) for a template
@@ -101,6 +102,7 @@ def test_train_and_prepare_answer_help_and_errors_before_torch_loads(tmp_path, a
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_hydra_names_the_command_as_the_user_typed_it(monkeypatch, capsys):
     """Hydra's own help builds its shell-completion lines from sys.argv[0]: it names the front
     door and the command, not nailseg/__main__.py."""
@@ -112,6 +114,7 @@ def test_hydra_names_the_command_as_the_user_typed_it(monkeypatch, capsys):
     assert "__main__" not in out
 
 
+@pytest.mark.slow
 def test_the_nailseg_script_runs_a_command_with_its_arguments_unchanged(tmp_path):
     """The console script from pyproject's [project.scripts], end to end: compare takes a bare
     folder as `sweep_dir=` and refuses a folder that is no sweep in one line."""

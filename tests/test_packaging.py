@@ -69,6 +69,7 @@ def _source(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_every_module_and_config_file(tmp_path):
     """conf/ stays at the checkout's top; the wheel has it inside the package, where an
     installed nailseg finds it (config.CONF_DIR)."""

@@ -39,6 +39,7 @@ def test_an_epoch_with_a_validation_between_its_steps_is_split_into_its_parts():
     assert steps.host_wait_ms.isna().tolist() == [True, False]
 
 
+@pytest.mark.slow
 def test_a_fit_writes_one_row_per_epoch(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(
@@ -70,6 +71,7 @@ def test_a_resumed_fit_leaves_its_own_first_two_epochs_out_of_the_medians():
     assert text.splitlines()[-1].split()[:2] == ["median", "1.0"]  # epoch 7's one step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("every", "expected"), [(2, [1, 3, 5, 7]), (0, [])])
 def test_the_steps_marked_logged_are_those_whose_loss_the_loggers_got(
     every, expected, prepared, tmp_path

@@ -50,6 +50,7 @@ def test_hooks_are_named_while_tracing_and_given_back_after():
     assert "on_train_batch_end" not in vars(bar) and "save_checkpoint" not in vars(trainer)
 
 
+@pytest.mark.slow
 def test_a_traced_fit_names_its_phases_hooks_and_stacks(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(

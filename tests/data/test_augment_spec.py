@@ -28,6 +28,7 @@ def test_gaussian_blur_needs_a_sigma_above_0(sigma: list[float]) -> None:
         _spec(compose_train([ops]))
 
 
+@pytest.mark.slow
 def test_a_small_blur_and_every_aug_yaml_are_accepted() -> None:
     (op,) = spec_from([{"op": "gaussian_blur", "p": 1.0, "sigma": [1e-3, 2.0]}]).ops
     assert op.ranges["sigma"] == (1e-3, 2.0)

@@ -50,6 +50,7 @@ def _damage(root: Path, how: str) -> str:
     return f"{root / 'train.csv'}: masks {outside!r} is not a path inside {root}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "how", ["mask-255", "truncated", "shape", "fifo", "fifo-csv", "absolute", "dotdot"]
 )
@@ -89,6 +90,7 @@ def _datamodule(root: Path) -> NailDataModule:
     return NailDataModule(root, (32, 32), partial(TorchLoader, **settings), spec(), "auto", [], 1.0)
 
 
+@pytest.mark.slow
 def test_a_training_holds_its_prepared_root_against_prepare(tmp_path):
     """prepare rewrote or pruned a root while a training read it (the training died): now the
     training holds a reader's lock from the start to its teardown, which prepare's claim, and

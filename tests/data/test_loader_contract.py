@@ -175,6 +175,7 @@ class TestTorchLoader(LoaderContract):
     other_workers: ClassVar[dict[str, Any]] = {"num_workers": 2}
 
 
+@pytest.mark.slow  # worker processes start
 class TestTorchLoaderWithWorkers(LoaderContract):
     kind = "torch-workers"
 

@@ -399,6 +399,7 @@ def test_every_op_has_a_case_on_every_backend() -> None:
         assert covered == sorted(OPS), backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.op.name)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_op_rate_parameters_and_masks(
@@ -449,6 +450,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_eval_output_agrees_across_backends(mixed: Path) -> None:
     batches = {kind: next(iter(make_loader(kind, mixed, spec(), "valid"))) for kind in BACKENDS}
     for batch in batches.values():

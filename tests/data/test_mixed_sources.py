@@ -167,6 +167,7 @@ def _build(primary: Path, run_dir: Path, *extra: str, loader: str = "torch"):
     return build(compose_train(overrides, run_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "dali"])
 def test_datamodule_trains_on_every_source_and_evaluates_on_the_primary_only(
     loader, roots, tmp_path
@@ -233,6 +234,7 @@ def test_datamodule_trains_on_every_source_and_evaluates_on_the_primary_only(
     dm.teardown("test")
 
 
+@pytest.mark.slow
 def test_without_a_mix_the_datamodule_is_as_before(roots, tmp_path):
     primary, _ = roots
     dm = _build(primary, tmp_path / "run").datamodule
@@ -272,6 +274,7 @@ def test_a_run_with_a_mix_trains_on_both_and_reports_only_the_primary(roots, tmp
     assert groups and all(k.endswith(("_group_a", "_group_b")) for k in groups)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "error", "message"),
     [
@@ -318,6 +321,7 @@ def test_a_bad_mix_is_refused_before_training_naming_the_key(
         ) in text
 
 
+@pytest.mark.slow
 def test_a_primary_weighted_0_only_validates_and_tests(roots, tmp_path):
     primary, mix = roots
     dm = _build(primary, tmp_path / "run", "dataset.weight=0", _mix(("synth", mix, 1.0))).datamodule
@@ -331,6 +335,7 @@ def test_a_primary_weighted_0_only_validates_and_tests(roots, tmp_path):
     dm.teardown("fit")
 
 
+@pytest.mark.slow
 def test_the_primary_weight_is_checked_and_an_empty_mixed_root_refused(roots, tmp_path):
     primary, mix = roots
     with pytest.raises(ValueError, match=r"dataset\.weight=0: dataset\.root then only validates"):
@@ -346,6 +351,7 @@ def test_the_primary_weight_is_checked_and_an_empty_mixed_root_refused(roots, tm
         _build(primary, tmp_path / "run", f"dataset.mix=[{{name: s, root: '{mix}'}}]")
 
 
+@pytest.mark.slow
 def test_every_dataset_yaml_sets_weight_and_an_empty_mix_but_nails_synthetic():
     from support.train import CONF
 
@@ -361,6 +367,7 @@ def test_every_dataset_yaml_sets_weight_and_an_empty_mix_but_nails_synthetic():
             assert list(cfg.dataset.mix) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "kornia", "dali"])
 def test_a_row_drawn_twice_in_an_epoch_is_augmented_afresh(loader, roots, tmp_path):
     # the mixed-in source (8 flat rows) takes 10 of 11 parts of a 20-sample epoch: repeats
@@ -445,6 +452,7 @@ def test_copies_of_a_row_on_any_ranks_are_augmented_afresh(backend, world, prepa
         assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(sharded, single, strict=True))
 
 
+@pytest.mark.slow
 def test_a_final_evaluation_on_the_train_split_reads_the_primarys_rows_only(roots, tmp_path):
     # eval_split=train once evaluated the mixed-in source's train rows too
     primary, mix = roots
@@ -456,6 +464,7 @@ def test_a_final_evaluation_on_the_train_split_reads_the_primarys_rows_only(root
     dm.teardown("test")
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_mixed_in_data_is_refused_naming_it(roots, tmp_path):
     """`dataset.mix` was no part of the data identity: a fit resumed with another source mixed in
     (or none, or another weight) went on silently. The checkpoint's card now records each source,

@@ -94,6 +94,7 @@ def _check_overfit(root: Path, n: int, backend: type, batch_size: int, world: in
         assert sorted(seen) == list(range(n))  # validation: every train row once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [5, 7, 12])
 def test_overfit_train_loader_has_equal_length_on_every_rank(n: int, tmp_path: Path) -> None:
     root = write_prepared(tmp_path / "prepared", n_train=n, n_valid=3)
@@ -107,6 +108,7 @@ def test_overfit_on_dali(tmp_path: Path) -> None:
     _check_overfit(root, 7, DaliLoader, batch_size=2, world=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [TorchLoader, DaliLoader])
 def test_train_batches_counted_before_the_fit_are_the_loaders(backend: type, tmp_path: Path):
     """What sizes a resumed fit's schedule before the fit (build.fit_steps), on any rank."""

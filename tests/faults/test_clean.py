@@ -72,6 +72,7 @@ def _files(project: Path) -> list[str]:
     return sorted(p.relative_to(project).as_posix() for p in project.rglob("*") if not p.is_dir())
 
 
+@pytest.mark.slow
 def test_make_clean_removes_what_nailseg_wrote_and_names_what_it_keeps(tmp_path, capsys):
     """Before, it removed outputs/ whole and every folder holding a file of the marker's name,
     the user's files in them included."""
@@ -107,6 +108,7 @@ def test_make_clean_keeps_a_folder_whose_marker_nailseg_did_not_write(tmp_path, 
     assert f"kept {photo.relative_to(tmp_path)}" in out
 
 
+@pytest.mark.slow
 def test_make_clean_keeps_copies_of_nailsegs_folders_whole(tmp_path, capsys):
     """A `cp -a` backup of a prepared root and of the generator's photos is the user's: kept
     whole, its marker included, and named. Before, clean removed the copies' files and markers."""
@@ -122,6 +124,7 @@ def test_make_clean_keeps_copies_of_nailsegs_folders_whole(tmp_path, capsys):
     assert not (tmp_path / RAW).exists() and not (tmp_path / PREPARED).exists()
 
 
+@pytest.mark.slow
 def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path, capsys):
     """A file nailseg wrote and the user then edited or replaced is the user's. Before, it went
     with its folder."""
@@ -143,6 +146,7 @@ def test_make_clean_keeps_files_changed_since_nailseg_wrote_them(tmp_path, capsy
         assert f"kept {name}" in out
 
 
+@pytest.mark.slow
 def test_make_clean_never_follows_or_removes_a_link(tmp_path, capsys):
     """A link where nailseg's picture was, and a link to a user's folder under outputs/: both
     stay, and what they lead to is untouched. Before, the links went."""
@@ -159,6 +163,7 @@ def test_make_clean_never_follows_or_removes_a_link(tmp_path, capsys):
     assert (elsewhere / "data" / "x.png").read_text() == "the user's elsewhere/data/x.png"
 
 
+@pytest.mark.slow
 def test_make_clean_leaves_no_empty_folder_of_its_own_behind(tmp_path, capsys):
     """Once its files are gone, the folders they leave empty go too (rmdir: only empty ones)."""
     _prepare(tmp_path, capsys)
@@ -189,6 +194,7 @@ def test_make_clean_removes_a_sweeps_runs_and_keeps_a_users_files_among_them(tmp
     assert all(f"kept {name}" in out for name in users)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [MARKER, JOURNAL])
 def test_make_clean_never_waits_on_a_fifo_in_a_folder_of_nailsegs(tmp_path, capsys, name):
     """A FIFO where nailseg reads its marker or journal: clean reads neither (a read would wait

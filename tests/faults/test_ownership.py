@@ -83,6 +83,7 @@ def test_prepare_refuses_a_folder_whose_prepare_json_nailseg_did_not_write(
     assert _files(out) == before
 
 
+@pytest.mark.slow
 def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_write(
     tmp_path, command
 ):
@@ -103,6 +104,7 @@ def test_the_generator_refuses_a_folder_whose_synthetic_json_nailseg_did_not_wri
 # a file nailseg wrote, changed by the user since, is the user's
 
 
+@pytest.mark.slow
 def test_prepare_keeps_an_output_the_user_replaced_and_names_it(tmp_path, command):
     """The user put an array of their own where prepare's was; a rerun under another
     mask_threshold leaves it (excluded, named) instead of overwriting it as before."""
@@ -137,6 +139,7 @@ def test_prepare_prune_keeps_an_output_the_user_replaced_and_names_it(tmp_path, 
     assert f"kept, not prepare's any more: {mine}" in done.stdout
 
 
+@pytest.mark.slow
 def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path, command):
     """A train.csv the user edited after prepare wrote it is not replaced by a rerun (before, it
     was, silently): the rerun fails naming it, and writes nothing."""
@@ -155,6 +158,7 @@ def test_prepare_refuses_to_replace_a_root_file_the_user_edited(tmp_path, comman
     }  # the folder's journal compacted as the claim took it
 
 
+@pytest.mark.slow
 def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path, command):
     """Generating a smaller set removed every `sNNNN.png` beyond it by name; a picture the user
     replaced with their own now stays, named."""
@@ -172,6 +176,7 @@ def test_the_generator_keeps_a_picture_the_user_replaced(tmp_path, command):
 # a link where nailseg's file would be is never followed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["manifest.journal", "train.csv"])
 def test_prepare_never_writes_through_a_link_in_place_of_its_file(tmp_path, name, command):
     """Before, prepare appended its journal to the file a `manifest.journal` link led to, and

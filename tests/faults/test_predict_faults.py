@@ -73,6 +73,7 @@ def _cases(data: Path) -> dict[str, tuple[Path, Path, Path | None]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     [
@@ -103,6 +104,7 @@ def _fill_the_disk_after(files: int, monkeypatch, fault: str = "disk_full") -> N
     )
 
 
+@pytest.mark.slow
 def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, monkeypatch):
     for i in range(5):
         save_image(data / "photos" / f"p{i}.png", np.full((20, 24, 3), 30 * i, np.uint8))
@@ -123,6 +125,7 @@ def test_every_true_mask_is_read_before_the_first_write(ckpt, data, tmp_path, mo
     # folder, not a hook, says whether a write came first
 
 
+@pytest.mark.slow
 def test_a_folder_predict_did_not_make_is_refused_before_any_write(ckpt, data):
     output = data / "mine"
     (output / "masks").mkdir(parents=True)
@@ -164,6 +167,7 @@ def test_a_users_own_summary_json_does_not_make_a_folder_predicts(ckpt, data, tm
     assert _files(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("linked", ["masks", "overlays", "masks/deeper"])
 def test_a_link_inside_predicts_own_output_is_never_written_through(ckpt, data, tmp_path, linked):
     """A link under the output could lead the writes into the true masks or the photos: one on
@@ -186,6 +190,7 @@ def test_a_link_inside_predicts_own_output_is_never_written_through(ckpt, data, 
     assert _files(data / "DATA") == before and link.is_symlink()
 
 
+@pytest.mark.slow
 def test_a_run_that_stops_part_way_leaves_no_earlier_scores_and_says_unfinished(
     ckpt, data, tmp_path, monkeypatch
 ):
@@ -206,6 +211,7 @@ def test_a_run_that_stops_part_way_leaves_no_earlier_scores_and_says_unfinished(
     assert json.loads((output / "summary.json").read_text())["finished"] is True
 
 
+@pytest.mark.slow
 def test_a_photo_whose_output_name_the_filesystem_refuses_is_skipped_and_named(
     ckpt, data, tmp_path
 ):
@@ -219,6 +225,7 @@ def test_a_photo_whose_output_name_the_filesystem_refuses_is_skipped_and_named(
     assert "File name too long" in skipped.reason
 
 
+@pytest.mark.slow
 def test_a_photo_whose_mask_would_be_another_photos_folder_is_left_out_first(ckpt, data, tmp_path):
     """`q.jpg` beside a folder `q.png/`: the mask of one would be the folder of the other's."""
     save_image(data / "photos" / "q.png" / "y.png", np.full((20, 24, 3), 60, np.uint8))
@@ -229,6 +236,7 @@ def test_a_photo_whose_mask_would_be_another_photos_folder_is_left_out_first(ckp
     assert skipped.path == data / "photos" / "q.jpg" and "would be the folder" in skipped.reason
 
 
+@pytest.mark.slow
 def test_photos_are_found_as_prepare_finds_them_links_followed_and_a_dead_link_named(
     ckpt, data, tmp_path
 ):
@@ -279,6 +287,7 @@ def _outputs(output: Path) -> list[str]:
     return sorted(p.relative_to(output).as_posix() for p in output.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
     """A rerun with a photo removed and overlays=false: the removed photo's mask and every overlay
     of the run before stayed, beside a summary that did not count them. A user's own files in
@@ -300,6 +309,7 @@ def test_a_rerun_leaves_only_its_own_outputs(ckpt, data, tmp_path):
     assert _journaled(output) == ["masks/a.png", "masks/x.png", "summary.json"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mine", ["masks/x.png", "overlays/x.png", "scores.csv"])
 def test_a_users_file_where_a_rerun_would_write_is_refused_before_any_write(
     mine, ckpt, data, tmp_path
@@ -318,6 +328,7 @@ def test_a_users_file_where_a_rerun_would_write_is_refused_before_any_write(
     assert not is_live(output)  # the refused run holds the folder no more
 
 
+@pytest.mark.slow
 def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp_path):
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)
@@ -326,6 +337,7 @@ def test_a_users_scores_csv_stays_through_a_run_that_writes_none(ckpt, data, tmp
     assert (output / "scores.csv").read_text() == "my own scores\n"
 
 
+@pytest.mark.slow
 def test_a_run_stopped_part_way_leaves_every_output_journaled(ckpt, data, tmp_path, monkeypatch):
     """What a stopped run wrote is journaled as it is written, so the next run removes it."""
     output = tmp_path / "out"
@@ -343,6 +355,7 @@ def test_a_run_stopped_part_way_leaves_every_output_journaled(ckpt, data, tmp_pa
     assert len(_outputs(output)) == 3 + 2 * 3  # the marker, the journal, summary.json; p0, p1, x
 
 
+@pytest.mark.slow
 def test_a_rerun_removes_the_temporary_files_a_killed_run_left_for_its_outputs_only(
     ckpt, data, tmp_path
 ):
@@ -362,6 +375,7 @@ def test_a_rerun_removes_the_temporary_files_a_killed_run_left_for_its_outputs_o
     assert (folder / "inside").is_dir()
 
 
+@pytest.mark.slow
 def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_nothing(
     ckpt, data, tmp_path
 ):
@@ -387,6 +401,7 @@ def test_a_second_predict_into_a_folder_being_written_fails_at_once_and_writes_n
     assert _predict(ckpt, data / "photos", output).images == 1  # the lock died with its holder
 
 
+@pytest.mark.slow
 def test_a_forged_journal_never_leads_a_removal_outside_the_folder(ckpt, data, tmp_path):
     output = tmp_path / "out"
     _predict(ckpt, data / "photos", output)
@@ -461,6 +476,7 @@ def _interrupted_alone(command: subprocess.Popen, out: Path) -> None:
     assert session_processes(command.pid) == {}
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, tmp_path):
     """Ctrl-C, sent to the command's process group as a terminal sends it, part-way through a
     run: predict stops with its own KeyboardInterrupt only (its worker processes leave the
@@ -476,6 +492,7 @@ def test_ctrl_c_stops_predict_without_the_workers_tracebacks_or_leftovers(ckpt, 
     _interrupted_alone(command, out)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_workers_start_leaves_the_interrupt_to_predict(ckpt, data, tmp_path):
     """Ctrl-C while multiprocessing's forkserver, the workers' parent, imports its preload: the
     server ignores Ctrl-C only once that is done, so before, it died printing a traceback of its
@@ -491,6 +508,7 @@ def test_ctrl_c_while_the_workers_start_leaves_the_interrupt_to_predict(ckpt, da
     _interrupted_alone(command, out)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
     ckpt, data, tmp_path, monkeypatch
 ):
@@ -508,6 +526,7 @@ def test_a_worker_killed_part_way_stops_the_run_with_one_line_naming_it(
     assert _predict(ckpt, data / "photos", output).images == 4
 
 
+@pytest.mark.slow
 def test_export_never_replaces_a_link_where_its_model_would_go(ckpt, tmp_path, capsys):
     """A link at `output` to a model exported earlier (the user's own copy, kept elsewhere):
     before, export replaced the link with a new file; now it is refused, named, both kept."""
@@ -553,6 +572,7 @@ def test_masks_set_to_the_photo_folder_is_refused_in_one_line(ckpt, data, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line_break", ["\n", "\r", "\u2028"])
 def test_a_photo_named_with_a_line_break_never_makes_a_users_file_predicts(
     line_break, ckpt, data, tmp_path
@@ -577,6 +597,7 @@ def test_a_photo_named_with_a_line_break_never_makes_a_users_file_predicts(
         assert skipped.path == forged and "line break" in skipped.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["outputs.txt", "summary.json", "masks/x.png", JOURNAL])
 def test_a_fifo_in_predicts_own_folder_is_never_waited_on(name, ckpt, data, tmp_path):
     """predict read its listing, `outputs.txt`, whatever it was: a FIFO there hung it. A FIFO
@@ -603,6 +624,7 @@ def test_a_fifo_in_predicts_own_folder_is_never_waited_on(name, ckpt, data, tmp_
         assert f"{output / name} " in done.stderr
 
 
+@pytest.mark.slow
 def test_damaged_files_are_one_line_naming_them(ckpt, data, tmp_path, capsys):
     """A photo that is not an image is skipped, named; a truncated checkpoint is refused by
     predict and export in one line naming it."""

@@ -275,6 +275,7 @@ def _kill_when(args: list[str], done: Callable[[], bool], timeout: float = 60) -
     assert proc.returncode == -signal.SIGKILL, stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", [False, True], ids=["killed", "killed-mid-journal-line"])
 def test_killed_first_run_resumes_without_redoing_finished_pairs(tmp_path, cut):
     raw, out, reference = tmp_path / "raw", tmp_path / "out", tmp_path / "reference"
@@ -301,6 +302,7 @@ def test_killed_first_run_resumes_without_redoing_finished_pairs(tmp_path, cut):
 # 6. one prepare at a time per output folder
 
 
+@pytest.mark.slow
 def test_second_prepare_on_one_root_fails_at_once(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "out"
     _pairs(raw, 60, groups=1)
@@ -487,6 +489,7 @@ def test_generator_refuses_a_folder_it_did_not_make(tmp_path):
     assert _snapshot(photos) == before
 
 
+@pytest.mark.slow
 def test_prepare_cli_does_not_generate_into_a_raw_dir_of_real_photos(tmp_path):
     photos, out = tmp_path / "photos", tmp_path / "out"
     _pairs(photos, 4)
@@ -513,6 +516,7 @@ def test_prepare_cli_does_not_generate_into_a_raw_dir_of_real_photos(tmp_path):
 GENERATE = "import sys; from nailseg.synth.scene import generate; generate(sys.argv[1], 400, 0)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["prepare", "generator"])
 def test_make_clean_leaves_a_live_prepare_or_generator_whole(tmp_path, command):
     """A live generator's set lost files to `make clean`, then was marked complete."""
@@ -604,6 +608,7 @@ def _prepare_cli(tmp_path: Path, *args: str, **popen) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_prepare_runs_started_at_once_write_no_shared_run_folder(tmp_path):
     """Two prepare.py started in one second shared one Hydra run folder."""
     for name in ("a", "b"):
@@ -617,6 +622,7 @@ def test_prepare_runs_started_at_once_write_no_shared_run_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out_a", "out_b", "raw_a", "raw_b"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_one_line_and_the_next_run_resumes(tmp_path):
     raw, out, total = tmp_path / "raw", tmp_path / "out", 120
     _pairs(raw, total, groups=3, size=(120, 160))
@@ -634,6 +640,7 @@ def test_ctrl_c_says_one_line_and_the_next_run_resumes(tmp_path):
     assert not summary.excluded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["manifest.csv", "manifest.journal"])
 def test_a_fifo_in_the_root_is_refused_not_waited_on(prepared, name):
     raw, out = prepared

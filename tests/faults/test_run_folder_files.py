@@ -24,6 +24,7 @@ def _summary(caplog: pytest.LogCaptureFixture) -> str:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("run summary")][-1]
 
 
+@pytest.mark.slow
 def test_a_users_metrics_json_and_last_ckpt_in_a_run_folder_stay_and_are_named(
     prepared, tmp_path, caplog
 ):
@@ -43,6 +44,7 @@ def test_a_users_metrics_json_and_last_ckpt_in_a_run_folder_stay_and_are_named(
     assert best["global_step"] == 3
 
 
+@pytest.mark.slow
 def test_a_link_at_metrics_json_is_never_followed_nor_replaced(prepared, tmp_path, caplog):
     run_dir, outside = tmp_path / "run", tmp_path / "outside.json"
     train(prepared, run_dir, *ONE_EPOCH)
@@ -55,6 +57,7 @@ def test_a_link_at_metrics_json_is_never_followed_nor_replaced(prepared, tmp_pat
     assert f"kept, not nailseg's (so not written): {run_dir / 'metrics.json'}" in _summary(caplog)
 
 
+@pytest.mark.slow
 def test_a_linked_checkpoint_folder_is_refused_before_the_fit(prepared, tmp_path):
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     outside.mkdir()
@@ -66,6 +69,7 @@ def test_a_linked_checkpoint_folder_is_refused_before_the_fit(prepared, tmp_path
     assert os.listdir(outside) == []
 
 
+@pytest.mark.slow
 def test_a_users_csv_log_in_the_run_folder_is_refused_not_deleted(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(prepared, run_dir, *ONE_EPOCH)

@@ -40,6 +40,7 @@ def _hold(run_dir: Path, held: Event, release: Event) -> None:
         release.wait(HOLD_S)
 
 
+@pytest.mark.slow
 def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path, capsys):
     run_dir = tmp_path / "runs" / "a"
     # the first train.py: another process (the lock is a process's), forked from this one
@@ -63,6 +64,7 @@ def test_a_second_train_into_a_held_folder_is_refused_at_once(prepared, tmp_path
     assert os.listdir(run_dir) == [".nailseg.json"]  # the holder's marker, nothing else
 
 
+@pytest.mark.slow
 def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path, capsys):
     train(prepared, tmp_path / "runs" / "a", *ONE_EPOCH)
     ckpt = tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt"
@@ -85,6 +87,7 @@ def test_train_py_refuses_a_bad_card_in_one_line(prepared, tmp_path, capsys):
     assert _files(tmp_path / "runs" / "a") == before
 
 
+@pytest.mark.slow
 def test_a_checkpoint_outside_a_run_folder_is_only_read(prepared, tmp_path):
     train(prepared, tmp_path / "runs" / "a", *ONE_EPOCH)
     somewhere = tmp_path / "somewhere"
@@ -101,6 +104,7 @@ def test_a_checkpoint_outside_a_run_folder_is_only_read(prepared, tmp_path):
     assert (tmp_path / "runs" / "b" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_a_moved_run_folder_keeps_its_best_and_a_copy_is_never_written(prepared, tmp_path):
     # a constant metric: the first epoch stays the best, unless the resume forgets it
     constant = ("optimized_metric=val/samples", "optimized_mode=max")
@@ -122,6 +126,7 @@ def test_a_moved_run_folder_keeps_its_best_and_a_copy_is_never_written(prepared,
     assert _files(tmp_path / "copied") == before
 
 
+@pytest.mark.slow
 def test_resuming_on_other_data_is_refused_naming_it(prepared, tmp_path):
     runs = tmp_path / "runs"
     train(prepared, runs / "a", *ONE_EPOCH)
@@ -136,6 +141,7 @@ def test_resuming_on_other_data_is_refused_naming_it(prepared, tmp_path):
     assert _files(runs / "a") == before and not (runs / "b").exists()
 
 
+@pytest.mark.slow
 def test_last_takes_the_newest_run_that_can_resume_or_names_each_it_cannot(tmp_path):
     prepared = write_prepared(tmp_path / "prepared")
     runs = tmp_path / "runs"
@@ -204,6 +210,7 @@ def _stamped(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["single", "sweep", "optuna"])
 def test_train_refuses_a_users_folder_in_one_line_before_any_write(mode, prepared, tmp_path, capsys):  # fmt: skip
     """Given a user's folder, train.py overwrote `.hydra/*.yaml`, `multirun.yaml` and
@@ -226,6 +233,7 @@ def test_train_refuses_a_users_folder_in_one_line_before_any_write(mode, prepare
     assert _stamped(mine) == before and not (tmp_path / "optuna.db").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("link", ["train.log", ".hydra", "csv", "wandb", "tensorboard"])
 def test_training_never_writes_through_a_link_in_its_run_folder(link, prepared, tmp_path, capsys):
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
@@ -246,6 +254,7 @@ def test_training_never_writes_through_a_link_in_its_run_folder(link, prepared, 
         assert os.listdir(outside) == []
 
 
+@pytest.mark.slow
 def test_last_never_resumes_into_a_copy_of_a_run(prepared, tmp_path):
     """A `cp -a` backup ties with its run on modification time and sorts after it: it was
     resumed, its last.ckpt replaced and its best checkpoint deleted."""
@@ -258,6 +267,7 @@ def test_last_never_resumes_into_a_copy_of_a_run(prepared, tmp_path):
     assert _stamped(runs / "a-backup") == before
 
 
+@pytest.mark.slow
 def test_a_resume_leaves_a_hard_linked_snapshot_of_its_run_as_it_was(prepared, tmp_path, capsys):
     runs, snapshot = tmp_path / "runs", tmp_path / "snapshot"
     args = small_overrides(prepared, "logger=csv", "test=false", "scheduler=none")

@@ -56,6 +56,7 @@ def readme_example() -> str:
     return textwrap.dedent(block)
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_as_written_and_gives_predicts_masks(
     trained, photos, tmp_path, monkeypatch, capsys
 ):
@@ -75,6 +76,7 @@ def test_the_readme_example_runs_as_written_and_gives_predicts_masks(
     assert 0.0 <= scope["prob"].min() <= scope["prob"].max() <= 1.0
 
 
+@pytest.mark.slow
 def test_tta_and_tiles_give_predicts_masks(trained, photos, tmp_path):
     model = nailseg.load(trained, device="cpu", tta=True, tile={"long_side": 64}, threshold=0.45)
     masks = model.predict(sorted(photos.iterdir()))
@@ -101,6 +103,7 @@ def test_a_path_an_array_a_pil_image_and_lists_give_one_mask_at_the_photos_size(
     assert model.predict(path, threshold=0.0).all() and not model.predict(path, threshold=1.0).any()
 
 
+@pytest.mark.slow
 def test_bad_photos_and_options_are_one_line(trained):
     model = nailseg.load(trained, device="cpu")
     with pytest.raises(TypeError, match=r"must be uint8 \(RGB, grey or RGBA\), not float32$"):
@@ -124,6 +127,7 @@ def test_import_nailseg_leaves_torch_unloaded_and_has_a_version():
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", nailseg.__version__)
 
 
+@pytest.mark.slow
 def test_an_smp_export_folder_loads_and_gives_the_checkpoints_masks(trained, photos, tmp_path):
     folder = tmp_path / "exported"
     export_cfg = compose_cli("export", [f"ckpt={trained}", "format=smp", f"output={folder}"])

@@ -29,6 +29,7 @@ def export(ckpt, *extra: str):
     return run(compose_cli("export", [f"ckpt={ckpt}", *extra]), console=Console(quiet=True))
 
 
+@pytest.mark.slow
 def test_onnx_matches_pytorch_for_batches_of_1_and_3(trained):
     path = export(trained)
     assert path == trained.with_suffix(".onnx")  # next to the checkpoint by default
@@ -73,6 +74,7 @@ def test_output_path_and_entry_point(trained, tmp_path, monkeypatch, capsys):
     assert "ONNX Runtime matches PyTorch" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_only_an_earlier_export_is_replaced(trained, tmp_path):
     """The checkpoint itself, a user's file or a folder at `output` stay as they are."""
     kept = trained.read_bytes()
@@ -90,6 +92,7 @@ def test_only_an_earlier_export_is_replaced(trained, tmp_path):
     export(trained, f"output={tmp_path / 'ours.onnx'}")  # a rerun replaces its own export
 
 
+@pytest.mark.slow
 def test_a_model_edited_since_its_export_is_never_replaced(trained, tmp_path, capsys):
     """An exported model the user has since edited (its metadata kept, as onnx tools keep it):
     before, any ONNX file with nailseg's metadata counted as nailseg's, and was replaced."""
@@ -154,6 +157,7 @@ def test_large_logits_are_compared_relative_to_their_size(trained, tmp_path):
     assert logits_difference(path.read_bytes(), net, spec.image_size) == pytest.approx(diff)
 
 
+@pytest.mark.slow
 def test_an_smp_export_loads_with_from_pretrained_and_gives_the_checkpoints_logits(
     trained, tmp_path, capsys
 ):

@@ -78,6 +78,7 @@ def predict(ckpt: Path, inputs, output: Path, *extra: str, console: Console | No
     return run(compose_cli("predict", overrides), console=console or Console(quiet=True))
 
 
+@pytest.mark.slow
 def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, photos, tmp_path):
     console = Console(record=True, width=200)
     out = tmp_path / "out"
@@ -105,6 +106,7 @@ def test_masks_and_overlays_at_each_photos_size_broken_file_skipped(trained, pho
     assert not list(out.rglob("*.tmp"))  # every write was renamed into place
 
 
+@pytest.mark.slow
 def test_onnx_engine_writes_the_masks_pytorch_writes(trained, photos, tmp_path):
     masks = {}
     for engine in ("torch", "onnx"):
@@ -125,6 +127,7 @@ def test_onnx_engine_on_a_gpu_is_refused_before_anything_is_written(trained, pho
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
     out = tmp_path / "out"
     summary = predict(trained, photos / "a", out, "overlays=false")
@@ -134,6 +137,7 @@ def test_overlays_false_writes_only_the_masks(trained, photos, tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_masks_threshold_the_full_size_probabilities(trained, photos, tmp_path):
     """The written mask is `p > threshold` of the net's probabilities at the input size, brought
     back to the photo's size (computed independently of predict: `reference_probabilities`);
@@ -165,6 +169,7 @@ def test_photos_of_mixed_sizes_get_the_maps_each_gets_alone(trained):
         torch.testing.assert_close(prob, alone, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_list_of_files_and_folders(trained, photos, tmp_path):
     out = tmp_path / "out"
     summary = predict(trained, f"[{photos / 'top.jpeg'},{photos / 'a'}]", out)
@@ -173,6 +178,7 @@ def test_a_list_of_files_and_folders(trained, photos, tmp_path):
         assert (out / "masks" / f"{key}.png").is_file()
 
 
+@pytest.mark.slow
 def test_two_files_with_one_stem_are_both_skipped(trained, tmp_path):
     save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
     save_image(tmp_path / "in" / "x.jpg", np.zeros((8, 8, 3), np.uint8))
@@ -212,6 +218,7 @@ def test_nothing_readable_fails(trained, tmp_path):
         predict(trained, tmp_path / "empty", tmp_path / "out2")
 
 
+@pytest.mark.slow
 def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
     """`python -m nailseg predict` (its Hydra main, in-process): success with one unreadable file
     among good ones, the config in summary.json; exit non-zero, naming the problem,
@@ -235,6 +242,7 @@ def test_entry_point_exit_status(trained, tmp_path, monkeypatch, capsys):
     assert "predict failed" in str(exit_.value.code) and "could be read" in str(exit_.value.code)
 
 
+@pytest.mark.slow
 def test_the_command_as_users_run_it_writes_every_mask_and_warns_of_nothing(trained, tmp_path):
     """`python -m nailseg predict` in a process of its own, as users run it (its worker processes
     then start from its main module): every mask written, and no warning printed (a worker
@@ -383,6 +391,7 @@ def test_mask_of_another_size_is_not_scored(trained, tmp_path):
     assert not (tmp_path / "out" / "scores.csv").exists()
 
 
+@pytest.mark.slow
 def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photos, tmp_path):
     (trained.parent / CACHE_FILE).unlink(missing_ok=True)
     summary = predict(trained, photos / "top.jpeg", tmp_path / "out", "threshold=auto")
@@ -518,6 +527,7 @@ def _old_run(tmp_path: Path, trained: Path, model: dict, module: dict | None = N
     return _without_card(trained, run_dir / "checkpoints" / "last.ckpt")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_older_than_cards_is_read_from_its_run_folder(trained, photos, tmp_path):
     model = {"_target_": "nailseg.model.net.build_net", "arch": "Unet", "encoder_name": "resnet18"}
     model["options"] = {"encoder_depth": 3, "decoder_channels": [16, 8, 4]}

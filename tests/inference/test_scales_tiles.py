@@ -130,6 +130,7 @@ def test_a_side_shorter_than_a_tile_is_stretched_to_it():
     assert layout.corners == [(0, 0)] and (layout.rows == 1).all() and (layout.cols == 1).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tta", [False, True])
 def test_tiled_prediction_of_a_per_pixel_net_equals_the_whole_resized_photos(trained, tta):
     """Blending is exact: for a per-pixel net, tiles give what the untiled photo gives at the
@@ -146,6 +147,7 @@ def test_tiled_prediction_of_a_per_pixel_net_equals_the_whole_resized_photos(tra
         torch.testing.assert_close(got, whole, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tiles_go_through_the_net_batch_size_at_a_time(trained):
     """`batch_size` counts tiles (the last batch may be smaller); the maps do not depend on it."""
     spec, unet = _spec_and_net(trained)
@@ -177,6 +179,7 @@ def test_scales_are_factors_of_the_input_size_rounded_to_multiples_of_32(trained
     assert input_sizes(tiled, spec) == [(32, 32)]  # tiles are the input size at every scale
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tile", [None, Tiling(long_side=64, overlap=0.25)])
 def test_two_scales_are_the_mean_of_each_scale_alone(trained, tile):
     spec, unet = _spec_and_net(trained)
@@ -191,6 +194,7 @@ def test_two_scales_are_the_mean_of_each_scale_alone(trained, tile):
         assert not torch.allclose(a, b)  # the scales differ: the mean is of two maps
 
 
+@pytest.mark.slow
 def test_scales_one_writes_the_one_windows_masks_byte_for_byte(trained, photos, tmp_path):
     predict(trained, photos / "photos", tmp_path / "plain", "auto_scale=false")
     predict(trained, photos / "photos", tmp_path / "one", "scales=[1.0]")
@@ -199,6 +203,7 @@ def test_scales_one_writes_the_one_windows_masks_byte_for_byte(trained, photos, 
     assert report["scales"] is None and report["tile"] is None
 
 
+@pytest.mark.slow
 def test_written_masks_threshold_the_mean_of_the_scales(trained, photos, tmp_path):
     """The written mask is `p > threshold` of the mean of the net's maps at each scale's size
     (computed independently of predict: `reference_probabilities`)."""
@@ -217,6 +222,7 @@ def test_written_masks_threshold_the_mean_of_the_scales(trained, photos, tmp_pat
     assert report["scales"] == [1.0, 1.5] and report["tile"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [["scales=[1.0,1.5]"], ["tile.long_side=80", "tile.overlap=0.3", "tta=true"]]
 )
@@ -241,6 +247,7 @@ def test_the_command_as_users_run_it_writes_each_mask_at_its_photos_size_and_sco
         assert report["tile"] == {"long_side": 80, "overlap": 0.3} and report["tta"] is True
 
 
+@pytest.mark.slow
 def test_scores_are_of_the_merged_masks(trained, photos, tmp_path):
     """scores.csv scores what was written: the tiled, multi-scale masks."""
     out = tmp_path / "out"
@@ -255,6 +262,7 @@ def test_scores_are_of_the_merged_masks(trained, photos, tmp_path):
     assert summary.scores["overall"]["images"] == 3
 
 
+@pytest.mark.slow
 def test_threshold_auto_sweeps_with_the_scales_and_tiles_and_records_them(
     trained, photos, tmp_path
 ):
@@ -283,6 +291,7 @@ def test_threshold_auto_sweeps_with_the_scales_and_tiles_and_records_them(
     assert entries[1]["choice"]["dice"] == pytest.approx(scored["dice"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_onnx_engine_runs_each_scale_at_its_own_size(trained, photos, tmp_path):
     masks = {}
     for engine in ("torch", "onnx"):

@@ -54,6 +54,7 @@ def test_a_net_without_a_mix_transformer_is_left_as_it_is():
     assert fuse_attention(net) == 0
 
 
+@pytest.mark.slow
 def test_a_fused_segformer_exports_to_onnx_and_runs_there_as_in_torch(tmp_path):
     """predict's ONNX engine and `nailseg export` take the net built here, fused attention and all."""
     torch.manual_seed(0)

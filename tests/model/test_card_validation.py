@@ -197,6 +197,7 @@ def photo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_predict_and_export_refuse_a_card_before_smp_or_timm_reads_a_file(photo, tmp_path, capsys):
     """A `tu-` encoder's keyword `checkpoint_path` makes timm load that file, and a hub name makes
     it download: both refused with one line, and the process opens no file of the user's but the

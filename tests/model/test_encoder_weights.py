@@ -68,6 +68,7 @@ def _error(excinfo: pytest.ExceptionInfo) -> str:
     return str(err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_a_weights_file_is_what_the_built_encoder_holds(model, data, tmp_path):
     state = _encoder_state(model)
@@ -76,6 +77,7 @@ def test_a_weights_file_is_what_the_built_encoder_holds(model, data, tmp_path):
     _assert_holds(built.module.net.encoder, state)
 
 
+@pytest.mark.slow
 def test_a_folder_holds_the_file_named_after_the_encoder(data, tmp_path):
     state = _encoder_state("unet")
     (tmp_path / "weights").mkdir()
@@ -85,6 +87,7 @@ def test_a_folder_holds_the_file_named_after_the_encoder(data, tmp_path):
     _assert_holds(built.module.net.encoder, state)
 
 
+@pytest.mark.slow
 def test_a_folder_without_the_encoders_file_is_refused(data, tmp_path):
     (tmp_path / "weights").mkdir()
     torch.save(_encoder_state("unet", "resnet34"), tmp_path / "weights" / "resnet34.pth")
@@ -102,6 +105,7 @@ def test_a_missing_path_fails_at_build_naming_the_key(data, tmp_path):
     assert f"model.encoder_weights={missing}: no such file or folder" in _error(excinfo)
 
 
+@pytest.mark.slow
 def test_another_encoders_file_is_refused_naming_file_and_keys(data, tmp_path):
     torch.save(_encoder_state("unet", "resnet34"), tmp_path / "r34.pth")
     with pytest.raises(Exception) as excinfo:
@@ -112,6 +116,7 @@ def test_another_encoders_file_is_refused_naming_file_and_keys(data, tmp_path):
     assert "missing keys" not in message  # resnet34 holds every resnet18 key: still refused
 
 
+@pytest.mark.slow
 def test_a_tensor_of_another_shape_is_refused_and_nothing_is_loaded(tmp_path):
     state = _encoder_state("unet")
     state["conv1.weight"] = torch.zeros(8, 3, 7, 7)
@@ -134,6 +139,7 @@ def test_a_file_that_is_no_state_dict_is_refused(tmp_path):
         build_net("Unet", "resnet18", str(tmp_path / "list.pth"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout", ["state_dict", "model", "whole_net", "nailseg_checkpoint", "timm", "timm_features"]
 )
@@ -159,6 +165,7 @@ def test_other_layouts_of_the_same_weights_load(layout, tmp_path):
     _assert_holds(build_net("Unet", encoder, str(tmp_path / "w.pth")).encoder, state)
 
 
+@pytest.mark.slow
 def test_a_run_with_a_local_file_restores_from_its_checkpoint_without_it(data, tmp_path):
     state = _encoder_state("unet")
     torch.save(state, tmp_path / "weights.pth")

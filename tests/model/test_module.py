@@ -209,6 +209,7 @@ def _fit_logging_rates(
     return [(step, row) for step, row in logger.rows if any("lr-" in k for k in row)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "accumulate", "names"),
     [
@@ -378,6 +379,7 @@ def test_overlays_every_n_epochs(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_overlays_do_not_recompile_a_compiled_net(tmp_path: Path) -> None:
     """Overlays run the eager net: a compiled one would recompile for their inference tensors."""
     from torch._dynamo.testing import CompileCounter

@@ -60,6 +60,7 @@ def _prepared(root: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_changed_options_make_and_prepare_the_set_again(tmp_path):
     assert prepare_builtin(_dataset(tmp_path, n=8))
     assert not prepare_builtin(_dataset(tmp_path, n=8))  # current: used as it is
@@ -100,6 +101,7 @@ def _rank(dataset, start: Barrier, results: Queue) -> None:
         results.put(("failed", f"{type(err).__name__}: {err}"))
 
 
+@pytest.mark.slow
 def test_ranks_asking_at_once_wait_for_one_and_share_its_result(tmp_path):
     ctx = multiprocessing.get_context("fork")  # the ranks start at once, on this checkout's code
     dataset = _dataset(tmp_path / "shared")
@@ -119,6 +121,7 @@ def test_ranks_asking_at_once_wait_for_one_and_share_its_result(tmp_path):
     assert leftovers == []  # no temp file of a rank left behind
 
 
+@pytest.mark.slow
 def test_a_rank_waits_a_bounded_time_then_says_why(tmp_path):
     dataset = _dataset(tmp_path)
     root = Path(dataset.root)
@@ -156,6 +159,7 @@ def test_a_folder_the_user_names_is_never_filled(tmp_path, named):
     )
 
 
+@pytest.mark.slow
 def test_a_set_asked_for_by_name_elsewhere_is_used_as_made_never_remade(tmp_path):
     data, mine = tmp_path / "data", tmp_path / "mine"
     # python prepare.py dataset=synthetic dataset.root=MINE: the user asks for the set there

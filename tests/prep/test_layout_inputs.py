@@ -75,6 +75,7 @@ def _excluded(out: Path) -> dict[str, tuple[str, str]]:
     }
 
 
+@pytest.mark.slow
 def test_special_files_are_left_out_unopened(tmp_path):
     """A FIFO named like a photo hung prepare (PIL waits for a writer); now it and a socket are
     excluded, named, and the rest is prepared."""
@@ -164,6 +165,7 @@ def faulty(tmp_path_factory) -> tuple[Path, dict[str, tuple[str, str]], str]:
     return out, _excluded(out), done.stdout
 
 
+@pytest.mark.slow
 def test_palette_mask_read_by_index(faulty):
     out, excluded, _ = faulty
     assert "palette.png" not in excluded
@@ -199,6 +201,7 @@ def test_unicode_normalisation_twins_are_excluded(faulty):
     assert not list((out / "images" / "g").glob("caf*"))
 
 
+@pytest.mark.slow
 def test_a_name_too_long_for_its_temporary_file_is_excluded(tmp_path):
     """`.<name>.npy.<pid>.tmp` beyond 255 bytes crashed prepare with a traceback."""
     raw, out = tmp_path / "raw", tmp_path / "out"
@@ -224,6 +227,7 @@ def _obey_permissions() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
+@pytest.mark.slow
 def test_an_unwritable_output_folder_is_named_in_one_line(tmp_path):
     """It failed with a PermissionError's traceback."""
     raw, locked = tmp_path / "raw", tmp_path / "locked"
@@ -250,6 +254,7 @@ def test_predict_names_an_unwritable_output_folder_in_one_line(ckpt, tmp_path):
     assert len(lines) == 1 and f"{locked} is not writable" in lines[0], done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "message"),
     [

@@ -256,6 +256,7 @@ def _run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_a_synthetic_prepare_shows_its_progress_in_a_pipe(tmp_path):
     """`python prepare.py dataset=synthetic_mix` printed nothing for minutes in a pipe or a log
     (a progress bar draws only on a terminal): each long step now says where it is."""
@@ -290,6 +291,7 @@ def test_progress_off_a_terminal_is_a_line_now_and_then():
     assert all(re.fullmatch(r".*, \d+ s", line) for line in lines)
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(tmp_path):
     raw = tmp_path / "raw"
     _pair(raw, "g", "a")

@@ -81,6 +81,7 @@ def _listed(out: Path) -> list[str]:
 # --- interrupted and raced runs ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_outputs_a_killed_rerun_wrote_before_recording_them_are_redone(tmp_path):
     raw, out, reference = tmp_path / "raw", tmp_path / "out", tmp_path / "reference"
     _pairs(raw, 10, soft=True)

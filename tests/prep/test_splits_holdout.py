@@ -147,6 +147,7 @@ def test_prepare_holds_out_a_group_into_test_csv(tmp_path):
     assert summary.split_sizes == {"train": 9, "valid": 2, "test": 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("holdout", "message"),
     [
@@ -174,6 +175,7 @@ def test_a_held_out_group_with_no_usable_pair_fails(tmp_path):
         run(_compose(raw, tmp_path / "out", "split.holdout_groups=[2]"))
 
 
+@pytest.mark.slow
 def test_rerun_with_another_holdout_resplits_without_converting(tmp_path):
     raw, out = _raw(tmp_path / "raw"), tmp_path / "out"
     run(_compose(raw, out, "split.holdout_groups=[2]"))

@@ -47,6 +47,7 @@ def _pairs(root: Path) -> list[tuple[str, np.ndarray, np.ndarray]]:
     return out
 
 
+@pytest.mark.slow
 def test_layout_pairs_every_image_with_a_same_sized_mask(dataset: Path) -> None:
     for kind in ("Images", "Masks"):
         assert sorted(p.name for p in (dataset / kind).iterdir()) == sorted(GROUPS)
@@ -78,6 +79,7 @@ def test_version_3_pictures_stay_as_they_were() -> None:
     assert digest.hexdigest() == "cbdf6f15036917424ff245e1a1eee90b789ea995bbc4a60333363972404fe64d"
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_bytes_and_another_seed_differs(
     dataset: Path, tmp_path: Path
 ) -> None:
@@ -88,6 +90,7 @@ def test_same_seed_gives_identical_bytes_and_another_seed_differs(
     assert all(other[k] != first[k] for k in other if k.endswith(".png"))
 
 
+@pytest.mark.slow
 def test_worker_pool_writes_the_same_bytes_as_serial(dataset: Path, tmp_path: Path) -> None:
     pooled = _files(generate(tmp_path / "pooled", n=6, seed=0, num_workers=2))
     serial = _files(dataset)  # per-sample RNG: a sample does not depend on n either
@@ -200,6 +203,7 @@ def drawn() -> Drawn:
     return out
 
 
+@pytest.mark.slow
 def test_rendering_with_choices_recorded_draws_the_same_pictures(
     drawn: Drawn, dataset: Path
 ) -> None:

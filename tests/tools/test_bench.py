@@ -25,6 +25,7 @@ def _cfg(prepared, out, *overrides: str):
         ])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_loader_rows_and_a_table_that_names_the_model(prepared, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # one line per title, as in a wide terminal
     cfg = _cfg(
@@ -48,6 +49,7 @@ def test_loader_rows_and_a_table_that_names_the_model(prepared, tmp_path, capsys
     assert "no MFU: the bf16 matrix-multiply peak is measured on CUDA only" in printed
 
 
+@pytest.mark.slow
 def test_each_row_divides_by_the_ceiling_at_its_own_batch_size(prepared, tmp_path, monkeypatch):
     measured = []  # batch size of each resident batch a ceiling ran on
     ceiling = bench._ceiling
@@ -78,6 +80,7 @@ def test_each_row_divides_by_the_ceiling_at_its_own_batch_size(prepared, tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_the_built_in_data_is_made_on_first_use_as_train_py_makes_it(tmp_path):
     """`make bench` on a fresh clone failed: data/synthetic/prepared/train.csv not found."""
     root = tmp_path / "synthetic" / "prepared"  # the built-in set's own, under paths.data_dir

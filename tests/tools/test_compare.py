@@ -22,6 +22,7 @@ from nailseg.io.folder import OwnedFolder
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_sweep_is_summarised_by_what_it_varied_failed_jobs_included(failing_sweep):
     rows = summarise(failing_sweep)
     assert list(rows["job"]) == ["0", "1", "2"]
@@ -41,6 +42,7 @@ def compare(folder: Path | str, capsys: pytest.CaptureFixture[str]) -> subproces
     return run_command(["-m", "nailseg", "compare", str(folder)], capsys)
 
 
+@pytest.mark.slow
 def test_the_command_takes_a_bare_folder_and_has_its_own_help(failing_sweep, capsys):
     proc = compare(failing_sweep, capsys)
     assert proc.returncode == 0 and "scheduler.total_steps" in proc.stdout, proc.stderr[-2000:]
@@ -92,6 +94,7 @@ def test_a_users_own_failed_json_in_a_job_folder_is_not_read_as_a_failure(tmp_pa
     assert summarise(tmp_path)["status"].tolist() == ["ok", "ok"]
 
 
+@pytest.mark.slow
 def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path, capsys):
     """The parent of sweeps (multirun/) ended in a traceback; so did a run folder or an empty one."""
     multirun = tmp_path / "multirun"
@@ -111,6 +114,7 @@ def test_a_folder_that_is_not_a_sweep_is_refused_in_one_line_naming_it(tmp_path,
         assert not (folder / "compare.md").exists()
 
 
+@pytest.mark.slow
 def test_the_table_leaves_out_empty_and_constant_columns_rounds_numbers_and_goes_past_a_broken_job(
     tmp_path, capsys
 ):
@@ -160,6 +164,7 @@ def test_scores_are_shown_only_under_the_overrides_they_were_measured_with(tmp_p
     assert "| 0 | geometric | failed: no metrics.json of this job" in shown
 
 
+@pytest.mark.slow
 def test_compare_never_opens_the_optuna_storage_a_job_names(tmp_path, capsys):
     """#45: compare opened the storage a job's .hydra/hydra.yaml named: it created Optuna's tables
     in a user's SQLite database (other URLs load a driver and connect). It reads the jobs' files

@@ -110,6 +110,7 @@ def test_a_bad_value_is_refused_in_one_line_before_the_run_folder_is_made(tmp_pa
     assert _written(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path, capsys):
     """The sweep ran (and trained) job 0 before job 1's bad value stopped it; a choice that does
     not exist in job 1 alone (model=unett) did the same."""
@@ -170,6 +171,7 @@ def test_the_first_run_on_the_built_in_data_trains_with_worker_processes(tmp_pat
     assert (tmp_path / "data" / "synthetic" / "prepared" / "train.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_refusal_that_needs_the_data_or_a_checkpoint_comes_in_one_line(
     prepared, tmp_path, capsys
 ):

@@ -161,6 +161,7 @@ def _needs_cuda(cfg) -> bool:
     return cfg.trainer.accelerator in ("gpu", "cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
     group, option, data, tmp_path
@@ -191,6 +192,7 @@ def test_every_option_builds_what_it_names_and_a_schedule_spanning_the_fit(
     assert all(lr > lrs[-1] for lr in lrs[:-1]), "the schedule's minimum must be its last step"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("experiment", "aug", "epochs", "batch"),
     [
@@ -213,6 +215,7 @@ def test_a_gpu_preset_builds_its_settings_on_any_machine(
     assert schedule_length(scheduler.state_dict()) == probe.steps == epochs * (TRAIN_ROWS // batch)
 
 
+@pytest.mark.slow
 def test_the_wild_preset_mixes_the_synthetic_photos_into_gpu_384_with_aug_photo(data, tmp_path):
     synthetic = write_prepared(tmp_path / "synthetic-mix" / "prepared", n_train=8, n_valid=2)
     wild = ["experiment=wild", f"paths.data_dir={tmp_path}", *ON_CPU]
@@ -295,6 +298,7 @@ def test_a_preset_gives_its_encoder_to_unet_only(experiment, model, encoder, dat
     assert _encoder(built.module.net) == _encoder(instantiate(alone.model))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["gpu_384", "fast_384"])
 def test_debug_overfit_wins_over_an_experiment_and_the_command_line_over_both(
     experiment, data, tmp_path

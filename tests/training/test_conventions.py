@@ -77,6 +77,7 @@ def _runs_tagged(folder: Path, tag: str) -> list[Path]:
     ]
 
 
+@pytest.mark.slow
 def test_a_debug_run_from_another_folder_writes_its_own_folder_in_the_project(tmp_path, capsys):
     """`cd elsewhere && python /project/train.py` wrote outputs/ into `elsewhere`; a path the user
     names (dataset.root=prepared) stays relative to the folder they are in."""
@@ -200,6 +201,7 @@ def test_completion_offers_a_groups_options_not_its_schema(tmp_path, capsys, mon
     assert proc.stdout.split() == ["model=segformer", "model=unet"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_a_groups_options_are_its_yaml_files_each_typed_by_its_schema(group):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

@@ -88,6 +88,7 @@ def test_a_root_that_is_not_there_is_refused_never_filled(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []  # no data, no run folder, no W&B run
 
 
+@pytest.mark.slow
 def test_the_nails_hint_names_the_photos_and_prepares_them_not_the_synthetic_set(tmp_path, capsys):
     """The hint was `python prepare.py output_dir=data/nails/prepared`, which prepared the
     synthetic photos there; `dataset=nails` then trained on them without a word."""

@@ -24,6 +24,7 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scheduler", "length_key"), [("cosine", "T_max"), ("onecycle", "total_steps")])  # fmt: skip
 def test_a_longer_fit_is_refused_before_anything_is_written(scheduler, length_key, prepared, tmp_path):  # fmt: skip
     # the schedule restored from the checkpoint spans its 1-epoch fit (3 steps); 2 epochs would
@@ -54,6 +55,7 @@ def test_a_constant_lr_fit_may_be_extended(prepared, tmp_path):
     assert (metrics["epochs"], metrics["global_step"]) == (2, 6)
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_optimizer_settings_is_refused_naming_them(prepared, tmp_path):
     """Lightning restores the optimizer's and the schedule's settings from the checkpoint:
     `optimizer.lr=0.05` on a resume trained on at the checkpoint's lr, silently."""
@@ -95,6 +97,7 @@ def _trained_rows(run_dir: Path) -> dict[int, list[int]]:
     return epochs
 
 
+@pytest.mark.slow
 def test_a_resumed_fit_trains_each_epoch_on_the_rows_the_uninterrupted_fit_did(prepared, tmp_path):
     # resumed from the checkpoint of epoch 1's end, the fit once trained epoch 2 on epoch 1's
     # shuffle (and so on, one behind): the loader took the epochs completed for the next epoch
@@ -107,6 +110,7 @@ def test_a_resumed_fit_trains_each_epoch_on_the_rows_the_uninterrupted_fit_did(p
     assert _trained_rows(tmp_path / "resumed") == straight
 
 
+@pytest.mark.slow
 def test_a_rerun_in_its_own_folder_resumes_itself_and_forgets_its_failure(prepared, tmp_path):
     # `python train.py hydra.run.dir=runs/a ckpt_path=last`, with a newer run beside it, after
     # an attempt that failed (a sweep job's error in its marker, which compare reports)

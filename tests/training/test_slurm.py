@@ -16,6 +16,7 @@ from nailseg.errors import ConfigError
 from nailseg.training.jobs import swept_keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("nodes", "expected"), [([], 1), (["trainer.num_nodes=2"], 2)])
 def test_each_job_asks_for_the_trainers_nodes_tasks_and_gpus(
     monkeypatch, tmp_path, nodes, expected
@@ -52,6 +53,7 @@ def test_a_sweep_that_varies_the_trainer_is_refused_before_submitting(
     assert isinstance(refused.value.__cause__, ConfigError)
 
 
+@pytest.mark.slow
 def test_a_job_whose_choice_sets_other_devices_is_refused_before_submitting(monkeypatch, tmp_path):
     # a user's experiment sets the devices without the sweep naming any trainer key: the keys
     # check let it through, and all jobs would have been submitted with job 1's request

@@ -21,6 +21,7 @@ def _report(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_target_reached_before_a_resume_is_reported_as_it_was(prepared, tmp_path):
     run_dir, target = tmp_path / "a", "callbacks.time_to_target.target=0.0"
     train(prepared, run_dir, "trainer.max_epochs=1", target, *COMMON)
@@ -56,6 +57,7 @@ def test_a_target_reached_after_a_resume_counts_the_earlier_session(prepared, tm
     assert reached["seconds"] >= reached["startup_s"] + reached["train_s"] + reached["val_s"] - 1e-6
 
 
+@pytest.mark.slow
 def test_with_stop_a_resumed_fit_that_had_reached_its_target_trains_no_further(prepared, tmp_path):
     stop = ("callbacks.time_to_target.target=0.0", "callbacks.time_to_target.stop=true")
     train(prepared, tmp_path / "run", "trainer.max_epochs=3", *stop, *COMMON)
@@ -67,6 +69,7 @@ def test_with_stop_a_resumed_fit_that_had_reached_its_target_trains_no_further(p
     assert {k: rerun[k] for k in MEASURED} == {k: stopped[k] for k in MEASURED}
 
 
+@pytest.mark.slow
 def test_a_jobs_clock_starts_before_it_prepares_its_data(monkeypatch, tmp_path):
     # a later job of a sweep in one process: its clock starts when the job does, so the built-in
     # data it prepares (and the data, model and loggers it builds) count as its start-up

@@ -134,6 +134,7 @@ def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_compiling_keeps_the_state_dict_keys_of_the_eager_net():
     net = build_net("unet", "resnet18", options={"encoder_depth": 3, "decoder_channels": [8, 4, 2]})
     keys = list(net.state_dict())
@@ -175,6 +176,7 @@ def test_fast_dev_run(model, loader, prepared, tmp_path):
     assert metrics["choices"]["loader"] == loader
 
 
+@pytest.mark.slow
 def test_lr_falls_once_over_the_whole_fit_and_ends_near_its_minimum(prepared, tmp_path):
     # the schedule as composed (scheduler=cosine): 4 epochs of 3 steps, one decay, no restart
     train(prepared, tmp_path / "run", "trainer.max_epochs=4", "logger=csv", "test=false")
@@ -215,6 +217,7 @@ def test_bad_values_fail_before_any_work_naming_key_and_value(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_test_split_is_reported_as_test_and_only_then(prepared, tmp_path):
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for _ in range(4)]
@@ -240,6 +243,7 @@ def test_data_of_one_group_trains_and_reports_it(prepared, tmp_path):
     assert final["val_best/samples_group_a"] == final["val_best/samples"] == 5
 
 
+@pytest.mark.slow
 def test_evaluation_only_run_scores_a_checkpoint_on_the_chosen_split(prepared, tmp_path):
     train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none", "test=false")
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
@@ -274,6 +278,7 @@ LOSSLESS_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(LOSSLESS_CASES))
 def test_no_batch_is_lost_between_epochs(case, prepared, tmp_path):
     overrides, train_samples, val_samples = LOSSLESS_CASES[case]
@@ -292,6 +297,7 @@ def test_no_batch_is_lost_between_epochs(case, prepared, tmp_path):
     assert _per_epoch(frame, "val/samples") == [val_samples] * 3
 
 
+@pytest.mark.slow
 def test_early_stopping_then_test_sees_every_sample(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(
@@ -316,6 +322,7 @@ def _wandb_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(prepared, run_dir, "trainer.max_epochs=3", "logger=wandb")
@@ -379,6 +386,7 @@ def interrupted(root: Path, run_dir: Path, *extra: str, epoch: int, batch: int =
         train(root, run_dir, *extra, crash)
 
 
+@pytest.mark.slow
 def test_resume_continues_its_run_folder_keeping_the_best_and_the_schedule(prepared, tmp_path):
     reference = tmp_path / "uninterrupted" / "run"
     train(prepared, reference, "trainer.max_epochs=4", "logger=csv", "test=false")
@@ -413,6 +421,7 @@ def test_resume_continues_its_run_folder_keeping_the_best_and_the_schedule(prepa
         train(prepared, tmp_path / "lonely" / "run", "ckpt_path=last")
 
 
+@pytest.mark.slow
 def test_a_resumed_fit_keeps_every_earlier_csv_row_once(prepared, tmp_path):
     # crashed inside epoch 2 (step 6 ran, step 7's LR was logged): both run again on resume
     run_dir = tmp_path / "runs" / "a"
@@ -427,6 +436,7 @@ def test_a_resumed_fit_keeps_every_earlier_csv_row_once(prepared, tmp_path):
     assert _per_epoch(frame, "val_best/samples") == [5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["trainer.accumulate_grad_batches=2"]])
 def test_step_losses_reach_the_loggers_at_lightnings_own_steps(extra, prepared, tmp_path):
     # the LR monitor logs by Lightning's own rule; the loss, logged past Lightning, must match
@@ -468,6 +478,7 @@ def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
     assert checkpoint["global_step"] == 3 and "state_dict" in checkpoint
 
 
+@pytest.mark.slow
 def test_eval_scales_reach_validation_and_the_checkpoint(prepared, tmp_path):
     run_dir = tmp_path / "run"
     train(prepared, run_dir, "trainer.max_epochs=1", "module.eval_scales=[1.0,2.0]", "logger=csv")
@@ -519,6 +530,7 @@ def test_a_sweep_job_resumes_its_own_checkpoint_never_a_siblings(tmp_path):
     assert resume.resolve("last", sweep / "new", sweep_job=False).checkpoint == sibling
 
 
+@pytest.mark.slow
 def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
     # what `python train.py model=segformer aug=heavy debug=fast` does on a fresh clone
     data = f"paths.data_dir={tmp_path}"  # the built-in set's own folders: tmp_path/synthetic/
@@ -534,6 +546,7 @@ def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
         run(compose_train(["dataset=nails", f"dataset.root={tmp_path}/none"], tmp_path / "r2"))
 
 
+@pytest.mark.slow
 def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp_path):
     reached = {}
     for target in (0.0, 1.01):  # met by the first validation; never met

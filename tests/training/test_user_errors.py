@@ -45,6 +45,7 @@ def _refused(capsys: pytest.CaptureFixture[str], cwd: Path, *argv: str) -> str:
     return proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -134,6 +135,7 @@ OUT_OF_RANGE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "message"), OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
 def test_a_value_out_of_range_is_refused_naming_its_key(overrides, message):
     with pytest.raises(ConfigError) as refused:
@@ -199,6 +201,7 @@ def test_a_ckpt_that_is_no_checkpoint_is_named(name, message, tmp_path):
         assert str(refused.value).startswith(f"ckpt={ckpt}") and message in str(refused.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "slurm"])
 def test_a_sweep_run_on_other_machines_is_checked_without_this_machines_devices(launcher):
     """train.py's own precheck: jobs that SLURM runs on its nodes are not refused for a device
