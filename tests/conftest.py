@@ -10,12 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.ddp import run_train
-from support.inference import make_run
 from support.prepared import write_prepared
-from support.train import small_overrides
-
-from nailseg.training.loggers import WANDB_DIRS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -83,6 +78,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
 
 
 def _train(base: Path) -> None:
+    from support.inference import make_run  # here: pytest-xdist's controller imports no torch
+
     make_run(write_prepared(base / "prepared"), base / "run")
 
 
@@ -96,7 +93,11 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
 
 
 def _run_failing_sweep(base: Path) -> None:
+    from support.ddp import run_train
+    from support.train import small_overrides
     from wandb import env as wandb_env  # here: the GPU machine's tests run without wandb
+
+    from nailseg.training.loggers import WANDB_DIRS
 
     overrides = small_overrides(
         write_prepared(base / "prepared"),

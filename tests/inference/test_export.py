@@ -117,6 +117,7 @@ def test_unknown_format_and_wrong_architecture_fail_clearly(trained, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
+@pytest.mark.slow
 def test_an_opset_or_output_that_cannot_work_is_refused_before_the_export(trained, tmp_path):
     """An opset the exporter lacks failed after tracing the net, printing its whole graph and a
     trace; an output inside a file failed with a trace when the checked model was written."""

@@ -188,6 +188,7 @@ def test_two_files_with_one_stem_are_both_skipped(trained, tmp_path):
     assert sorted(s.path.name for s in summary.skipped) == ["x.jpg", "x.png"]
 
 
+@pytest.mark.slow
 def test_a_photo_listed_twice_is_predicted_once(trained, photos, tmp_path):
     # it was skipped, twice, as "two files with one stem"
     top = photos / "top.jpeg"

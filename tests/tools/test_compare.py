@@ -211,6 +211,7 @@ def deadline() -> Iterator[None]:
     signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["metrics.json", ".hydra/overrides.yaml", ".nailseg.json", "ledger/train_epoch000.json"]
 )

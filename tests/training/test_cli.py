@@ -123,6 +123,7 @@ def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_runs(tmp_path, c
     assert _written(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_sweep_over_a_users_own_configs_is_checked_with_them(tmp_path, capsys):
     """Each job was composed without the command line's hydra overrides, so a config added with
     `hydra.searchpath` (a user's own experiment) was "not found" and the sweep refused."""

@@ -241,6 +241,7 @@ def test_the_wild_preset_mixes_the_synthetic_photos_into_gpu_384_with_aug_photo(
         )
 
 
+@pytest.mark.slow
 def test_the_graphs_preset_compiles_the_net_as_cuda_graphs_with_the_lr_scaled(data, tmp_path):
     """gpu_384_graphs: gpu_384's step compiled (reduce-overhead) at batch 64, AdamW's rate
     scaled by about the square root of the batch's growth."""
@@ -287,6 +288,7 @@ def _encoder(net: torch.nn.Module) -> tuple[str, int]:
     return type(net.encoder).__name__, sum(p.numel() for p in net.encoder.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["gpu_384", "fast_384", "gpu_384_graphs"])
 @pytest.mark.parametrize(("model", "encoder"), [("unet", "resnet34"), ("segformer", None)])
 def test_a_preset_gives_its_encoder_to_unet_only(experiment, model, encoder, data, tmp_path):
@@ -334,12 +336,14 @@ def test_optuna_refuses_an_unknown_mode_naming_it():
         cfg.hydra.sweeper.direction  # noqa: B018 (resolving is the test)
 
 
+@pytest.mark.slow
 def test_a_schedule_length_set_explicitly_is_kept(data, tmp_path):
     probe = dry_fit(build(_compose(data, tmp_path, "scheduler.T_max=7")))
     (scheduler,) = probe.schedulers
     assert schedule_length(scheduler.state_dict()) == 7 != probe.steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_onecycle_keeps_the_optimizers_momentum_unless_told_to_cycle_it(optimizer, data, tmp_path):
     # 0.5: outside OneCycleLR's momentum range, so a schedule that touched it would show

@@ -111,6 +111,7 @@ def _compose_with_hydra(*overrides: str):
         return compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "debug").glob("*.yaml")))
 def test_every_debug_option_runs_apart_with_the_loggers_off(option):
     cfg = _compose_with_hydra(f"debug={option}")

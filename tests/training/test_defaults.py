@@ -42,6 +42,7 @@ def test_auto_picks_the_gpu_in_its_fastest_precision_else_the_cpu(cuda, bf16, ch
     assert (accelerator, auto_precision(accelerator, bf16)) == chosen
 
 
+@pytest.mark.slow
 def test_the_default_trainer_is_auto_and_the_loader_runs_where_it_trains(tmp_path):
     """`python train.py model=segformer aug=heavy` trained on the CPU of a GPU machine
     (trainer=cpu was the default)."""

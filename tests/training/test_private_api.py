@@ -69,6 +69,7 @@ def test_the_computed_bar_values_are_the_ones_the_trainer_shows():
     assert trainer.progress_bar_metrics is trainer._logger_connector._progress_bar_metrics
 
 
+@pytest.mark.slow
 def test_an_error_hydra_reports_is_given_in_one_line(tmp_path, monkeypatch, capsys):
     """command_line swaps hydra._internal.utils.run_and_report, which hydra.main calls."""
     from hydra._internal import utils

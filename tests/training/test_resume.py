@@ -46,6 +46,7 @@ def test_a_longer_fit_is_refused_before_anything_is_written(scheduler, length_ke
     assert _files(runs / "a") == before and not (runs / "b").exists()
 
 
+@pytest.mark.slow
 def test_a_constant_lr_fit_may_be_extended(prepared, tmp_path):
     runs = tmp_path / "runs"
     common = ["scheduler=none", "logger=none", "test=false"]

@@ -37,6 +37,7 @@ def test_each_job_asks_for_the_trainers_nodes_tasks_and_gpus(
         assert job["slurm_partition"] == "gpu"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sweep", "key"),
     [

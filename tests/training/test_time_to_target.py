@@ -43,6 +43,7 @@ def test_a_target_reached_before_a_resume_is_reported_as_it_was(prepared, tmp_pa
     assert {k: rerun[k] for k in MEASURED} == {k: extended[k] for k in MEASURED}
 
 
+@pytest.mark.slow
 def test_a_target_reached_after_a_resume_counts_the_earlier_session(prepared, tmp_path):
     # a target the first session never met, lowered for the second: met at its first validation
     train(prepared, tmp_path / "run", "trainer.max_epochs=1", "callbacks.time_to_target.target=1.01",

@@ -58,6 +58,7 @@ def test_typo_fails_at_start_naming_the_key(override, key, tmp_path):
         compose_train([override], tmp_path)
 
 
+@pytest.mark.slow
 def test_wrong_type_fails_at_start_naming_the_key(tmp_path):
     with pytest.raises((ConfigCompositionException, ValidationError), match="max_epochs"):
         compose_train(["trainer.max_epochs=three"], tmp_path)
@@ -68,6 +69,7 @@ def test_wrong_type_fails_at_start_naming_the_key(tmp_path):
 DDP = "lightning.pytorch.strategies.DDPStrategy"
 
 
+@pytest.mark.slow
 def test_a_strategy_object_is_checked_at_start_naming_the_option(prepared, tmp_path):
     """DDPStrategy passes unknown options on to DistributedDataParallel, which would refuse a typo
     only when the fit starts; it is refused before anything is built or written."""
@@ -156,7 +158,12 @@ def _per_epoch(frame: pd.DataFrame, key: str) -> list[int]:
 
 @pytest.mark.parametrize(
     ("model", "loader"),
-    [("unet", "dali"), ("segformer", "dali"), ("unet", "torch"), ("unet", "kornia")],
+    [
+        ("unet", "dali"),
+        pytest.param("segformer", "dali", marks=pytest.mark.slow),
+        ("unet", "torch"),
+        pytest.param("unet", "kornia", marks=pytest.mark.slow),
+    ],
 )
 def test_fast_dev_run(model, loader, prepared, tmp_path):
     # aug=robust: every op of the spec (heavy's among them) trains on each loader
@@ -195,6 +202,7 @@ SEGFORMER = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -451,6 +459,7 @@ def test_step_losses_reach_the_loggers_at_lightnings_own_steps(extra, prepared, 
     assert losses["epoch"].tolist() == [s // steps_per_epoch for s in losses["step"]]
 
 
+@pytest.mark.slow
 def test_the_step_losses_average_to_the_epochs_loss(prepared, tmp_path):
     # every step logged: each epoch's 3 equal batches average to the epoch's value exactly
     run_dir = tmp_path / "run"
@@ -472,6 +481,7 @@ def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp
     ]
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_weights_only(prepared, tmp_path):
     train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=none")
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -580,6 +590,7 @@ def test_a_jobs_clock_starts_with_the_process_only_for_its_first_job(monkeypatch
     assert now <= callbacks._job_started <= time.time()  # a later job of a sweep
 
 
+@pytest.mark.slow
 def test_the_collector_leaves_what_exists_at_the_fit_start_alone_during_the_fit(prepared, tmp_path):
     """A full collection walked all ~620,000 objects of the built run: a 290-440 ms pause inside
     a training epoch of most 10-epoch fits on the H200."""

@@ -143,6 +143,7 @@ def test_a_value_out_of_range_is_refused_naming_its_key(overrides, message):
     assert str(refused.value).startswith(message), str(refused.value)
 
 
+@pytest.mark.slow
 def test_an_endless_fit_trains_with_a_step_limit(prepared, tmp_path):
     """trainer.max_epochs=-1 is Lightning's fit without an epoch limit: with max_steps the cosine
     schedule spans those steps."""
