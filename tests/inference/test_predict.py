@@ -196,6 +196,7 @@ def test_a_photo_listed_twice_is_predicted_once(trained, photos, tmp_path):
     assert summary.images == 4 and summary.skipped == []
 
 
+@pytest.mark.slow
 def test_files_of_other_types_in_a_folder_are_named_as_skipped(trained, tmp_path):
     # they were passed over without a word (prepare reports them)
     save_image(tmp_path / "in" / "x.png", np.zeros((8, 8, 3), np.uint8))
@@ -437,6 +438,7 @@ def test_threshold_auto_is_the_dice_best_on_validation_and_cached(trained, photo
     assert swept == [len(valid), len(valid) - 1]
 
 
+@pytest.mark.slow
 def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_path):
     """Every threshold scores the same for a constant net: the tie goes to the run's 0.5."""
     ckpt = constant_checkpoint(trained, logit=10.0, name="constant_auto.ckpt")
@@ -449,6 +451,7 @@ def test_threshold_auto_plateau_keeps_the_runs_threshold(trained, photos, tmp_pa
     assert "constant_auto.ckpt" in keys
 
 
+@pytest.mark.slow
 def test_threshold_auto_neither_reads_nor_replaces_a_users_own_threshold_json(
     trained, photos, tmp_path
 ):
@@ -477,6 +480,7 @@ def test_bad_threshold_value(trained, photos, tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_wrong_architecture_is_named_not_a_key_dump(trained, photos, tmp_path):
     with pytest.raises(ArchitectureMismatch) as err:
         predict(trained, photos / "top.jpeg", tmp_path / "out", "model=segformer")

@@ -254,6 +254,7 @@ def test_the_graphs_preset_compiles_the_net_as_cuda_graphs_with_the_lr_scaled(da
     assert scale == pytest.approx(2**0.5, rel=0.02)  # the YAML rounds it to 1.4e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "fused"), [([], True), (["optimizer.fused=null"], None)])
 def test_adamws_fused_kernel_reaches_the_fits_optimizer(overrides, fused, data, tmp_path):
     probe = dry_fit(build(_compose(data, tmp_path, *overrides)))
@@ -261,6 +262,7 @@ def test_adamws_fused_kernel_reaches_the_fits_optimizer(overrides, fused, data, 
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "on"), [([], True), (["module.channels_last=null"], False)])
 def test_the_net_trains_channels_last_on_the_cpu_too_by_default(overrides, on, data, tmp_path):
     """oneDNN runs UNet's convolutions faster channels-last (the default UNet-r18 on 2 cores:
@@ -328,6 +330,7 @@ def test_optuna_optimizes_the_metric_in_its_mode(metric, mode, direction):
     assert study.direction.name == direction.upper()
 
 
+@pytest.mark.slow
 def test_optuna_refuses_an_unknown_mode_naming_it():
     overrides = ["hparams_search=optuna", "optimized_mode=mx"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -463,6 +466,7 @@ def test_a_model_key_without_the_model_is_named_in_one_line(command, name, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_stored_study_rerun_seeds_its_sampler_past_the_trials_it_holds(tmp_path):
     """The sampler's seed was ${seed} alone: rerunning a stored study to add trials drew the
     first trials again (the helper's walk: lr 0.000561, resnet18, light, dice_bce twice)."""

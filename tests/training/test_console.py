@@ -105,7 +105,6 @@ def test_a_wandb_run_writes_nothing_into_home_and_warns_nothing(default_run):
     assert list(default_run.run_dir.glob("wandb/cache/wandb/logs/core-debug-*.log"))
 
 
-@pytest.mark.slow
 def test_the_summary_names_the_csv_log(prepared, tmp_path, caplog):
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="nailseg.training.run"):

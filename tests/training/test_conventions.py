@@ -184,6 +184,7 @@ def test_an_evaluation_refuses_a_restated_value_the_checkpoint_does_not_have(
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow
 def test_an_evaluation_takes_a_restated_value_that_is_the_checkpoints(trained, tmp_path):
     data, ckpt = trained
     overrides = small_overrides(data, "train=false", f"ckpt_path={ckpt}", "logger=none")

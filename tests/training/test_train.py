@@ -35,6 +35,7 @@ from nailseg.training.jobs import isolated_job
 from nailseg.training.run import run
 
 
+@pytest.mark.slow
 def test_any_smp_architecture_through_the_model_group(tmp_path):
     cfg = compose_train(["model.arch=FPN", "model.encoder_name=resnet18"], tmp_path)
     assert type(instantiate(cfg.model)).__name__ == "FPN"
@@ -130,6 +131,7 @@ def test_a_bad_value_fails_before_the_built_in_data_is_made(tmp_path):
     assert not (tmp_path / "synthetic").exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_unknown_compile_mode_fails_before_training(prepared, tmp_path):
     with pytest.raises(ValueError, match=r"reduce_overhead.*reduce-overhead"):
         train(prepared, tmp_path / "run", "module.compile=true", "module.compile_mode=reduce_overhead", "logger=none")  # fmt: skip
@@ -238,6 +240,7 @@ def test_a_test_split_is_reported_as_test_and_only_then(prepared, tmp_path):
     assert _per_epoch(_metrics_csv(run_dir), "test/samples") == [4]
 
 
+@pytest.mark.slow
 def test_data_of_one_group_trains_and_reports_it(prepared, tmp_path):
     """A folder of photos in one group (Images/<one group>/) failed at the first validation:
     torchmetrics squeezes a one-group score to a 0-dim tensor, which the per-group logging
@@ -471,6 +474,7 @@ def test_the_step_losses_average_to_the_epochs_loss(prepared, tmp_path):
     assert steps.mean().to_numpy() == pytest.approx(epochs.to_numpy(), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_the_last_epoch_even_without_a_new_best(prepared, tmp_path):
     # val/samples never changes: only epoch 0 is a "best"; last.ckpt must still move on
     train(prepared, tmp_path / "run", "trainer.max_epochs=3", "optimized_metric=val/samples", "logger=none", "test=false")  # fmt: skip
@@ -556,7 +560,6 @@ def test_the_builtin_data_is_generated_and_prepared_on_first_use(tmp_path):
         run(compose_train(["dataset=nails", f"dataset.root={tmp_path}/none"], tmp_path / "r2"))
 
 
-@pytest.mark.slow
 def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp_path):
     reached = {}
     for target in (0.0, 1.01):  # met by the first validation; never met
@@ -573,6 +576,7 @@ def test_time_to_target_is_reported_when_reached_and_null_when_not(prepared, tmp
     assert reached[1.01] is None
 
 
+@pytest.mark.slow
 def test_time_to_target_stop_ends_training_at_the_target(prepared, tmp_path):
     train(prepared, tmp_path / "run", "trainer.max_epochs=3", "logger=none", "test=false",
           "callbacks.time_to_target.target=0.0", "callbacks.time_to_target.stop=true")  # fmt: skip
