@@ -87,6 +87,7 @@ def test_a_photo_framed_like_the_training_photos_runs_once(trained):
     assert auto.net.calls == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sizes", "rerun"),
     [([200.0] * 5, True), ([0.5] * 5, False), (None, None)],
