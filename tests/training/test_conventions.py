@@ -23,6 +23,7 @@ from support.train import CONF, TINY_UNET, compose_train, small_overrides
 from support.wandb_records import run_record
 
 import benchmarks  # noqa: F401  (the bench_* schemas are stored on its import)
+import nailseg.bench  # noqa: F401  (bench_schema, likewise)
 from nailseg import config
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training.run import run
