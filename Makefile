@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATASET ?= synthetic
+# make train's preset: experiment=cpu (sized for 2 cores) where torch sees no GPU, else the defaults
+TRAIN_PRESET ?= $(shell $(PY) -c 'from nailseg.device import auto_accelerator as a; print("experiment=cpu" * (a() == "cpu"))')
 REAL_DATA ?= ../shared/data/nails
 BENCH_DIR ?= outputs/bench
 ARGS ?=
@@ -39,9 +41,9 @@ $(STAMP): pyproject.toml
 prepare: install  ## images + masks -> npy + CSV for DATASET (synthetic: generated first)
 	$(PY) prepare.py dataset=$(DATASET) $(ARGS)
 
-train: install  ## prepare DATASET, then train on it with the defaults (CPU on this machine)
+train: install  ## prepare DATASET, then train on it (TRAIN_PRESET: experiment=cpu where no GPU is seen)
 	$(PY) prepare.py dataset=$(DATASET)
-	$(PY) train.py dataset=$(DATASET) $(ARGS)
+	$(PY) train.py dataset=$(DATASET) $(TRAIN_PRESET) $(ARGS)
 
 # a file's tests (and its shared fixtures) in one process, one thread each; the whole suite runs
 # one process more than the cores (many of its tests wait on subprocesses of their own)

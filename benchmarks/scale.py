@@ -167,7 +167,8 @@ def train_stage(
     command = [
         sys.executable, str(Path(PROJECT_ROOT) / "train.py"), "dataset=synthetic",
         f"dataset.root={root}", f"dataset.raw_dir={root.parent / 'raw'}",
-        f"dataset.synthetic.n={count}", f"dataset.synthetic.seed={seed}", "trainer.max_epochs=1",
+        f"dataset.synthetic.n={count}", f"dataset.synthetic.seed={seed}",
+        "dataset.synthetic.framing=wild", "trainer.max_epochs=1",  # generate()'s default
         "test=false", "logger=none", f"hydra.run.dir={run_dir}", *overrides,
     ]  # fmt: skip
     done = subprocess.run(

@@ -40,7 +40,7 @@ from nailseg.model.checkpoint import card_of, read_checkpoint
 from nailseg.model.scales import nail_size
 from nailseg.prep.format import read_table, split_file
 from nailseg.prep.prepare import PrepareSettings, compose_prepare, prepare
-from nailseg.synth.look import BACKGROUNDS, background
+from nailseg.synth.look import BACKGROUNDS
 from nailseg.tables import print_table
 
 matplotlib.use("Agg")
@@ -80,7 +80,7 @@ def zoomed_out(pair: Pair, rng: np.random.Generator, cfg: DictConfig) -> Pair:
     if cfg.background == "border":
         return np.pad(small, (*around, (0, 0)), mode="edge"), out_mask
     kind = list(BACKGROUNDS)[int(rng.integers(len(BACKGROUNDS)))]
-    canvas = np.clip(background(rng, kind, height, width), 0, 255).astype(np.uint8)
+    canvas = np.clip(BACKGROUNDS[kind](rng, height, width), 0, 255).astype(np.uint8)
     canvas[y : y + size[1], x : x + size[0]] = small
     return canvas, out_mask
 

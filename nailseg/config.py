@@ -41,6 +41,7 @@ class PathsConfig:
 class SyntheticConfig:
     n: int = MISSING
     seed: int = MISSING
+    framing: str = MISSING  # close | wild (synth/scene.py's FRAMINGS)
 
 
 @dataclass
@@ -297,6 +298,7 @@ class SyntheticCliConfig:
     out: str = MISSING
     n: int = MISSING
     seed: int = MISSING
+    framing: str = MISSING
     num_workers: int = MISSING
 
 

@@ -29,7 +29,8 @@ RUN_BY_CI = "make test"  # .ci/run runs it, and with it this file
 SMALL_DATA = ["dataset.image_size=[32,32]"]
 SMALL_SYNTHETIC = ["dataset.synthetic.n=24"]
 SMALL_FIT = ["loader.batch_size=4", "trainer.max_epochs=1"]
-TINY_UNET = ["+model.options.encoder_depth=3", "+model.options.decoder_channels=[16,8,4]"]
+# ++: experiment=cpu (make train's on a CPU) sets the decoder's widths already
+TINY_UNET = ["++model.options.encoder_depth=3", "++model.options.decoder_channels=[16,8,4]"]
 SMALL_STUDY = ["hydra.sweeper.n_trials=2"]
 GENERATED = ("dataset=synthetic", "dataset=synthetic_mix")  # the generator's sets: fewer photos
 

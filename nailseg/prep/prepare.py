@@ -132,12 +132,16 @@ def check_config(cfg: DictConfig) -> None:
         if not Path(cfg.input_dir).is_dir():
             raise PrepareError(f"input_dir={cfg.input_dir} does not exist")
         return
+    from nailseg.synth.scene import FRAMINGS, groups_of
     from nailseg.synth.scene import KIND as SYNTHETIC
-    from nailseg.synth.scene import groups_of
 
     synthetic = cfg.dataset.synthetic
     if synthetic.n < 1:
         raise PrepareError(f"dataset.synthetic.n={synthetic.n}: must be at least 1")
+    if synthetic.framing not in FRAMINGS:
+        raise PrepareError(
+            f"dataset.synthetic.framing={synthetic.framing}: one of {list(FRAMINGS)}"
+        )
     refuse_foreign(Path(cfg.input_dir), SYNTHETIC, "dataset.raw_dir")
     check_split_settings(settings.split, groups_of(synthetic.n))
 
@@ -311,12 +315,12 @@ def run(cfg: DictConfig, wait_s: float = 0.0) -> Summary:
     if generates(cfg):
         from nailseg.synth.scene import generate, manifest
 
-        n, seed = cfg.dataset.synthetic.n, cfg.dataset.synthetic.seed
+        n, seed, framing = (cfg.dataset.synthetic[k] for k in ("n", "seed", "framing"))
         try:
-            generate(input_dir, n, seed, cfg.num_workers or 0, "dataset.raw_dir", wait_s)
+            generate(input_dir, n, seed, cfg.num_workers or 0, "dataset.raw_dir", wait_s, framing)
         except NotOursError as err:
             raise PrepareError(str(err)) from err
-        source = manifest(n, seed)
+        source = manifest(n, seed, framing)
     summary = prepare(input_dir, output_dir, PrepareSettings.from_config(cfg), source, wait_s)
     print_summary(summary)
     return summary

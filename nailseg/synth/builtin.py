@@ -1,4 +1,4 @@
-"""The built-in synthetic dataset as `train.py` gets it: made on first use and when its n or seed
+"""The built-in synthetic dataset as `train.py` gets it: made on first use and when its options
 change, in its own folders only (conf/dataset/synthetic.yaml's); a folder the user names is never
 filled (`missing_data` names the command that fills it). Of processes asking at once, one makes
 it, holding the root, while the others wait until the root is current."""
@@ -12,20 +12,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from nailseg.config import CONF_DIR
-from nailseg.errors import ConfigError
 from nailseg.io.folder import BusyError, read_marker
 from nailseg.prep.format import split_file
 from nailseg.prep.prepare import PrepareError, check_config, claim_root, compose_prepare, run
 
 BUILTIN_WAIT_S = 3600.0  # how long a process waits for another preparing the built-in dataset
 BUILTIN_CONFIG = Path(CONF_DIR) / "dataset" / "synthetic.yaml"  # the built-in set and its folders
+OPTIONS = ("n", "seed", "framing")  # dataset.synthetic's, which name the set
 
 log = logging.getLogger(__name__)
 
 
 def _builtin_current(dataset: DictConfig) -> bool:
-    """Whether the root is prepared from the set asked for (the raw photos may be gone), or
-    prepared without a synthetic source."""
+    """Whether the root is prepared from the set asked for (its photos may be gone), or by hand."""
     from nailseg.synth.scene import manifest
 
     root = Path(dataset.root)
@@ -34,7 +33,7 @@ def _builtin_current(dataset: DictConfig) -> bool:
     marker = read_marker(root) or {}
     if marker.get("synthetic") is None:
         return True
-    current = manifest(dataset.synthetic.n, dataset.synthetic.seed)
+    current = manifest(*(dataset.synthetic[key] for key in OPTIONS))
     return marker.get("complete") is True and marker["synthetic"] == current
 
 
@@ -44,30 +43,19 @@ def _builtin(dataset: DictConfig) -> DictConfig:
     return OmegaConf.create({k: own[k] for k in ("raw_dir", "root", "synthetic")}, parent=dataset)
 
 
-def _same(a: str | None, b: str) -> bool:
-    return a is not None and Path(a).resolve() == Path(b).resolve()
-
-
 def makes(dataset: DictConfig) -> bool:
     """Whether train.py makes `dataset` itself: a synthetic set in the built-in set's own raw_dir
     and root. Elsewhere the user asks for one by name: `python prepare.py dataset=synthetic`."""
-    if dataset.synthetic is None:
+    if dataset.synthetic is None or dataset.raw_dir is None:
         return False
     own = _builtin(dataset)
-    return _same(dataset.raw_dir, own.raw_dir) and _same(dataset.root, own.root)
-
-
-def check_data(cfg: DictConfig) -> None:
-    """A training config's dataset root is prepared, or is the built-in set's own, which train.py
-    makes; needs no torch, so train.py answers a root not prepared at once (`PreCheck`'s `early`)."""
-    problem = missing_data(cfg.dataset)
-    if problem is not None:
-        raise ConfigError(problem)
+    return all(Path(dataset[k]).resolve() == Path(own[k]).resolve() for k in ("raw_dir", "root"))
 
 
 def missing_data(dataset: DictConfig) -> str | None:
     """Why train.py cannot train on `dataset` as its folders stand, with the `prepare.py`
-    command that makes it; None when its root is ready or train.py makes it (`makes`)."""
+    command that makes it; None when its root is ready or train.py makes it (`makes`). Needs no
+    torch: train.py answers a root not prepared at once (`PreCheck`'s `early`)."""
     root, train_csv = Path(dataset.root), split_file("train")
     if dataset.synthetic is None:
         if (root / train_csv).is_file():
@@ -86,26 +74,17 @@ def missing_data(dataset: DictConfig) -> str | None:
         else f"is not prepared (no {train_csv})"
     )
     asked = [
-        f"dataset.{key}={value}"
-        for key, value, default in (
-            ("synthetic.n", synthetic.n, own.synthetic.n),
-            ("synthetic.seed", synthetic.seed, own.synthetic.seed),
-            ("raw_dir", dataset.raw_dir, own.raw_dir),
-        )
-        if value != default
+        f"dataset.synthetic.{key}={synthetic[key]}"
+        for key in OPTIONS
+        if synthetic[key] != own.synthetic[key]
     ]
+    if dataset.raw_dir != own.raw_dir:
+        asked.append(f"dataset.raw_dir={dataset.raw_dir}")
     return (
         f"dataset.root={root} {state}, and train.py makes the synthetic set only in its own "
         f"folders ({own.raw_dir}, {own.root}); to make it here: `python prepare.py "
         f"dataset={dataset.name} {' '.join([*asked, f'dataset.root={root}'])}`"
     )
-
-
-def _compose_prepare(dataset: DictConfig) -> DictConfig:
-    """conf/prepare.yaml for `dataset`: its paths are the caller's, resolved where it was made."""
-    cfg = compose_prepare()
-    cfg.dataset = OmegaConf.merge(cfg.dataset, OmegaConf.to_container(dataset, resolve=True))
-    return cfg
 
 
 def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool:
@@ -115,11 +94,12 @@ def prepare_builtin(dataset: DictConfig, wait_s: float = BUILTIN_WAIT_S) -> bool
     begun to train holds that too."""
     if not makes(dataset) or _builtin_current(dataset):
         return False
-    cfg = _compose_prepare(dataset)
+    cfg = compose_prepare()  # its paths are the caller's, resolved where `dataset` was made
+    cfg.dataset = OmegaConf.merge(cfg.dataset, OmegaConf.to_container(dataset, resolve=True))
     cfg.prune = True
     check_config(cfg)  # before the first write
-    n, seed = dataset.synthetic.n, dataset.synthetic.seed
-    log.info("dataset=%s (n=%d, seed=%d) is not prepared yet: making it", dataset.name, n, seed)
+    options = ", ".join(f"{key}={dataset.synthetic[key]}" for key in OPTIONS)
+    log.info("dataset=%s (%s) is not prepared yet: making it", dataset.name, options)
     root, deadline = Path(cfg.output_dir), time.monotonic() + wait_s
     while not _builtin_current(dataset):
         try:

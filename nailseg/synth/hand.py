@@ -1,22 +1,17 @@
-"""The hands of a synthetic photo: where the fingers go, and each finger and nail drawn.
-
-Three scenes: a whole hand (palm, fanned fingers, thumb, wrist), fingers from an edge (mostly a
-row of whole fingers across the frame, else tips poking in), and close-up finger tips; any
-rotation, any scale, partly out of frame. Nail plates sit narrower than their finger, as seen
-from the back. The image gets anti-aliased outlines; the mask gets the exact binary fill of each
-visible nail plate.
-"""
+"""The hands of a synthetic photo: a whole hand, fingers from an edge (mostly a row of whole
+fingers) or close-up tips, at any rotation and scale, partly out of frame; nail plates narrower
+than their finger, as seen from the back. The image gets anti-aliased outlines, the mask the exact
+fill of each visible plate."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import cv2
 import numpy as np
 
-from nailseg.synth.look import FREE_EDGE, NailLook, smooth_noise
+from nailseg.synth.look import FREE_EDGE, NailLook, Rng, smooth_noise
 
 SCENES = ("hand", "fingers", "tip")
 NAIL_AREA = 0.36  # a nail's area over its finger's width squared, for the nail outline below
@@ -33,57 +28,46 @@ _ROW_SHARE = 0.65  # "fingers" scenes that are a row of whole fingers across the
 _ROW_BEHIND = ((0.4, 1.5), (0.0, 0.0), (0.2, 1.0), (2.0, 4.0))  # tips behind the middle's
 
 
-@dataclass(frozen=True)
-class Finger:
-    """A finger in pixels: tip point, unit direction towards the tip, width, length, nail."""
-
-    tip: np.ndarray
-    d: np.ndarray
-    width: float
-    length: float
-    nail: str | None  # shape, or None for the palm and wrist
-    cap: float  # the tip's roundness in widths: a palm is flatter
-
-
-class _Part(NamedTuple):
-    """A part of a scene in finger widths, before it is scaled and placed."""
+class Finger(NamedTuple):
+    """A finger (or the palm, the wrist): tip point, unit direction towards the tip, width and
+    length; in finger widths while a scene is laid out, in pixels once placed."""
 
     tip: np.ndarray
     d: np.ndarray
     width: float
     length: float  # math.inf: it runs out of the frame
-    cap: float = 0.55
-    nailed: bool = True
+    nail: str | None = "any"  # its shape ("any" until placed); None: the palm, the wrist
+    cap: float = 0.55  # the tip's roundness in widths: a palm is flatter
 
 
 def _unit(angle: float) -> np.ndarray:
     return np.array([math.cos(angle), math.sin(angle)])
 
 
-def _hand(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
+def _hand(rng: Rng, theta: float, side: int) -> list[Finger]:
     """A whole hand, knuckles at the origin: arm, palm, thumb (mostly) and four fingers."""
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
     spread = rng.uniform(2, 14)
     palm_w = 4.4
     parts = [
-        _Part(-d0 * 4.6, d0, 0.75 * palm_w, math.inf, 0.1, nailed=False),
-        _Part(d0 * 0.3, d0, palm_w, 4.8, 0.25, nailed=False),
+        Finger(-d0 * 4.6, d0, 0.75 * palm_w, math.inf, None, 0.1),
+        Finger(d0 * 0.3, d0, palm_w, 4.8, None, 0.25),
     ]
     thumb = side * rng.uniform(30, 75)
     if rng.uniform() < 0.85:
         d = _unit(theta - math.radians(thumb))
         base = -n0 * side * 1.9 - d0 * 3.2
-        parts.append(_Part(base + d * 3.6, d, 1.2, 3.6))
+        parts.append(Finger(base + d * 3.6, d, 1.2, 3.6))
     for k in range(4):
         off = (k - 1.5) * side
         d = _unit(theta + math.radians(spread * off + rng.uniform(-4, 4)))
         knuckle = n0 * off * 1.08 - d0 * 0.12 * off**2
         length = _FINGER_LENGTHS[k] * rng.uniform(0.92, 1.06)
-        parts.append(_Part(knuckle + d * length, d, _FINGER_WIDTHS[k], length))
+        parts.append(Finger(knuckle + d * length, d, _FINGER_WIDTHS[k], length))
     return parts
 
 
-def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, close: bool) -> list[_Part]:
+def _fingers(rng: Rng, theta: float, side: int, n: int, close: bool) -> list[Finger]:
     """`n` fingers entering from beyond the edge, side by side (further apart when `close`),
     tips staggered as a hand's are."""
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
@@ -96,14 +80,19 @@ def _fingers(rng: np.random.Generator, theta: float, side: int, n: int, close: b
         d = _unit(theta + math.radians(rng.uniform(-5, 5)))
         stagger = _FINGER_LENGTHS[finger] - max(_FINGER_LENGTHS) + rng.uniform(-0.2, 0.2)
         tip = n0 * off * spacing + d0 * stagger
-        parts.append(_Part(tip, d, _FINGER_WIDTHS[finger], math.inf))
+        parts.append(Finger(tip, d, _FINGER_WIDTHS[finger], math.inf))
     return parts
 
 
-def _row(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
-    """Three to five whole fingers of a hand laid flat, side by side with small gaps, near
-    parallel, tips staggered as a hand's are; the origin is the row's middle across, level with
-    the middle finger's tip."""
+def _row(rng: Rng, side: int, h: int, w: int) -> tuple[list[Finger], float, np.ndarray]:
+    """(parts, finger width, shift) of three to five whole fingers of a hand laid flat, side by
+    side with small gaps, near parallel, tips staggered as a hand's are, mostly rising from the
+    bottom edge; fingers a fifth of the frame across, tips in its far part."""
+    if rng.uniform() < 0.1:
+        theta = rng.uniform(0, 2 * math.pi)
+    else:
+        edge = 0 if rng.uniform() < 0.7 else int(rng.integers(1, 4))
+        theta = -math.pi / 2 + edge * math.pi / 2 + rng.uniform(-0.25, 0.25)
     count = int(rng.integers(3, 6))
     first = int(rng.integers(0, 2)) if count == 3 else 0
     d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
@@ -114,47 +103,24 @@ def _row(rng: np.random.Generator, theta: float, side: int) -> list[_Part]:
             across += (_FINGER_WIDTHS[k - 1] + _FINGER_WIDTHS[k]) / 2 * rng.uniform(1.02, 1.25)
         d = _unit(theta + math.radians(side * fan * (k - 1.5) + rng.uniform(-2, 2)))
         tip = n0 * side * across - d0 * rng.uniform(*_ROW_BEHIND[k])
-        parts.append(_Part(tip, d, _FINGER_WIDTHS[k], math.inf))
+        parts.append(Finger(tip, d, _FINGER_WIDTHS[k], math.inf))
     if count == 5:  # the thumb, beside the index finger and turned out from it
         d = _unit(theta - side * math.radians(rng.uniform(15, 45)))
-        parts.append(_Part(-n0 * side * 1.3 - d0 * rng.uniform(2.0, 3.5), d, 1.2, math.inf))
-    return [p._replace(tip=p.tip - n0 * side * across / 2) for p in parts]  # centred across
-
-
-def _row_placement(
-    rng: np.random.Generator, theta: float, h: int, w: int
-) -> tuple[float, np.ndarray]:
-    """(finger width, where the row's origin goes): fingers a fifth of the frame across, tips in
-    the far part of the frame."""
-    d0, n0 = _unit(theta), _unit(theta + math.pi / 2)
-    across = abs(w * n0[0]) + abs(h * n0[1])
+        parts.append(Finger(-n0 * side * 1.3 - d0 * rng.uniform(2.0, 3.5), d, 1.2, math.inf))
+    parts = [p._replace(tip=p.tip - n0 * side * across / 2) for p in parts]  # centred across
+    frame_across = abs(w * n0[0]) + abs(h * n0[1])
     along = abs(w * d0[0]) + abs(h * d0[1])
-    centre = np.array([w / 2, h / 2])
-    at = centre + d0 * along * rng.uniform(0.2, 0.42) + n0 * across * rng.uniform(-0.1, 0.1)
-    return across * rng.uniform(0.14, 0.24), at
+    at = d0 * along * rng.uniform(0.2, 0.42) + n0 * frame_across * rng.uniform(-0.1, 0.1)
+    return parts, frame_across * rng.uniform(0.14, 0.24), np.array([w / 2, h / 2]) + at
 
 
-def _row_direction(rng: np.random.Generator) -> float:
-    """Fingers mostly rise from the bottom edge, else from any edge, some at any angle."""
-    if rng.uniform() < 0.1:
-        return rng.uniform(0, 2 * math.pi)
-    edge = 0 if rng.uniform() < 0.7 else int(rng.integers(1, 4))
-    return -math.pi / 2 + edge * math.pi / 2 + rng.uniform(-0.25, 0.25)
-
-
-def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: int) -> list[Finger]:
-    """The fingers of a scene at any rotation, drawn in order; `nail_area` is a nail's fraction
-    of the photo.
-
-    Tips are kept in view when they fit; larger hands are shifted so some tips leave the frame.
-    A row of whole fingers spans the frame, so it takes its scale from the frame instead.
-    """
+def layout(rng: Rng, scene: str, nail_area: float, h: int, w: int) -> list[Finger]:
+    """The fingers of a scene, drawn in order; `nail_area` is a nail's fraction of the photo (a
+    row of whole fingers takes its scale from the frame instead). Tips are kept in view when they
+    fit; larger hands are shifted so some tips leave the frame."""
     side = 1 if rng.uniform() < 0.5 else -1  # left or right hand
     if scene == "fingers" and rng.uniform() < _ROW_SHARE:
-        theta = _row_direction(rng)
-        parts = _row(rng, theta, side)
-        scale, shift = _row_placement(rng, theta, h, w)
-        return _placed(rng, parts, scale, shift, h, w)
+        return _placed(rng, *_row(rng, side, h, w), h, w)
     theta = rng.uniform(0, 2 * math.pi)
     if scene == "hand":
         parts = _hand(rng, theta, side)
@@ -163,7 +129,7 @@ def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: in
     else:
         parts = _fingers(rng, theta, side, 1 if rng.uniform() < 0.75 else 2, close=True)
     scale = math.sqrt(nail_area * h * w / NAIL_AREA)
-    tips = np.array([p.tip for p in parts if p.nailed]) * scale
+    tips = np.array([p.tip for p in parts if p.nail]) * scale
     margin = (rng.uniform(0.05, 0.6) if rng.uniform() < 0.8 else -0.2) * scale
     lo = np.array([margin, margin]) - tips.min(0)
     hi = np.array([w - margin, h - margin]) - tips.max(0)
@@ -171,13 +137,13 @@ def layout(rng: np.random.Generator, scene: str, nail_area: float, h: int, w: in
 
 
 def _placed(
-    rng: np.random.Generator, parts: list[_Part], scale: float, shift: np.ndarray, h: int, w: int
+    rng: Rng, parts: list[Finger], scale: float, shift: np.ndarray, h: int, w: int
 ) -> list[Finger]:
     """The parts scaled to pixels and shifted, each nail in a shape of its own."""
     beyond = math.hypot(h, w) + scale  # a length that takes a finger's base out of view
     fingers = []
     for p in parts:
-        shape = tuple(_NAIL_SHAPES)[int(rng.integers(len(_NAIL_SHAPES)))] if p.nailed else None
+        shape = tuple(_NAIL_SHAPES)[int(rng.integers(len(_NAIL_SHAPES)))] if p.nail else None
         length = min(p.length * scale, beyond)
         fingers.append(Finger(p.tip * scale + shift, p.d, p.width * scale, length, shape, p.cap))
     return fingers
@@ -207,7 +173,7 @@ class Plate(NamedTuple):
     half_w: float
 
 
-def nail_plate(rng: np.random.Generator, f: Finger) -> Plate:
+def nail_plate(rng: Rng, f: Finger) -> Plate:
     """The plate near the tip, as on a real finger seen from the back: narrower than the finger,
     lateral folds of skin on both sides, mostly about as long as wide (some longer), a little
     fingertip showing beyond its free edge."""
@@ -237,46 +203,8 @@ def _box(pts: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
     return int(x0), int(y0), int(x1), int(y1)
 
 
-def _local(f: Finger, box: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Finger-local (u, v) of every pixel in `box`."""
-    x0, y0, x1, y1 = box
-    x = np.arange(x0, x1, dtype=np.float32)[None] - np.float32(f.tip[0])
-    y = np.arange(y0, y1, dtype=np.float32)[:, None] - np.float32(f.tip[1])
-    dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
-    return x * dx + y * dy, y * dx - x * dy
-
-
-def _creases(
-    rng: np.random.Generator,
-    layer: np.ndarray,
-    f: Finger,
-    uv: tuple[np.ndarray, np.ndarray],
-    origin: np.ndarray,
-    skin: np.ndarray,
-) -> None:
-    """The knuckles: a few creases at the last joint; at the middle joint a darker, wrinkled
-    patch of several slightly bent creases."""
-    u, v = uv
-    for at, lines, patch in ((rng.uniform(1.3, 1.7), 3, 0.0), (rng.uniform(2.6, 3.2), 8, 0.12)):
-        centre = -at * f.width
-        if patch:
-            dark = rng.uniform(0, patch) * np.exp(
-                -(((u - centre) / (0.35 * f.width)) ** 2) - (v / (0.4 * f.width)) ** 2
-            )
-            layer *= (1 - dark)[..., None]
-        for _ in range(int(rng.integers(1, lines))):
-            across = np.linspace(-1, 1, 5) * rng.uniform(0.12, 0.35)
-            bend = rng.uniform(-0.05, 0.05) * across + rng.uniform(-0.1, 0.1) * across**2
-            along = centre + (rng.uniform(-0.15, 0.15) + bend) * f.width
-            pts = (_to_image(f, along, across * f.width) - origin) * (1 << _SUBPIXEL)
-            crease = (skin * rng.uniform(0.65, 0.9)).tolist()
-            cv2.polylines(
-                layer, [np.round(pts).astype(np.int32)], False, crease, 1, cv2.LINE_AA, _SUBPIXEL
-            )
-
-
 def draw_finger(
-    rng: np.random.Generator,
+    rng: Rng,
     img: np.ndarray,
     mask: np.ndarray,
     f: Finger,
@@ -287,13 +215,16 @@ def draw_finger(
     """Composite one finger (round shading lit from `tilt`, skin texture, knuckle creases) and its
     nail; the finger hides the mask of nails drawn before it. Work stays in the finger's box."""
     outline = finger_outline(f)
-    box = x0, y0, x1, y1 = _box(outline, *mask.shape)
+    x0, y0, x1, y1 = _box(outline, *mask.shape)
     if x0 >= x1 or y0 >= y1:
         return
     origin = np.array([x0, y0])
     size = (y1 - y0, x1 - x0)
     alpha = fill(size, outline - origin)
-    u, v = _local(f, box)
+    x = np.arange(x0, x1, dtype=np.float32)[None] - np.float32(f.tip[0])
+    y = np.arange(y0, y1, dtype=np.float32)[:, None] - np.float32(f.tip[1])
+    dx, dy = np.float32(f.d[0]), np.float32(f.d[1])
+    u, v = x * dx + y * dy, y * dx - x * dy  # finger-local: along (0 at the tip), across
     across = np.clip(2 * v / f.width, -1, 1)
     shade = 1 - 0.32 * across**2 + 0.12 * tilt * across
     shade *= 0.94 + 0.12 * smooth_noise(rng, *size, max(2.0, f.width / 6))
@@ -301,8 +232,23 @@ def draw_finger(
     if f.nail is not None:  # the finger tip is flushed: redder than the rest of the finger
         flush = rng.uniform(0, 0.12) * np.exp(-((u / f.width) ** 2))
         layer *= 1 - flush[..., None] * np.array([-0.3, 0.6, 0.6], np.float32)
-    if f.nail is not None:
-        _creases(rng, layer, f, (u, v), origin, skin)
+        # the knuckles: a few creases at the last joint; at the middle one a darker, wrinkled
+        # patch of several slightly bent creases
+        for at, lines, patch in ((rng.uniform(1.3, 1.7), 3, 0.0), (rng.uniform(2.6, 3.2), 8, 0.12)):
+            centre = -at * f.width
+            if patch:
+                dark = rng.uniform(0, patch) * np.exp(
+                    -(((u - centre) / (0.35 * f.width)) ** 2) - (v / (0.4 * f.width)) ** 2
+                )
+                layer *= (1 - dark)[..., None]
+            for _ in range(int(rng.integers(1, lines))):
+                span = np.linspace(-1, 1, 5) * rng.uniform(0.12, 0.35)
+                bend = rng.uniform(-0.05, 0.05) * span + rng.uniform(-0.1, 0.1) * span**2
+                along = centre + (rng.uniform(-0.15, 0.15) + bend) * f.width
+                pts = (_to_image(f, along, span * f.width) - origin) * (1 << _SUBPIXEL)
+                crease = (skin * rng.uniform(0.65, 0.9)).tolist()
+                line = [np.round(pts).astype(np.int32)]
+                cv2.polylines(layer, line, False, crease, 1, cv2.LINE_AA, _SUBPIXEL)
     view, mask_view = img[y0:y1, x0:x1], mask[y0:y1, x0:x1]
     view += alpha[..., None] * (layer - view)
     inside = fill(size, outline - origin, exact=True)
@@ -312,7 +258,7 @@ def draw_finger(
 
 
 def _draw_nail(
-    rng: np.random.Generator,
+    rng: Rng,
     view: np.ndarray,
     mask_view: np.ndarray,
     f: Finger,

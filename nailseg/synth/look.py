@@ -1,8 +1,6 @@
-"""The look of a synthetic photo: skin and nail colours, backgrounds, light and the camera.
-
-Every function draws only from the sample's RNG and works on float32 RGB in 0..255, so a sample
-stays a pure function of (seed, index).
-"""
+"""The look of a synthetic photo: skin and nail colours, backgrounds, light and the camera. Every
+function draws only from the sample's RNG, on float32 RGB in 0..255: a sample is a pure function
+of (seed, index)."""
 
 from __future__ import annotations
 
@@ -12,6 +10,8 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
+Rng = np.random.Generator
 
 # very light to very dark skin, in order: a tone is drawn anywhere along this line
 _SKIN_TONES = np.array([
@@ -32,10 +32,7 @@ _BACKDROPS = np.array(
 
 
 def hsv_colour(
-    rng: np.random.Generator,
-    s: tuple[float, float],
-    v: tuple[float, float],
-    hue: tuple[int, int] = (0, 180),
+    rng: Rng, s: tuple[float, float], v: tuple[float, float], hue: tuple[int, int] = (0, 180)
 ) -> np.ndarray:
     """A random RGB colour with hue (OpenCV's 0..180, may wrap past 180), saturation and value
     drawn from the given ranges."""
@@ -44,7 +41,7 @@ def hsv_colour(
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float32)
 
 
-def skin_tone(rng: np.random.Generator) -> np.ndarray:
+def skin_tone(rng: Rng) -> np.ndarray:
     """A skin colour anywhere from very light to very dark, with a red or yellow undertone."""
     t = rng.uniform(0, len(_SKIN_TONES) - 1)
     k = min(int(t), len(_SKIN_TONES) - 2)
@@ -65,13 +62,13 @@ class NailLook:
     free_edge: float  # where the free edge begins, from the plate's base (-1) to its tip (1)
 
 
-def _nail_bed(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
+def _nail_bed(rng: Rng, skin: np.ndarray) -> np.ndarray:
     """A contrasty bare nail's colour: pink over the skin's own tone, lighter than the skin."""
     bed = skin + (_NAIL_PINK - skin) * rng.uniform(0.35, 0.8) + rng.normal(0, 6, 3)
     return np.clip(bed * rng.uniform(1.0, 1.12), 0, 255).astype(np.float32)
 
 
-def _bare(rng: np.random.Generator, skin: np.ndarray, white: np.ndarray) -> NailLook:
+def _bare(rng: Rng, skin: np.ndarray, white: np.ndarray) -> NailLook:
     """A bare nail. Most are subtle, as trimmed nails are: on any skin a plate barely pinker and
     lighter than the skin, a short free edge or none, little shine, so the fold's outline is the
     main cue; the rest are contrasty, pink with a white free edge."""
@@ -85,7 +82,7 @@ def _bare(rng: np.random.Generator, skin: np.ndarray, white: np.ndarray) -> Nail
     return NailLook("bare", bed, white, white, rng.uniform(0.1, 0.4), rng.uniform(0.45, 0.8))
 
 
-def _polish(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
+def _polish(rng: Rng, skin: np.ndarray) -> np.ndarray:
     """Any polish: nudes close to the skin, reds, near-blacks, whites and pastels, any hue."""
     r = rng.uniform()
     if r < 0.15:  # nude: the skin's own colour, lighter and pinker, so colour alone cannot tell
@@ -100,7 +97,7 @@ def _polish(rng: np.random.Generator, skin: np.ndarray) -> np.ndarray:
     return hsv_colour(rng, (0.3, 1.0), (0.15, 0.95))
 
 
-def nail_look(rng: np.random.Generator, skin: np.ndarray) -> NailLook:
+def nail_look(rng: Rng, skin: np.ndarray) -> NailLook:
     """A finish and its colours: bare (subtle or contrasty), polish, metallic, French or glitter."""
     finish = FINISHES[int(rng.choice(len(FINISHES), p=_FINISH_ODDS))]
     white = np.clip(FREE_EDGE + rng.normal(0, 6, 3), 0, 255).astype(np.float32)
@@ -115,21 +112,10 @@ def nail_look(rng: np.random.Generator, skin: np.ndarray) -> NailLook:
     return NailLook(finish, _polish(rng, skin), white, sparkle, rng.uniform(0.4, 0.9), NO_FREE_EDGE)
 
 
-def smooth_noise(rng: np.random.Generator, h: int, w: int, cell: float) -> np.ndarray:
+def smooth_noise(rng: Rng, h: int, w: int, cell: float) -> np.ndarray:
     """Noise in [0, 1] with features about `cell` pixels wide (bicubic upsampled grid)."""
     grid = rng.random((int(h / cell) + 2, int(w / cell) + 2), np.float32)
     return np.clip(cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC), 0, 1)
-
-
-def _fractal_noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Multi-octave noise in [0, 1]: each octave half the size, `persistence` of the weight."""
-    cell, persistence = rng.uniform(24, 96), rng.uniform(0.4, 0.7)
-    total, weight = np.zeros((h, w), np.float32), 1.0
-    while cell >= 1.5:
-        total += np.float32(weight) * smooth_noise(rng, h, w, cell)
-        cell, weight = cell / 2, weight * persistence
-    lo, hi = float(total.min()), float(total.max())
-    return (total - lo) / max(hi - lo, 1e-6)
 
 
 def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +123,7 @@ def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(h, dtype=np.float32)[:, None], np.arange(w, dtype=np.float32)[None]
 
 
-def _ramp(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _ramp(rng: Rng, h: int, w: int) -> np.ndarray:
     """A linear ramp in [-1, 1] along a random direction."""
     a = rng.uniform(0, 2 * math.pi)
     y, x = _grid(h, w)
@@ -145,7 +131,7 @@ def _ramp(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return r / np.float32(max(float(np.abs(r).max()), 1.0))
 
 
-def _rotated(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+def _rotated(rng: Rng, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     """Pixel coordinates along and across a random direction."""
     a = rng.uniform(0, math.pi)
     y, x = _grid(h, w)
@@ -157,26 +143,26 @@ def _blend(c0: np.ndarray, c1: np.ndarray, t: np.ndarray) -> np.ndarray:
     return c0 + (c1 - c0) * t[..., None]
 
 
-def _two_colours(rng: np.random.Generator, s: float = 0.7) -> tuple[np.ndarray, np.ndarray]:
+def _two_colours(rng: Rng, s: float = 0.7) -> tuple[np.ndarray, np.ndarray]:
     return hsv_colour(rng, (0.0, s), (0.15, 0.95)), hsv_colour(rng, (0.0, s), (0.15, 0.95))
 
 
-def _plain_colour(rng: np.random.Generator) -> np.ndarray:
+def _plain_colour(rng: Rng) -> np.ndarray:
     """A backdrop's colour: a common one (white, grey, blue, black, green, beige) or any."""
     if rng.uniform() < 0.5:
         return hsv_colour(rng, (0.0, 0.9), (0.1, 0.98))
     return (_BACKDROPS[rng.integers(len(_BACKDROPS))] + rng.normal(0, 12, 3)).astype(np.float32)
 
 
-def _evenly_lit(rng: np.random.Generator, colour: np.ndarray, h: int, w: int) -> np.ndarray:
+def _evenly_lit(rng: Rng, colour: np.ndarray, h: int, w: int) -> np.ndarray:
     return colour * (1 + 0.05 * _ramp(rng, h, w))[..., None]
 
 
-def _plain(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _plain(rng: Rng, h: int, w: int) -> np.ndarray:
     return _evenly_lit(rng, _plain_colour(rng), h, w)
 
 
-def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _cloth(rng: Rng, h: int, w: int) -> np.ndarray:
     """Plain cloth, often strongly saturated in any hue: soft folds, thin dark creases, a faint
     weave."""
     saturated = rng.uniform() < 0.5
@@ -190,12 +176,12 @@ def _cloth(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return base * shade[..., None]
 
 
-def _gradient(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _gradient(rng: Rng, h: int, w: int) -> np.ndarray:
     c0, c1 = _two_colours(rng, 0.6)
     return _blend(c0, c1, (_ramp(rng, h, w) + 1) / 2)
 
 
-def _wood(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _wood(rng: Rng, h: int, w: int) -> np.ndarray:
     """Wood grain: wavy stripes along the planks, fine streaks, dark seams between planks."""
     dark = hsv_colour(rng, (0.35, 0.8), (0.2, 0.5), hue=(5, 22))
     light = hsv_colour(rng, (0.25, 0.7), (0.5, 0.9), hue=(8, 25))
@@ -209,7 +195,7 @@ def _wood(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return _blend(dark, light, t) * (1 - 0.4 * seam)[..., None]
 
 
-def _weave(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _weave(rng: Rng, h: int, w: int) -> np.ndarray:
     """Woven fabric: crossing threads at a random angle and pitch."""
     c0, c1 = _two_colours(rng)
     along, across = _rotated(rng, h, w)
@@ -219,7 +205,7 @@ def _weave(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return _blend(c0, c1, np.clip(0.6 * pattern + 0.4 * folds, 0, 1))
 
 
-def _tiles(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _tiles(rng: Rng, h: int, w: int) -> np.ndarray:
     """Tiles or a grid: cells with their own shade, grout lines between them."""
     tile, grout = _two_colours(rng, 0.5)
     along, across = _rotated(rng, h, w)
@@ -234,21 +220,27 @@ def _tiles(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return img * (0.93 + 0.14 * smooth_noise(rng, h, w, 40))[..., None]
 
 
-def _noise(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _noise(rng: Rng, h: int, w: int) -> np.ndarray:
     c0, c1 = _two_colours(rng, 0.9)
     return _blend(c0, c1, smooth_noise(rng, h, w, rng.uniform(2, 12)))
 
 
-def _fractal(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Fractal noise through three colours: stone, marble, foliage, carpet."""
+def _fractal(rng: Rng, h: int, w: int) -> np.ndarray:
+    """Fractal noise through three colours (stone, marble, foliage, carpet): octaves each half
+    the size of the one before, `persistence` of its weight."""
     c0, c1 = _two_colours(rng, 0.9)
     c2 = hsv_colour(rng, (0.0, 0.9), (0.1, 1.0))
-    t = _fractal_noise(rng, h, w)
+    cell, persistence = rng.uniform(24, 96), rng.uniform(0.4, 0.7)
+    t, weight = np.zeros((h, w), np.float32), 1.0
+    while cell >= 1.5:
+        t += np.float32(weight) * smooth_noise(rng, h, w, cell)
+        cell, weight = cell / 2, weight * persistence
+    t = (t - t.min()) / max(float(np.ptp(t)), 1e-6)
     img = _blend(c0, c1, np.clip(2 * t, 0, 1))
     return img + (c2 - img) * np.clip(2 * t - 1, 0, 1)[..., None]
 
 
-def _desk(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _desk(rng: Rng, h: int, w: int) -> np.ndarray:
     """A desk top (plain, wood or gradient) with a few office things on it."""
     surface = (_plain, _wood, _gradient)[int(rng.integers(3))]
     img = surface(rng, h, w)
@@ -257,11 +249,10 @@ def _desk(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return img
 
 
-def _clutter(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def _clutter(rng: Rng, h: int, w: int) -> np.ndarray:
     """Any texture under many objects, some skin- and nail-coloured and nail-sized."""
-    img = BACKGROUNDS[("gradient", "noise", "fractal", "weave", "wood")[int(rng.integers(5))]](
-        rng, h, w
-    )
+    kind = ("gradient", "noise", "fractal", "weave", "wood")[int(rng.integers(5))]
+    img = BACKGROUNDS[kind](rng, h, w)
     colours = []
     for _ in range(int(rng.integers(6, 16))):
         r = rng.uniform()
@@ -276,7 +267,7 @@ def _clutter(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 
 def _objects(
-    rng: np.random.Generator, img: np.ndarray, colours: list[np.ndarray], size: tuple[float, float]
+    rng: Rng, img: np.ndarray, colours: list[np.ndarray], size: tuple[float, float]
 ) -> None:
     """Boxes, ellipses and capsules in the given colours, each `size` of the image side."""
     h, w = img.shape[:2]
@@ -297,32 +288,24 @@ def _objects(
         else:  # a capsule: a pen, or a finger-like shape without a nail
             a = math.radians(angle)
             half = np.array([math.cos(a), math.sin(a)]) * dims[0]
-            p0 = np.round(np.array(centre) - half).astype(int)
-            p1 = np.round(np.array(centre) + half).astype(int)
+            ends = np.round(np.array(centre) + np.outer((-1, 1), half)).astype(int).tolist()
             thick = max(2, int(dims[1] / 2))
-            cv2.line(
-                img, tuple(map(int, p0)), tuple(map(int, p1)), shade.tolist(), thick, cv2.LINE_AA
-            )
+            cv2.line(img, tuple(ends[0]), tuple(ends[1]), shade.tolist(), thick, cv2.LINE_AA)
 
 
-BACKGROUNDS: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
+BACKGROUNDS: dict[str, Callable[[Rng, int, int], np.ndarray]] = {
     f.__name__[1:]: f
     for f in (_plain, _cloth, _gradient, _wood, _weave, _tiles, _noise, _fractal, _desk, _clutter)
 }
 
 
-def background(rng: np.random.Generator, kind: str, h: int, w: int) -> np.ndarray:
-    """A float32 HxWx3 background in 0..255 of the given kind (a key of BACKGROUNDS)."""
-    return np.ascontiguousarray(BACKGROUNDS[kind](rng, h, w), np.float32)
-
-
-def shadow(rng: np.random.Generator, coverage: np.ndarray, strength: float) -> np.ndarray:
+def shadow(rng: Rng, coverage: np.ndarray, strength: float) -> np.ndarray:
     """Multiplicative darkening from a coverage map, softened by a wide blur."""
     soft = cv2.GaussianBlur(coverage, (0, 0), rng.uniform(2, 9))
     return 1 - strength * soft
 
 
-def light(rng: np.random.Generator, img: np.ndarray, strength: float) -> np.ndarray:
+def light(rng: Rng, img: np.ndarray, strength: float) -> np.ndarray:
     """Light from any side (a ramp) and a colour cast of the light source."""
     h, w = img.shape[:2]
     gain = 1 + strength * rng.uniform(0.3, 1) * _ramp(rng, h, w)
@@ -331,10 +314,7 @@ def light(rng: np.random.Generator, img: np.ndarray, strength: float) -> np.ndar
 
 
 def camera(
-    rng: np.random.Generator,
-    img: np.ndarray,
-    noise: tuple[float, float],
-    blur: tuple[float, float],
+    rng: Rng, img: np.ndarray, noise: tuple[float, float], blur: tuple[float, float]
 ) -> np.ndarray:
     """What a phone camera does to the scene: white balance, vignetting, defocus or motion blur,
     lost resolution, sensor noise, exposure and JPEG compression; returns RGB uint8. The mask is

@@ -1,9 +1,6 @@
-"""The built-in synthetic photos: procedural hands with nail masks, in the users' layout
-(`Images/<group>/<name>.png` RGB, `Masks/<group>/<name>.png` 0/255); each group is one kind of
-scene (`hand`, `look`: what is drawn). Each sample draws from its own RNG seeded by (seed, index):
-the same (n, seed) gives byte-identical files, whatever the workers. The set's folder is nailseg's
-`synthetic` folder; its marker says which set it holds and whether it is complete.
-"""
+"""The synthetic photos: procedural hands with nail masks in the users' layout (`Images/<group>/`
+RGB, `Masks/<group>/` 0/255), one kind of scene a group. A sample draws from its own RNG seeded by
+(seed, index): the same set gives byte-identical files, whatever the workers."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,7 @@ from nailseg.io.folder import Journal, OwnedFolder, read_marker
 from nailseg.lifetime import die_with_parent
 from nailseg.progress import progress
 from nailseg.synth.hand import SCENES, draw_finger, fill, finger_outline, layout
-from nailseg.synth.look import background, camera, light, nail_look, shadow, skin_tone
+from nailseg.synth.look import BACKGROUNDS, Rng, camera, light, nail_look, shadow, skin_tone
 
 VERSION = 3  # bump whenever the pictures change, so that old sets are regenerated
 GROUPS = ("studio", "desk", "fabric", "clutter")
@@ -73,13 +70,26 @@ STYLES: dict[str, Style] = {
         (288, 288), SCENES, (0.003, 0.20), ("clutter",), 0.45, 0.5, 0.5, (2.0, 10.0), (0.0, 1.5),
     ),
 }  # fmt: skip
+# framing=close (the built-in set, for a CPU): seen from near, no nail tiny, less nail-like clutter
+_CLOSE = {
+    "desk": {"scenes": ("fingers",), "nail_area": (0.01, 0.06)},
+    "fabric": {"nail_area": (0.02, 0.15)},
+    "clutter": {
+        "scenes": ("fingers", "tip"),
+        "nail_area": (0.01, 0.2),
+        "backgrounds": ("clutter", "desk", "tiles", "wood"),
+    },
+}
+FRAMINGS = {
+    "wild": STYLES,
+    "close": {group: replace(style, **_CLOSE.get(group, {})) for group, style in STYLES.items()},
+}
 
 
-def _scene(
-    rng: np.random.Generator, style: Style, h: int, w: int
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """(image, mask, light side) of one drawn scene, before the light and the camera."""
-    img = background(rng, style.backgrounds[int(rng.integers(len(style.backgrounds)))], h, w)
+def _scene(rng: Rng, style: Style, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(image, mask) of one drawn scene, before the light and the camera."""
+    kind = style.backgrounds[int(rng.integers(len(style.backgrounds)))]
+    img = np.ascontiguousarray(BACKGROUNDS[kind](rng, h, w), np.float32)
     scene = style.scenes[int(rng.integers(len(style.scenes)))]
     area = math.exp(rng.uniform(*np.log(style.nail_area)))
     fingers = layout(rng, scene, area, h, w)
@@ -96,19 +106,19 @@ def _scene(
         if rng.uniform() < 0.15:  # not every finger wears the same polish
             look = nail_look(rng, skin)
         draw_finger(rng, img, mask, f, skin, look, tilt)
-    return img, mask, tilt
+    return img, mask
 
 
-def render(index: int, seed: int) -> tuple[str, np.ndarray, np.ndarray]:
+def render(index: int, seed: int, framing: str = "wild") -> tuple[str, np.ndarray, np.ndarray]:
     """(group, RGB uint8 HxWx3 image, uint8 HxW mask in {0, 255}) of sample `index`.
 
     The mask is final before the light and the camera touch the image."""
     rng = np.random.default_rng([seed, index])
     group = GROUPS[index % len(GROUPS)]
-    style = STYLES[group]
+    style = FRAMINGS[framing][group]
     h, w = style.size
     for _ in range(50):  # redraw the rare scene whose nails are hidden, out of view or too big
-        img, mask, _ = _scene(rng, style, h, w)
+        img, mask = _scene(rng, style, h, w)
         if MIN_FG <= np.count_nonzero(mask) / mask.size <= MAX_FG:
             break
     else:
@@ -121,8 +131,8 @@ def render(index: int, seed: int) -> tuple[str, np.ndarray, np.ndarray]:
     return group, camera(rng, img, style.noise, style.blur), mask
 
 
-def _write_sample(folder: OwnedFolder, index: int, seed: int) -> None:
-    group, img, mask = render(index, seed)
+def _write_sample(folder: OwnedFolder, index: int, seed: int, framing: str) -> None:
+    group, img, mask = render(index, seed, framing)
     for kind, array in (("Images", np.ascontiguousarray(img[..., ::-1])), ("Masks", mask)):
         ok, buf = cv2.imencode(".png", array, _PNG_PARAMS)
         if not ok:
@@ -138,20 +148,26 @@ def _init_worker(parent: int, path: str) -> None:
     _worker_folder = OwnedFolder.attach(path)
 
 
-def _write_in_worker(job: tuple[int, int]) -> None:
+def _write_in_worker(job: tuple[int, int, str]) -> None:
     _write_sample(_worker_folder, *job)
 
 
-def manifest(n: int, seed: int) -> dict[str, int]:
-    """What names the complete set for (n, seed); a prepared root's marker keeps it as its source."""
-    return {"n": n, "seed": seed, "generator": VERSION}  # the marker's own "version" is its format
+def manifest(n: int, seed: int, framing: str = "wild") -> dict[str, Any]:
+    """What names a complete set; a prepared root's marker keeps it as its source."""
+    return {
+        "n": n,
+        "seed": seed,
+        "framing": framing,
+        "generator": VERSION,
+    }  # "version": the format's
 
 
-def is_current(out_dir: Path, n: int, seed: int) -> bool:
-    """Whether `out_dir` holds the complete set for (n, seed) of this generator version."""
+def is_current(out_dir: Path, n: int, seed: int, framing: str = "wild") -> bool:
+    """Whether `out_dir` holds the complete set (n, seed, framing) of this generator version."""
     marker: dict[str, Any] = read_marker(Path(out_dir)) or {}
+    wanted = manifest(n, seed, framing)
     complete = marker.get("kind") == KIND and marker.get("complete") is True
-    return complete and {key: marker.get(key) for key in manifest(n, seed)} == manifest(n, seed)
+    return complete and {key: marker.get(key) for key in wanted} == wanted
 
 
 def _samples(n: int) -> list[str]:
@@ -166,7 +182,13 @@ def groups_of(n: int) -> list[str]:
 
 
 def generate(
-    out_dir: Path, n: int, seed: int, num_workers: int = 0, key: str = "out", wait_s: float = 0.0
+    out_dir: Path,
+    n: int,
+    seed: int,
+    num_workers: int = 0,
+    key: str = "out",
+    wait_s: float = 0.0,
+    framing: str = "wild",
 ) -> Path:
     """Write n samples to `out_dir` unless it already holds them; returns `out_dir`. Raises
     NotOursError, before writing, when `out_dir` is not nailseg's synthetic folder, another process
@@ -175,14 +197,17 @@ def generate(
     out_dir = Path(out_dir)
     if n < 1 or num_workers < 0:
         raise ValueError(f"need n >= 1 and num_workers >= 0, got n={n}, num_workers={num_workers}")
-    if is_current(out_dir, n, seed):
+    if framing not in FRAMINGS:
+        raise ValueError(f"framing={framing!r}: one of {sorted(FRAMINGS)}")
+    if is_current(out_dir, n, seed, framing):
         return out_dir
     with OwnedFolder.claim(out_dir, KIND, key=key, wait_s=wait_s) as folder:
-        if is_current(out_dir, n, seed):  # made by the process this one waited for
+        if is_current(out_dir, n, seed, framing):  # made by the process this one waited for
             return out_dir
         samples, earlier = _samples(n), _samples(folder.marker.get("n", 0))
         folder.check_free(samples)
-        folder.update_marker(complete=False, **manifest(n, seed))
+        folder.update_marker(complete=False, **manifest(n, seed, framing))
+        jobs = [(i, seed, framing) for i in range(n)]
         with progress("generating synthetic photos", n) as advance:
             if num_workers:
                 # spawn, not fork: the caller may hold threads (torch, OpenCV) a fork would break
@@ -190,13 +215,12 @@ def generate(
                 init = (os.getpid(), str(folder.path))
                 with ctx.Pool(num_workers, initializer=_init_worker, initargs=init) as pool:
                     chunk = max(1, n // (4 * num_workers))
-                    jobs = [(i, seed) for i in range(n)]
                     for _ in pool.imap_unordered(_write_in_worker, jobs, chunksize=chunk):
                         advance(1)
                 folder.journal = Journal(folder.path)  # with what the workers journaled
             else:
-                for i in range(n):
-                    _write_sample(folder, i, seed)
+                for job in jobs:
+                    _write_sample(folder, *job)
                     advance(1)
         for rel in sorted(set(earlier) - set(samples)):  # the earlier set's, while as written
             folder.remove(rel)
@@ -211,13 +235,13 @@ def generate(
 def main(cfg: DictConfig) -> None:
     """A set made into `out` on its own, with a one-line report; a current set is left as it is."""
     require_values(cfg, "nailseg.synth")
-    if is_current(Path(cfg.out), cfg.n, cfg.seed):
+    if is_current(Path(cfg.out), cfg.n, cfg.seed, cfg.framing):
         print(f"{cfg.out}: already holds n={cfg.n} seed={cfg.seed}; nothing written")
         return
     start = time.perf_counter()
     try:
-        generate(Path(cfg.out), cfg.n, cfg.seed, cfg.num_workers)
-    except NotOursError as err:
+        generate(Path(cfg.out), cfg.n, cfg.seed, cfg.num_workers, framing=cfg.framing)
+    except (NotOursError, ValueError) as err:
         sys.exit(f"synthetic failed: {err}")
     except KeyboardInterrupt:
         sys.exit(f"synthetic interrupted: {cfg.out} is left incomplete; run it again to finish it")

@@ -184,6 +184,11 @@ def check_values(cfg: DictConfig) -> None:
     for key, lowest in LOWEST.items():
         if (value := OmegaConf.select(cfg, key)) is not None and value < lowest:
             raise ConfigError(f"{key}={value}: must be at least {lowest}")
+    if (framing := OmegaConf.select(cfg, "dataset.synthetic.framing")) is not None:
+        from nailseg.synth.scene import FRAMINGS  # OpenCV, no torch: a generated set only
+
+        if framing not in FRAMINGS:
+            raise ConfigError(f"dataset.synthetic.framing={framing}: one of {list(FRAMINGS)}")
     try:
         check_name(cfg.loader.device)
     except ValueError as err:
@@ -207,9 +212,11 @@ def check_values(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer, cfg.train)
     check_schema_keys(cfg)
     check_weights(cfg.model)
-    from nailseg.synth.builtin import check_data  # pandas: not for a command's misspelt key
+    from nailseg.synth.builtin import missing_data  # pandas: not for a command's misspelt key
 
-    check_data(cfg)
+    problem = missing_data(cfg.dataset)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def check_trainer(trainer: DictConfig, train: bool) -> None:

@@ -71,6 +71,10 @@ def test_changed_options_make_and_prepare_the_set_again(tmp_path):
     assert not np.array_equal(
         np.load(tmp_path / "synthetic/prepared/images/studio/s0000.npy"), first
     )
+    close = np.load(tmp_path / "synthetic/prepared/images/desk/s0001.npy")
+    assert prepare_builtin(_dataset(tmp_path, 12, 1, "dataset.synthetic.framing=wild"))
+    wild = np.load(tmp_path / "synthetic/prepared/images/desk/s0001.npy")
+    assert close.shape == wild.shape and not np.array_equal(close, wild)
     assert prepare_builtin(_dataset(tmp_path, n=4, seed=1))  # smaller: the rest is pruned
     assert _rows(tmp_path / "synthetic/prepared") == sorted(
         f"images/{GROUPS[i]}/s{i:04d}.npy" for i in range(4)

@@ -156,14 +156,30 @@ def test_cli_prints_a_summary_then_skips_a_current_set(
     monkeypatch.setattr(sys, "argv", args)
     main()
     assert "wrote 4 images" in capsys.readouterr().out
+    assert read_marker(tmp_path / "cli")["framing"] == "close"  # the built-in set's
     main()
     assert "nothing written" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*args, "framing=far"])
+    with pytest.raises(SystemExit, match=r"framing='far': one of \['close', 'wild'\]"):
+        main()
 
 
 @pytest.mark.parametrize(("n", "workers"), [(0, 0), (4, -1)])
 def test_rejects_bad_arguments(tmp_path: Path, n: int, workers: int) -> None:
     with pytest.raises(ValueError, match="need n >= 1"):
         generate(tmp_path, n=n, seed=0, num_workers=workers)
+
+
+def test_close_framing_shows_the_groups_from_near() -> None:
+    """framing=close (the built-in set, for a CPU): no tiny nails of whole hands seen from afar."""
+    areas: dict[str, list[float]] = {"wild": [], "close": []}
+    for framing, found in areas.items():
+        for i in range(24):
+            _, _, mask = render(i, 0, framing)
+            _, _, stats, _ = cv2.connectedComponentsWithStats((mask == 255).astype(np.uint8))
+            found += list(stats[1:, cv2.CC_STAT_AREA] / mask.size)
+    assert min(areas["close"]) > 0.005 > min(areas["wild"])
+    assert np.percentile(areas["close"], 10) > 2 * np.percentile(areas["wild"], 10)
 
 
 @dataclass
