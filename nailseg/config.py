@@ -216,6 +216,11 @@ class ModuleConfig:
 
 
 @dataclass
+class ExtrasConfig:
+    print_config: bool = MISSING  # the config tree on the console (always in config_tree.txt)
+
+
+@dataclass
 class TrainerConfig:
     """Lightning Trainer keyword arguments; every key is overridable as trainer.<key>=...
 
@@ -288,6 +293,7 @@ class TrainConfig:
     optimized_metric: str = MISSING  # what train.py returns to sweepers (its best value)
     optimized_mode: str = MISSING  # max | min: which value of optimized_metric is best
     overlay_every_n_epochs: int = MISSING
+    extras: ExtrasConfig = MISSING
 
 
 # stored at the top, in no group: a group's options are its YAML files only
@@ -410,6 +416,7 @@ def register() -> None:
         cs.store(name=name, node=node)
     # every entry point imports this module before Hydra composes (and a sweeper resolves)
     OmegaConf.register_new_resolver("nailseg.root", lambda: PROJECT_ROOT or os.getcwd())
+    OmegaConf.register_new_resolver("nailseg.task", lambda train: "train" if train else "eval")
     OmegaConf.register_new_resolver("nailseg.direction", study_direction)
     OmegaConf.register_new_resolver("nailseg.study_seed", study_seed)
     # trainer=auto's device and precision: the one choice loader.device=auto makes too

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -26,7 +27,7 @@ from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO
 from nailseg.training.jobs import sweep_job
 from nailseg.training.loggers import build_loggers, reserve_folders
-from nailseg.training.run_folder import hold, inside
+from nailseg.training.run_folder import hold, inside, is_ours, read_failure
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 
@@ -42,6 +43,7 @@ class Built:
     loggers: list[Logger]
     resume: resume.Resume | None
     run_id: str  # the run its checkpoints' cards and its folder's marker name (resume.py)
+    finished: bool = False  # a resumed fit whose checkpoint ends it: nothing left to train
 
 
 def build(cfg: DictConfig) -> Built:
@@ -72,7 +74,11 @@ def build(cfg: DictConfig) -> Built:
     reserve_folders(loggers, cfg.run_dir)
     if cfg.trainer.accelerator in GPU_ACCELERATORS:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tensor cores' fast path
-    return Built(cfg, datamodule, module, trainer, loggers, resumed, run_id)
+    # finished: its fit ended, and its report was written after it with no failure since
+    reported = is_ours(Path(cfg.run_dir) / "metrics.json") and not read_failure(Path(cfg.run_dir))
+    done = cfg.train and resumed is not None and reported
+    done = done and resumed.global_step >= fit_steps(trainer, datamodule)
+    return Built(cfg, datamodule, module, trainer, loggers, resumed, run_id, done)
 
 
 def build_datamodule(cfg: DictConfig) -> NailDataModule:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -27,6 +28,7 @@ from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay
 
 log = logging.getLogger(__name__)
 WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, first allocations
+EPOCH_LINE = ("train/loss", "val/loss", "val/dice")  # the values of an epoch's line
 
 
 def settled(epochs: Any) -> Any:
@@ -116,6 +118,39 @@ class RankSafeProgressBar(RichProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         return {**get_standard_metrics(trainer), **trainer._logger_connector._progress_bar_metrics}
+
+
+class EpochLines(ProgressBar):
+    """One line per epoch on rank 0 (its seconds, training included, and `EPOCH_LINE`'s values),
+    logged once the epoch's values are in: at the next epoch's start or the fit's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shown, self._epoch, self._start = True, None, 0.0
+
+    def disable(self) -> None:
+        self._shown = False
+
+    def enable(self) -> None:
+        self._shown = True
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.on_train_end(trainer, pl_module)
+        self._epoch, self._start = trainer.current_epoch, time.monotonic()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self._epoch is not None and self._shown and trainer.is_global_zero:
+            values = trainer._logger_connector._callback_metrics  # computed on every rank
+            shown = [f"{k} {float(values[k]):.4g}" for k in EPOCH_LINE if k in values]
+            last = f"/{trainer.max_epochs - 1}" if trainer.max_epochs not in (None, -1) else ""
+            seconds = time.monotonic() - self._start
+            log.info("epoch %d%s: %.1f s, %s", self._epoch, last, seconds, ", ".join(shown))
+        self._epoch = None
+
+
+def progress_bar() -> ProgressBar:
+    """Rich's bar in a terminal; elsewhere (a pipe, a log file, SLURM) one line per epoch."""
+    return RankSafeProgressBar() if sys.stdout.isatty() else EpochLines()
 
 
 class LearningRates(L.Callback):

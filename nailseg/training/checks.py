@@ -95,7 +95,10 @@ def composed_jobs(config: DictConfig, config_name: str | None) -> Iterator[tuple
     parsed = OverridesParser.create().parse_overrides(arguments)
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     hydra_overrides = list(config.hydra.overrides.hydra)
-    for number, overrides in enumerate(track(jobs, "checking the sweep's jobs", transient=True)):
+    shown = track(
+        jobs, "checking the sweep's jobs", transient=True, disable=not sys.stdout.isatty()
+    )
+    for number, overrides in enumerate(shown):
         where = f"job {number} of {len(jobs)} ({' '.join(overrides)}): "
         try:
             job = compose(config_name, overrides=[*hydra_overrides, *overrides])

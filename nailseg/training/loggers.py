@@ -29,14 +29,46 @@ _wandb_dirs_set: dict[str, str] = {}  # the values set here, which a sweep's nex
 
 
 def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
-    """The `logger=` group's loggers; a resumed fit's CSV log keeps the rows before its checkpoint."""
-    loggers = []
+    """The `logger=` group's loggers, and a CSV log beside them if none is: every run keeps its
+    values locally (`draw_curves`). A resumed fit's CSV log keeps the rows before its checkpoint."""
+    loggers, keep = [], resumed.global_step if resumed is not None and cfg.train else None
     for name, conf in (cfg.logger or {}).items():
-        extra = _wandb_args(conf, cfg.run_dir, resumed) if name == "wandb" else {}
-        if name == "csv" and resumed is not None and cfg.train:
-            extra["keep_steps_before"] = resumed.global_step
+        fit = resumed if keep is not None else None  # an evaluation is a W&B run of its own
+        extra = _wandb_args(conf, cfg.run_dir, fit) if name == "wandb" else {}
+        if name == "csv":
+            extra["keep_steps_before"] = keep
         loggers.append(instantiate(conf, **extra))
+    if not any(isinstance(logger, CSVLogger) for logger in loggers):
+        loggers.append(ContinuedCSVLogger(cfg.run_dir, "csv", "", keep_steps_before=keep))
     return loggers
+
+
+def draw_curves(csv_log: Path, path: Path) -> None:
+    """`path` (curves.png) from the CSV log: the losses, val Dice per group, the learning rate."""
+    import pandas as pd
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no figure to close
+
+    frame = pd.read_csv(io.BytesIO(read_regular(csv_log)))
+    epochs = frame.groupby("epoch").last() if "epoch" in frame else pd.DataFrame()
+    dice = [c for c in epochs if c == "val/dice" or c.startswith("val/dice_group_")]
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
+    for ax, title, columns in (
+        (axes[0], "loss", [c for c in ("train/loss", "val/loss") if c in epochs]),
+        (axes[1], "val Dice: all and per group", dice),
+    ):
+        for column in columns:
+            ax.plot(epochs.index, epochs[column], marker="o", label=column)
+        ax.set(title=title, xlabel="epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    for column in [c for c in frame if c.startswith("lr-")]:
+        rows = frame[["step", column]].dropna()
+        axes[2].plot(rows["step"], rows[column], marker=".", label=column)
+    axes[2].set(title="learning rate", xlabel="step")
+    for ax in [ax for ax in axes if ax.lines]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def reserve_folders(loggers: list[Logger], run_dir: str) -> None:

@@ -63,9 +63,10 @@ def resolve(
     resume the fit `cfg` composes."""
     if ckpt_path is None:
         return None
+    doing = "evaluating" if cfg is None else "resuming from"
     if ckpt_path != LAST:
         found = _resume(Path(ckpt_path), run_dir, cfg)
-        log.info("resuming from %s", found.checkpoint)
+        log.info("%s %s", doing, found.checkpoint)
         return found
     candidates = _last_candidates(run_dir, sweep_job)
     if not candidates and sweep_job:
@@ -79,7 +80,7 @@ def resolve(
             log.warning("ckpt_path=last: skipping %s: %s", path, err)
             rejected.append(str(err))
             continue
-        log.info("resuming from %s", path)
+        log.info("%s %s", doing, path)
         return found
     raise CheckpointError(
         f"ckpt_path=last: no run under {run_dir.parent} can be resumed"
@@ -122,17 +123,21 @@ def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
 
 
 def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
-    """What `ckpt_path=last` chooses from, the newest first; never a copy of a run folder."""
+    """What `ckpt_path=last` chooses from, the newest first; never a copy of a run folder. A run
+    beside it without a last.ckpt (stopped before its first) is named as skipped."""
     own = run_dir / CHECKPOINTS / "last.ckpt"
     if own.is_file() or sweep_job:
         return [own] if own.is_file() else []
     found = []
-    for path in run_dir.parent.glob(f"*/{CHECKPOINTS}/last.ckpt"):
-        run, marker = path.parent.parent, read_marker(path.parent.parent)
+    beside = run_dir.parent.iterdir() if run_dir.parent.is_dir() else ()
+    for run in sorted(p for p in beside if p.is_dir() and p != run_dir):
+        path, marker = run / CHECKPOINTS / "last.ckpt", read_marker(run)
         if marker is not None and is_copy(run, marker):
             log.info("ckpt_path=last: %s is a copy of a run folder: never resumed into", run)
-        else:
+        elif path.is_file():
             found.append((path.stat().st_mtime_ns, path))
+        elif marker is not None and marker["kind"] == "run":
+            log.info("ckpt_path=last: skipping %s: it saved no checkpoint", run)
     return [path for _, path in sorted(found, reverse=True)]
 
 

@@ -10,7 +10,9 @@ import io
 import json
 import logging
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.model_summary import get_human_readable_count as count
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -29,7 +32,7 @@ from nailseg.collector import frozen_heap
 from nailseg.training.build import Built, build
 from nailseg.training.callbacks import TimeToTarget, TrainSpeedMonitor, start_job_clock
 from nailseg.training.jobs import isolated_job, sweep_job
-from nailseg.training.loggers import start_loggers
+from nailseg.training.loggers import draw_curves, start_loggers
 from nailseg.training.run_folder import (
     hold,
     is_ours,
@@ -49,25 +52,43 @@ SUMMARISED = ("dice", "iou", "loss")  # the final evaluation's metrics in the ru
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 # the top-level keys shown first, in the order data flows; the rest follow as composed
 ORDER = ("dataset", "loader", "aug", "normalize", "model", "optimizer", "scheduler", "module")
-CONFIG_TREE = "config_tree.txt"  # the printed tree, kept in the run folder
-# Lightning's info messages that say nothing about the run
+CONFIG_TREE = "config_tree.txt"  # the config tree, kept in the run folder
+CURVES = "curves.png"  # the fit's values by epoch, drawn from the CSV log
+# Lightning's info messages that say nothing the run's own lines do not (the summary names the
+# checkpoints, the epoch lines the fit's end), and the loggers that give them
 LIGHTNING_CHATTER = (
     "💡 Tip:",
     "Trainer already configured with model summary callbacks",
     "Loading `train_dataloader` to estimate number of stepping batches",
+    "Seed set to",
+    "TPU available:",
+    "HPU available:",
+    "`Trainer.fit` stopped:",
+    "Restoring states from the checkpoint path",
+    "Loaded model weights from the checkpoint",
 )
+CHATTY = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed")
 # (category, message regex, module regex) of library warnings known to be harmless here
 KNOWN_WARNINGS = [  # Lightning 2.6 still uses the LeafSpec that torch deprecated
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch"),
+    # epoch values are what the run reports; a short epoch logs no step value
+    (UserWarning, r"The number of training batches \(\d+\) is smaller than the logging", ""),
+    # a resumed fit's own folders: its CSV log continues (ContinuedCSVLogger), its checkpoints stay;
+    # a checkpoint read into another folder (an evaluation) keeps no best of the folder it left
+    (UserWarning, r"(Experiment logs|Checkpoint) directory .* exists and is not empty", ""),
+    (UserWarning, r"The dirpath has changed from", ""),
 ]
+
+
+def _not_chatter(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_CHATTER)
 
 
 def quiet_libraries() -> None:
     """Silence Lightning's tips, the known warnings and W&B's banner (WANDB_SILENT=false); once
     logging is configured, Lightning's messages go to its handlers (console and log file)."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER)
-    )
+    for name in CHATTY:
+        logging.getLogger(name).addFilter(_not_chatter)
     for category, message, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message, category, module)
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -135,6 +156,10 @@ def _choices() -> dict[str, str]:
     return {k: str(v) for k, v in choices.items() if not k.startswith("hydra")}
 
 
+def _overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def _job_log(run_dir: Path) -> Path | None:
     """Where a resumed fit's session log goes besides the session's own folder: its run's."""
     if not HydraConfig.initialized():
@@ -194,11 +219,15 @@ def _logger_lines(loggers: list[Logger]) -> list[str]:
         if isinstance(logger, WandbLogger):
             wandb_run, sync = logger.experiment, f"wandb sync {logger.experiment.settings.sync_dir}"
             lines.append(f"W&B (offline): {sync}" if wandb_run.offline else f"W&B: {wandb_run.url}")
-        elif isinstance(logger, CSVLogger):
-            lines.append(f"CSV log: {logger.experiment.metrics_file_path}")
         elif isinstance(logger, TensorBoardLogger):
             lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}")
-    return lines
+    return lines + [f"CSV log: {path}" for path in _csv_logs(loggers) if path.is_file()]
+
+
+def _csv_logs(loggers: list[Logger]) -> Iterator[Path]:
+    for logger in loggers:
+        if isinstance(logger, CSVLogger):
+            yield Path(logger.log_dir) / ExperimentWriter.NAME_METRICS_FILE
 
 
 def _summary(report: dict[str, Any], run_dir: Path, built: Built, kept: list[Path]) -> str:
@@ -218,6 +247,7 @@ def _summary(report: dict[str, Any], run_dir: Path, built: Built, kept: list[Pat
         if best is None and final["checkpoint"]:
             lines.append(f"evaluated checkpoint: {final['checkpoint']}")
     lines.append(f"metrics: {run_dir / 'metrics.json'}")
+    lines += [f"curves: {run_dir / CURVES}"] if (run_dir / CURVES).is_file() else []
     lines += [f"kept, not nailseg's (so not written): {path}" for path in kept]
     return "\n  ".join(["run summary", *lines, *_logger_lines(built.loggers)])
 
@@ -251,8 +281,7 @@ def _report(built: Built) -> dict[str, Any]:
     checkpoint = built.resume.checkpoint if built.resume else None
     report: dict[str, Any] = {
         "choices": _choices(),
-        # the job's own: compare shows a metrics.json only under the overrides it records
-        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "overrides": _overrides(),  # compare shows a metrics.json only under its own
         "tags": list(cfg.tags),
         "resumed_from": str(checkpoint) if checkpoint else None,
     }
@@ -265,7 +294,9 @@ def _report(built: Built) -> dict[str, Any]:
             return report
     if cfg.test or not cfg.train:  # the final evaluation of `checkpoint` on the final split
         trainer, module, data = built.trainer, built.module, built.datamodule
-        trainer.test(module, datamodule=data, ckpt_path=checkpoint, weights_only=True)
+        trainer.test(
+            module, datamodule=data, ckpt_path=checkpoint, weights_only=True, verbose=False
+        )
         metrics = _plain_metrics(trainer.callback_metrics, f"{module.test_prefix}/")
         report["evaluated_on"] = data.final_split
         report["final"] = {
@@ -279,6 +310,11 @@ def _finish(built: Built, report: dict[str, Any]) -> None:
     """Write metrics.json, close the loggers and print the summary (rank 0)."""
     run_dir, rank_zero = Path(built.cfg.run_dir), built.trainer.is_global_zero
     if rank_zero:
+        csv_log = next(_csv_logs(built.loggers))
+        if csv_log.is_file():  # none after fast_dev_run, which logs nothing
+            report["history"] = os.path.relpath(csv_log, run_dir)
+        if built.cfg.train and csv_log.is_file():
+            draw_curves(csv_log, run_dir / CURVES)
         text = json.dumps(report, indent=2, sort_keys=True)
         write_file(run_dir / "metrics.json", text.encode())
         hold(run_dir).update_marker(failed=None)  # an earlier attempt's, now resumed
@@ -299,6 +335,17 @@ def _finish(built: Built, report: dict[str, Any]) -> None:
         log.info(summary)
 
 
+def _resume_hint(built: Built) -> None:
+    """How to continue an interrupted fit: the command as given, resuming its own last.ckpt."""
+    last = Path(built.cfg.run_dir) / "checkpoints" / "last.ckpt"
+    if built.trainer.interrupted and built.trainer.is_global_zero and is_ours(last):
+        given = [o for o in _overrides() if not o.startswith("ckpt_path=")]
+        command = " ".join([os.path.basename(sys.argv[0]), *given, f"ckpt_path={last}"])
+        log.warning("interrupted; to continue this run: python %s", command)
+    elif built.trainer.interrupted and built.trainer.is_global_zero:
+        log.warning("interrupted before the first checkpoint: nothing to continue")
+
+
 def run(cfg: DictConfig) -> float | None:
     """Build, fit, evaluate the best checkpoint (`train=false`: `ckpt_path` only) and report;
     returns the best `cfg.optimized_metric` (what a sweeper ranks), None without a fit."""
@@ -312,11 +359,25 @@ def run(cfg: DictConfig) -> float | None:
             if built.trainer.is_global_zero:
                 tree = config_tree(cfg, _choices())
                 write_file(Path(cfg.run_dir) / CONFIG_TREE, tree.encode())
-                print(tree, end="")
+                if cfg.extras.print_config:
+                    print(tree, end="")
             if built.resume is not None:
                 log.info("checkpoint %s; writing to %s", built.resume.checkpoint, cfg.run_dir)
+            if built.finished:  # nothing is trained, evaluated or rewritten, no logger starts
+                ckpt = built.resume.checkpoint
+                log.info(
+                    "%s finished its fit (step %d): nothing to resume. To train it further, "
+                    "ckpt_path=%s with more trainer.max_epochs and scheduler=none (a resumed "
+                    "schedule keeps its length), or a new run from its weights: "
+                    "model.encoder_weights=%s", cfg.run_dir, built.resume.global_step, ckpt, ckpt,
+                )  # fmt: skip
+                return None
             start_loggers(built.loggers, cfg, _choices())
-            report = _report(built)
+            try:
+                report = _report(built)
+            except SystemExit:  # Lightning's, after Ctrl-C or SIGTERM ended the fit
+                _resume_hint(built)
+                raise
             _finish(built, report)
     finally:
         release(cfg.run_dir)

@@ -218,6 +218,7 @@ class RunFolders(Callback):
             for name in SWEEPER_FILES:  # the sweepers write them in place: a new file each time
                 sweep.remove(name)
                 sweep.reserve(name)
+            log.info("sweep folder: %s", sweep.path)
 
         _or_leave(claim)
 
@@ -251,9 +252,16 @@ class RunFolders(Callback):
         release(config.hydra.runtime.output_dir)
 
     def on_multirun_end(self, config: DictConfig, **_: Any) -> None:
-        if self._sweep is not None:  # compare may write into it next, in this process or another
+        if self._sweep is not None:  # compare writes into it next, here or in another process
             self._sweep.release()
         sweep_dir = Path(config.hydra.sweep.dir)
+        from nailseg.compare import report  # pandas and matplotlib: only for a sweep's end
+
+        log.info("sweep folder: %s; its jobs compared (python -m nailseg compare):", sweep_dir)
+        try:
+            report(sweep_dir)
+        except UserError as err:
+            log.warning("no comparison: %s", err)
         session = (read_marker(sweep_dir) or {}).get("session")
         jobs = [
             j for j in job_folders(sweep_dir) if (read_marker(j) or {}).get("session") == session

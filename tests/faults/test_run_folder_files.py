@@ -72,7 +72,8 @@ def test_a_linked_checkpoint_folder_is_refused_before_the_fit(prepared, tmp_path
 @pytest.mark.slow
 def test_a_users_csv_log_in_the_run_folder_is_refused_not_deleted(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, *ONE_EPOCH)
+    run_folder.hold(run_dir)  # a run folder nailseg made, before any logger reserved its folder
+    run_folder.release(run_dir)
     (run_dir / "csv").mkdir()
     (run_dir / "csv" / "metrics.csv").write_text("step,mine\n0,1\n")
     with pytest.raises(NotOursError, match=r"csv lies where nailseg would write"):

@@ -1,14 +1,20 @@
 """Resuming a fit (`ckpt_path=...`): which checkpoint and folder, a schedule that cannot be
-continued, optimizer settings the resume would not apply, and a job's earlier failure."""
+continued, optimizer settings the resume would not apply, a job's earlier failure; what Ctrl-C
+says, and an evaluation's own folder and W&B run."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from support.train import train
+from support.cli import run_command
+from support.train import small_overrides, train
+from support.wandb_records import run_id, run_record
 
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training import resume
@@ -145,3 +151,67 @@ def test_a_broken_checkpoint_of_its_own_folder_is_refused_not_replaced_by_a_sibl
     ) as err:
         resume.resolve("last", own.parents[1], sweep_job=False)
     assert str(sibling) not in str(err.value)
+
+
+class CtrlC(L.Callback):
+    """Ctrl-C as a user presses it: SIGINT to this process at the start of epoch 1."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_the_command_that_continues_the_run(prepared, tmp_path, capsys):
+    run_dir, ctrl_c = tmp_path / "run", f"+callbacks.ctrl_c._target_={__name__}.CtrlC"
+    command = ["train.py", *small_overrides(prepared, "trainer.max_epochs=2", "logger=none")]
+    previous = signal.getsignal(signal.SIGINT)
+    try:  # Lightning ignores SIGINT once it handled one
+        done = run_command([*command, ctrl_c, f"hydra.run.dir={run_dir}"], capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done.returncode == 1
+    (hint,) = [line for line in done.stdout.splitlines() if "to continue this run: " in line]
+    given = hint.split("to continue this run: python ")[1].split()
+    assert given == [*command, ctrl_c, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"]
+    session = f"hydra.run.dir={tmp_path / 'session'}"  # where this session's own log goes
+    again = run_command([*(g for g in given if g != ctrl_c), session], capsys)  # less the Ctrl-C
+    assert again.returncode == 0 and again.stderr == "", again.stderr[-2000:]
+    report = json.loads((run_dir / "metrics.json").read_text())
+    assert report["resumed_from"] == given[-1].split("=", 1)[1] and report["epochs"] == 2
+
+
+@pytest.mark.slow
+def test_an_evaluation_has_its_own_folder_and_wandb_run(prepared, tmp_path, capsys):
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "logger=wandb", "test=false")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    argv = ["train.py", "train=false", f"ckpt_path={ckpt}", f"dataset.root={prepared}",
+            "loader.batch_size=4", "trainer=cpu", f"paths.log_dir={tmp_path / 'outputs'}"]  # fmt: skip
+    done = run_command(argv, capsys)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert f"evaluating {ckpt}" in done.stdout and "resuming" not in done.stdout
+    (eval_dir,) = (tmp_path / "outputs" / "eval").iterdir()
+    assert json.loads((eval_dir / "metrics.json").read_text())["final"]["metrics"]
+    (trained,) = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+    (evaluated,) = eval_dir.glob("wandb/offline-run-*/run-*.wandb")
+    assert run_record(evaluated).job_type == "eval" and run_record(trained).job_type == "train"
+    assert run_id(evaluated) != run_id(trained)
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_on_a_finished_run_says_so_and_changes_nothing(prepared, tmp_path, capsys):
+    runs, common = tmp_path / "runs", ["trainer.max_epochs=1", "logger=wandb", "test=false"]
+    train(prepared, runs / "a", *common)
+    report, last = runs / "a" / "metrics.json", runs / "a" / "checkpoints" / "last.ckpt"
+    before = (report.read_bytes(), report.stat().st_mtime_ns, last.stat().st_mtime_ns)
+    argv = ["train.py", *small_overrides(prepared, *common), "ckpt_path=last"]
+    done = run_command([*argv, f"hydra.run.dir={runs / 'b'}"], capsys)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (report.read_bytes(), report.stat().st_mtime_ns, last.stat().st_mtime_ns) == before
+    assert len(list((runs / "a").glob("wandb/offline-run-*"))) == 1  # no second W&B session
+    (said,) = [line for line in done.stdout.splitlines() if "finished its fit" in line]
+    assert said.endswith(
+        f"{runs / 'a'} finished its fit (step 3): nothing to resume. To train it further, "
+        f"ckpt_path={last} with more trainer.max_epochs and scheduler=none (a resumed schedule "
+        f"keeps its length), or a new run from its weights: model.encoder_weights={last}"
+    )

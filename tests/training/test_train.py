@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -398,6 +399,20 @@ def interrupted(root: Path, run_dir: Path, *extra: str, epoch: int, batch: int =
 
 
 @pytest.mark.slow
+def test_ckpt_path_last_names_the_runs_it_skips_for_lacking_a_checkpoint(
+    prepared, tmp_path, caplog
+):
+    runs = tmp_path / "runs"
+    train(prepared, runs / "a", "trainer.max_epochs=1", "logger=none", "test=false")
+    interrupted(prepared, runs / "b", "trainer.max_epochs=1", "logger=none", epoch=0)  # none saved
+    with caplog.at_level(logging.INFO, logger="nailseg.training.resume"):
+        train(prepared, runs / "c", "trainer.max_epochs=1", "logger=none", "ckpt_path=last")
+    said = [r.getMessage() for r in caplog.records]
+    assert f"ckpt_path=last: skipping {runs / 'b'}: it saved no checkpoint" in said
+    assert f"resuming from {runs / 'a' / 'checkpoints' / 'last.ckpt'}" in said
+
+
+@pytest.mark.slow
 def test_resume_continues_its_run_folder_keeping_the_best_and_the_schedule(prepared, tmp_path):
     reference = tmp_path / "uninterrupted" / "run"
     train(prepared, reference, "trainer.max_epochs=4", "logger=csv", "test=false")
@@ -433,12 +448,14 @@ def test_resume_continues_its_run_folder_keeping_the_best_and_the_schedule(prepa
 
 
 @pytest.mark.slow
-def test_a_resumed_fit_keeps_every_earlier_csv_row_once(prepared, tmp_path):
-    # crashed inside epoch 2 (step 6 ran, step 7's LR was logged): both run again on resume
+def test_a_resumed_fit_keeps_every_earlier_csv_row_once_and_draws_them(prepared, tmp_path):
+    # crashed inside epoch 2 (step 6 ran, step 7's LR was logged): both run again on resume; the
+    # CSV log is kept beside any logger (none here), and drawn when the resumed fit ends
     run_dir = tmp_path / "runs" / "a"
-    interrupted(prepared, run_dir, "trainer.max_epochs=4", "logger=csv", epoch=2, batch=1)
-    assert _metrics_csv(run_dir)["step"].max() == 7
-    train(prepared, tmp_path / "runs" / "b", "trainer.max_epochs=4", "logger=csv", "ckpt_path=last")  # fmt: skip
+    interrupted(prepared, run_dir, "trainer.max_epochs=4", "logger=none", epoch=2, batch=1)
+    assert _metrics_csv(run_dir)["step"].max() == 7 and not (run_dir / "curves.png").exists()
+    train(prepared, tmp_path / "runs" / "b", "trainer.max_epochs=4", "logger=none", "ckpt_path=last")  # fmt: skip
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
     frame = _metrics_csv(run_dir)
     assert frame.dropna(subset=["val/dice"])["epoch"].tolist() == [0, 1, 2, 3]
     assert _per_epoch(frame, "train/samples") == [12] * 4

@@ -20,8 +20,9 @@ def _wandb_logger(tmp_path, monkeypatch, env_mode: str | None, **conf_values):
     conf = OmegaConf.load(CONF / "logger" / "wandb.yaml")
     conf.wandb.tags = []
     conf.wandb.merge_with(conf_values)
-    cfg = OmegaConf.create({"logger": conf, "run_dir": str(tmp_path)})
-    (logger,) = build_loggers(cfg, None)  # builds the logger; its run starts on first use
+    cfg = OmegaConf.create({"logger": conf, "run_dir": str(tmp_path), "task_name": "train"})
+    logger, csv_log = build_loggers(cfg, None)  # its run starts on first use; a CSV log beside
+    assert type(csv_log).__name__ == "ContinuedCSVLogger"
     assert logger._experiment is None  # nothing was started, nothing uploaded
     return logger
 
