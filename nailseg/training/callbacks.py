@@ -121,12 +121,9 @@ class RankSafeProgressBar(RichProgressBar):
 
 
 class EpochLines(ProgressBar):
-    """One line per epoch on rank 0 (its seconds, training included, and `EPOCH_LINE`'s values),
-    logged once the epoch's values are in: at the next epoch's start or the fit's end."""
+    """A line per epoch on rank 0 (seconds, `EPOCH_LINE`), once its values are in: at the next."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._shown, self._epoch, self._start = True, None, 0.0
+    _shown, _epoch, _start = True, None, 0.0  # per instance once set
 
     def disable(self) -> None:
         self._shown = False

@@ -217,8 +217,7 @@ def check_values(cfg: DictConfig) -> None:
     check_weights(cfg.model)
     from nailseg.synth.builtin import missing_data  # pandas: not for a command's misspelt key
 
-    problem = missing_data(cfg.dataset)
-    if problem is not None:
+    if (problem := missing_data(cfg.dataset)) is not None:
         raise ConfigError(problem)
 
 

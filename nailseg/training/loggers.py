@@ -29,8 +29,7 @@ _wandb_dirs_set: dict[str, str] = {}  # the values set here, which a sweep's nex
 
 
 def build_loggers(cfg: DictConfig, resumed: Resume | None) -> list[Logger]:
-    """The `logger=` group's loggers, and a CSV log beside them if none is: every run keeps its
-    values locally (`draw_curves`). A resumed fit's CSV log keeps the rows before its checkpoint."""
+    """The `logger=` group's loggers and a CSV log beside them, which a resumed fit continues."""
     loggers, keep = [], resumed.global_step if resumed is not None and cfg.train else None
     for name, conf in (cfg.logger or {}).items():
         fit = resumed if keep is not None else None  # an evaluation is a W&B run of its own

@@ -123,8 +123,7 @@ def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
 
 
 def _last_candidates(run_dir: Path, sweep_job: bool) -> list[Path]:
-    """What `ckpt_path=last` chooses from, the newest first; never a copy of a run folder. A run
-    beside it without a last.ckpt (stopped before its first) is named as skipped."""
+    """What `ckpt_path=last` chooses from, newest first; never a copy, nor a run with none (named)."""
     own = run_dir / CHECKPOINTS / "last.ckpt"
     if own.is_file() or sweep_job:
         return [own] if own.is_file() else []

@@ -73,8 +73,7 @@ KNOWN_WARNINGS = [  # Lightning 2.6 still uses the LeafSpec that torch deprecate
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch"),
     # epoch values are what the run reports; a short epoch logs no step value
     (UserWarning, r"The number of training batches \(\d+\) is smaller than the logging", ""),
-    # a resumed fit's own folders: its CSV log continues (ContinuedCSVLogger), its checkpoints stay;
-    # a checkpoint read into another folder (an evaluation) keeps no best of the folder it left
+    # a resumed fit's own folders (its CSV log continues); an evaluation's checkpoint read elsewhere
     (UserWarning, r"(Experiment logs|Checkpoint) directory .* exists and is not empty", ""),
     (UserWarning, r"The dirpath has changed from", ""),
 ]
@@ -337,13 +336,13 @@ def _finish(built: Built, report: dict[str, Any]) -> None:
 
 def _resume_hint(built: Built) -> None:
     """How to continue an interrupted fit: the command as given, resuming its own last.ckpt."""
-    last = Path(built.cfg.run_dir) / "checkpoints" / "last.ckpt"
-    if built.trainer.interrupted and built.trainer.is_global_zero and is_ours(last):
-        given = [o for o in _overrides() if not o.startswith("ckpt_path=")]
-        command = " ".join([os.path.basename(sys.argv[0]), *given, f"ckpt_path={last}"])
-        log.warning("interrupted; to continue this run: python %s", command)
-    elif built.trainer.interrupted and built.trainer.is_global_zero:
-        log.warning("interrupted before the first checkpoint: nothing to continue")
+    last, script = Path(built.cfg.run_dir) / "checkpoints" / "last.ckpt", sys.argv[0]
+    if not (built.trainer.interrupted and built.trainer.is_global_zero):
+        return
+    given = [o for o in _overrides() if not o.startswith("ckpt_path=")]
+    program = f"python {os.path.basename(script)}" if script.endswith(".py") else script  # nailseg
+    command = " ".join([program, *given, f"ckpt_path={last}"])
+    log.warning("interrupted; %s", f"to continue: {command}" if is_ours(last) else "no checkpoint")
 
 
 def run(cfg: DictConfig) -> float | None:

@@ -171,8 +171,9 @@ def test_ctrl_c_prints_the_command_that_continues_the_run(prepared, tmp_path, ca
     finally:
         signal.signal(signal.SIGINT, previous)
     assert done.returncode == 1
-    (hint,) = [line for line in done.stdout.splitlines() if "to continue this run: " in line]
-    given = hint.split("to continue this run: python ")[1].split()
+    (hint,) = [line for line in done.stdout.splitlines() if "interrupted; to continue: " in line]
+    python, *given = hint.split("interrupted; to continue: ")[1].split()
+    assert python == "python"
     assert given == [*command, ctrl_c, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"]
     session = f"hydra.run.dir={tmp_path / 'session'}"  # where this session's own log goes
     again = run_command([*(g for g in given if g != ctrl_c), session], capsys)  # less the Ctrl-C
