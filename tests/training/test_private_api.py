@@ -67,6 +67,8 @@ def test_wandbs_unset_anonymous_is_left_out_of_its_init_arguments(tmp_path):
 def test_the_computed_bar_values_are_the_ones_the_trainer_shows():
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
     assert trainer.progress_bar_metrics is trainer._logger_connector._progress_bar_metrics
+    # EpochLines reads the epoch's values as computed, never computing one
+    assert trainer.callback_metrics is trainer._logger_connector._callback_metrics
 
 
 @pytest.mark.slow
