@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli import quick_first
 from support.image_files import save_image
 
 from nailseg.device import gpu_count
@@ -70,27 +71,35 @@ CKPT = "ckpt=FILES/unread.ckpt"  # a checkpoint until torch reads it: the checks
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [
-        (["predict", "ckpt=FILES/nope.ckpt", *PHOTOS], "ckpt=.*nope.ckpt: no such checkpoint"),
-        (["predict", "ckpt=FILES/cut.ckpt", *PHOTOS], "cut.ckpt is not a checkpoint"),
-        (["predict", "ckpt=FILES/arrays.ckpt", *PHOTOS], "cannot be loaded as a checkpoint"),
-        (["predict", CKPT, "input=FILES/none", "output=FILES/out"], "input .*none does not exist"),
-        (["predict", CKPT, "input=FILES/photos", "output=FILES/mine"], "not a folder nailseg made"),
-        (["predict", CKPT, "input=FILES/photos", "output=FILES/file/out"], "output="),
-        (["predict", CKPT, "input=FILES/photos", "output=FILES/photos/out"], "overlap"),
-        (["predict", CKPT, *PHOTOS, "masks=FILES/none"], "masks=.*none is not a folder"),
-        (["predict", CKPT, *PHOTOS, "batch_size=0"], "batch_size=0: must be at least 1"),
-        (["predict", CKPT, *PHOTOS, "threshold=often"], "threshold=often: use a number"),
-        (["predict", CKPT, *PHOTOS, "std=[1,0,1]"], "every value must be above 0"),
-        (["predict", CKPT, *PHOTOS, "batch_size=many"], "batch_size=many"),
-        (["export", "ckpt=FILES/nope.ckpt"], "no such checkpoint"),
-        (["export", CKPT, "format=tflite"], "format=tflite: supported formats are onnx, smp"),
-        (["export", CKPT, "image_size=[0,32]"], r"image_size must be \[height, width\]"),
-        (["export", CKPT, "output=FILES/file/x.onnx"], "file is a file, not a folder"),
-        (["export", CKPT, "format=smp", "output=FILES/mine"], "not a folder nailseg made"),
-        (["compare", "sweep_dir=FILES/nowhere"], "no such folder"),
-        (["compare", "sweep_dir=FILES/sweep"], "sweep"),
-    ],
+    quick_first(
+        [
+            (["predict", "ckpt=FILES/nope.ckpt", *PHOTOS], "ckpt=.*nope.ckpt: no such checkpoint"),
+            (["predict", "ckpt=FILES/cut.ckpt", *PHOTOS], "cut.ckpt is not a checkpoint"),
+            (["predict", "ckpt=FILES/arrays.ckpt", *PHOTOS], "cannot be loaded as a checkpoint"),
+            (
+                ["predict", CKPT, "input=FILES/none", "output=FILES/out"],
+                "input .*none does not exist",
+            ),
+            (
+                ["predict", CKPT, "input=FILES/photos", "output=FILES/mine"],
+                "not a folder nailseg made",
+            ),
+            (["predict", CKPT, "input=FILES/photos", "output=FILES/file/out"], "output="),
+            (["predict", CKPT, "input=FILES/photos", "output=FILES/photos/out"], "overlap"),
+            (["predict", CKPT, *PHOTOS, "masks=FILES/none"], "masks=.*none is not a folder"),
+            (["predict", CKPT, *PHOTOS, "batch_size=0"], "batch_size=0: must be at least 1"),
+            (["predict", CKPT, *PHOTOS, "threshold=often"], "threshold=often: use a number"),
+            (["predict", CKPT, *PHOTOS, "std=[1,0,1]"], "every value must be above 0"),
+            (["predict", CKPT, *PHOTOS, "batch_size=many"], "batch_size=many"),
+            (["export", "ckpt=FILES/nope.ckpt"], "no such checkpoint"),
+            (["export", CKPT, "format=tflite"], "format=tflite: supported formats are onnx, smp"),
+            (["export", CKPT, "image_size=[0,32]"], r"image_size must be \[height, width\]"),
+            (["export", CKPT, "output=FILES/file/x.onnx"], "file is a file, not a folder"),
+            (["export", CKPT, "format=smp", "output=FILES/mine"], "not a folder nailseg made"),
+            (["compare", "sweep_dir=FILES/nowhere"], "no such folder"),
+            (["compare", "sweep_dir=FILES/sweep"], "sweep"),
+        ]
+    ),
 )
 def test_a_user_error_is_one_line_before_the_heavy_imports(files, args, message):
     line = refused(files, *args)
@@ -99,7 +108,7 @@ def test_a_user_error_is_one_line_before_the_heavy_imports(files, args, message)
 
 
 @pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU")
-@pytest.mark.parametrize("device", ["cuda", "cuda:1", "gpu"])
+@pytest.mark.parametrize("device", quick_first([("cuda",), ("cuda:1",), ("gpu",)], kind=len))
 def test_a_gpu_asked_for_where_none_is_is_one_line_before_torch(files, device):
     line = refused(files, "predict", CKPT, *PHOTOS, f"device={device}")
     assert f"device='{device}': this machine has no CUDA device; use auto or cpu" in line

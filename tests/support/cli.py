@@ -11,7 +11,7 @@ import runpy
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 # the folders watched now, each with the files below it opened meanwhile (files_opened_below)
 _WATCHES: list[tuple[str, set[str]]] = []
 _open_hook_added = False
+
+
+def quick_first(
+    cases: Sequence[tuple], kind: Callable[[tuple], object] = lambda case: case[0][0]
+) -> list:
+    """`cases` as pytest params, each after the first of its `kind` (by default its command's first
+    argument) marked slow: a case that starts a process costs about a second, so the inner loop
+    (make test-quick) keeps one a kind and make test runs them all."""
+    seen: set[object] = set()
+    params = []
+    for case in cases:
+        params.append(pytest.param(*case, marks=[pytest.mark.slow] if kind(case) in seen else []))
+        seen.add(kind(case))
+    return params
 
 
 def exit_status(done: SystemExit) -> int:

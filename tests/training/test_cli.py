@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import run_command
+from support.cli import quick_first, run_command
 from support.train import TINY_UNET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,31 +37,43 @@ HEAVY = ("torch", "lightning", "segmentation_models_pytorch", "nvidia.dali")
 
 @pytest.mark.parametrize(
     ("args", "answer"),
-    [
-        (["--help"], "python train.py [group=option ...]"),
-        (["model=unetx"], "train.py: ConfigError: model=unetx: no such option (segformer, unet)"),
-        (["trainer.max_epochs=abc"], "train.py: ConfigError: trainer.max_epochs=abc: Value 'abc'"),
-        (
-            ["trainer.max_epoch=3"],
-            "train.py: ConfigError: trainer.max_epoch=3: no such key; did you mean "
-            "trainer.max_epochs?",
-        ),
-        (["+module.los=dice"], "train.py: ConfigError: module.los: no such key; did you mean"),
-        (
-            ["+trainer.max_epoch=3"],
-            "trainer.max_epoch: no such key; did you mean trainer.max_epochs?",
-        ),
-        (["loader.batch_size=0"], "train.py: ConfigError: loader.batch_size=0: must be at least 1"),
-        (
-            ["model.encoder_weights=imagenet", "paths.root_dir=ROOT"],
-            "model.encoder_weights=imagenet: resnet18's imagenet weights are not on disk",
-        ),
-        (
-            ["dataset=nails", "dataset.root=ROOT"],
-            "dataset.root=ROOT is not prepared (no train.csv)",
-        ),
-        (["-m", "dataset=nails", "dataset.root=ROOT,/b"], "dataset.root=ROOT is not prepared"),
-    ],
+    quick_first(
+        [
+            (["--help"], "python train.py [group=option ...]"),
+            (
+                ["model=unetx"],
+                "train.py: ConfigError: model=unetx: no such option (segformer, unet)",
+            ),
+            (
+                ["trainer.max_epochs=abc"],
+                "train.py: ConfigError: trainer.max_epochs=abc: Value 'abc'",
+            ),
+            (
+                ["trainer.max_epoch=3"],
+                "train.py: ConfigError: trainer.max_epoch=3: no such key; did you mean "
+                "trainer.max_epochs?",
+            ),
+            (["+module.los=dice"], "train.py: ConfigError: module.los: no such key; did you mean"),
+            (
+                ["+trainer.max_epoch=3"],
+                "trainer.max_epoch: no such key; did you mean trainer.max_epochs?",
+            ),
+            (
+                ["loader.batch_size=0"],
+                "train.py: ConfigError: loader.batch_size=0: must be at least 1",
+            ),
+            (
+                ["model.encoder_weights=imagenet", "paths.root_dir=ROOT"],
+                "model.encoder_weights=imagenet: resnet18's imagenet weights are not on disk",
+            ),
+            (
+                ["dataset=nails", "dataset.root=ROOT"],
+                "dataset.root=ROOT is not prepared (no train.csv)",
+            ),
+            (["-m", "dataset=nails", "dataset.root=ROOT,/b"], "dataset.root=ROOT is not prepared"),
+        ],
+        kind=lambda case: case[0] == ["--help"],
+    ),
 )
 def test_help_a_typo_and_a_root_not_prepared_answer_before_torch_loads(tmp_path, args, answer):
     """A root not prepared, a value out of range, a misspelt key and pretrained weights not on
