@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 from hydra.core.singleton import Singleton
 
-import nailseg.config  # noqa: F401  (its schemas are in Hydra's store before any state is saved)
+# the schemas are in Hydra's store before any state is saved (a command run later restores it)
+import nailseg.bench
+import nailseg.compare
+import nailseg.config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 # the folders watched now, each with the files below it opened meanwhile (files_opened_below)
