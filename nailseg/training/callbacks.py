@@ -208,9 +208,9 @@ def start_job_clock() -> None:
 class TimeToTarget(L.Callback):
     """When validation first reaches `target` on `metric` (`mode` max: >=, min: <=): epoch, step
     and seconds since the job started, split into start-up, training, validation and epoch 0's
-    training (`reached`, metrics.json's `time_to_target`; this session's start-up: `startup`).
+    training (`reached`, metrics.json's `time_to_target`; this process's start-up: `startup`).
     `stop` ends training there. A resumed fit keeps a target reached before, and adds the earlier
-    sessions' time to one reached later."""
+    processes' time to one reached later."""
 
     def __init__(self, metric: str, target: float, mode: str = "max", stop: bool = False) -> None:
         if mode not in ("max", "min"):
@@ -221,9 +221,9 @@ class TimeToTarget(L.Callback):
         self.reached: dict[str, Any] | None = None
         self._started = _job_started if _job_started is not None else process_start_time()
         self._entered = _run_entered if _run_entered is not None else self._started
-        self._first_step: float | None = None  # when this session's first step ended
+        self._first_step: float | None = None  # when this process's first step ended
         self._fit_start = self._mark = 0.0
-        self._earlier_s = self._earlier_startup_s = 0.0  # the sessions before the checkpoint
+        self._earlier_s = self._earlier_startup_s = 0.0  # the processes before the checkpoint
         self._train = self._val = 0.0
         self._first_epoch: float | None = None
 
