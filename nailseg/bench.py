@@ -51,7 +51,7 @@ from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder
 from nailseg.model.metrics import build_loss
 from nailseg.model.net import compile_net
-from nailseg.synth.builtin import prepare_builtin
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.tables import print_table
 from nailseg.training.build import use_channels_last
 

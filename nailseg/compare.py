@@ -8,6 +8,8 @@ nailseg's meanwhile: a sweep still running or a user's folder or file is refused
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -25,12 +27,13 @@ from omegaconf import MISSING, DictConfig
 from nailseg.config import CONF_DIR
 from nailseg.errors import UserError, require_values
 from nailseg.io.atomic import NotOursError
-from nailseg.io.folder import OwnedFolder, read_regular
+from nailseg.io.folder import OwnedFolder, read_marker, read_regular
 from nailseg.training.run_folder import job_folders, read_failure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+log = logging.getLogger(__name__)
 RESULTS = [
     "status", "train_img_s", "data_wait_frac", "world_size", "scaling", "ledger", "metric", "best",
     "final_dice", "evaluated_on", "epochs", "target_s", "target_epoch", "startup_s",
@@ -270,6 +273,24 @@ def report(sweep_dir: Path) -> None:
         print(f"nailseg compare: {sweep_dir / row['job']}: {row['status']}", file=sys.stderr)
     print(table(rows, sweep_dir))
     print(f"written: {sweep_dir / 'compare.md'}, compare.csv, compare.png")
+
+
+def sweep_end(sweep_dir: Path) -> None:
+    """A finished sweep's folder and its jobs compared; exits 1 naming this session's failed jobs."""
+    log.info("sweep folder: %s; its jobs compared (python -m nailseg compare):", sweep_dir)
+    try:
+        report(sweep_dir)
+    except UserError as err:
+        log.warning("no comparison: %s", err)
+    session = (read_marker(sweep_dir) or {}).get("session")
+    jobs = [j for j in job_folders(sweep_dir) if (read_marker(j) or {}).get("session") == session]
+    failed = [(job, error) for job in jobs if (error := read_failure(job)) is not None]
+    if failed:
+        listed = "; ".join(f"{job} ({error})" for job, error in failed)
+        sys.exit(
+            f"{os.path.basename(sys.argv[0])}: {len(failed)} of {len(jobs)} jobs failed: "
+            f"{listed}. python -m nailseg compare sweep_dir={sweep_dir} tabulates the sweep"
+        )
 
 
 def main() -> None:

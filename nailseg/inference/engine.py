@@ -12,17 +12,13 @@ import json
 import time
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from nailseg.inference.request import ExportError, PredictError
-from nailseg.inference.views import probabilities, to_batch
-
-if TYPE_CHECKING:
-    from nailseg.inference.segmenter import InferenceSpec, Net
+from nailseg.inference.views import InferenceSpec, Net, probabilities, to_batch
 
 INPUT_NAME, OUTPUT_NAME = "image", "logits"
 TOLERANCE = 1e-3  # max |onnx - torch| on logits / max(1, max |logit|)

@@ -29,7 +29,7 @@ from nailseg.model.checkpoint import CARD_FILE, checkpoint_file
 if TYPE_CHECKING:
     from torch import nn
 
-    from nailseg.inference.segmenter import InferenceSpec
+    from nailseg.inference.views import InferenceSpec
 
 FORMATS = ("onnx", "smp")
 SCRATCH = ".smp"  # where smp's save_pretrained writes in the export folder, before the files move

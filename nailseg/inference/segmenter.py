@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from nailseg.errors import UserError
 from nailseg.inference.engine import GraphedNet, build_engine, capture
 from nailseg.inference.request import PredictError, check_settings
 from nailseg.inference.views import (
+    InferenceSpec,
     Views,
     auto_probabilities,
     image_tensors,
@@ -48,25 +49,9 @@ from nailseg.model import checkpoint
 from nailseg.prep.imageio import read_rgb
 
 DEFAULT_THRESHOLD = 0.5
-# the net, or what runs it elsewhere (engine.OnnxNet): a normalised float batch in, logits out
-Net = Callable[[torch.Tensor], torch.Tensor]
 # a file (read as predict reads it: EXIF orientation applied), or a uint8 array or PIL image,
 # taken as it is; a list or tuple of them gives a list back
 Photo = str | os.PathLike | np.ndarray | Image.Image
-
-
-@dataclass(frozen=True)
-class InferenceSpec:
-    """How to run one checkpoint: the net to build and how its inputs were made."""
-
-    ckpt: Path
-    model: Mapping[str, Any]  # plain: arch, encoder_name, options
-    image_size: tuple[int, int]
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    threshold: float  # the run's module.threshold
-    data_root: Path | None  # the run's prepared data, for choosing a threshold on validation
-    nail_size: tuple[float, ...] | None = None  # the card's: its training nails (auto_scale)
 
 
 def resolve_spec(cfg: DictConfig) -> InferenceSpec:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,13 +22,27 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg.inference.request import PredictError
 from nailseg.model.scales import NAIL_QUANTILES, nail_size, scaled_size
 
-if TYPE_CHECKING:
-    from nailseg.inference.segmenter import InferenceSpec, Net
-
 # auto_scale: nails this many times smaller in the window than the training nails' lower decile
 # (the least size training covers well) run again at that size, at most AUTO_MOST windows across
 AUTO_SMALLER = 1.25
 AUTO_MOST = 8
+
+# the net, or what runs it elsewhere (engine.OnnxNet): a normalised float batch in, logits out
+Net = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """How to run one checkpoint: the net to build and how its inputs were made."""
+
+    ckpt: Path
+    model: Mapping[str, Any]  # plain: arch, encoder_name, options
+    image_size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    threshold: float  # the run's module.threshold
+    data_root: Path | None  # the run's prepared data, for choosing a threshold on validation
+    nail_size: tuple[float, ...] | None = None  # the card's: its training nails (auto_scale)
 
 
 @dataclass(frozen=True)

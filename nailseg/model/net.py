@@ -49,11 +49,8 @@ def build_net(
 ) -> nn.Module:
     """A binary segmentation net (3 channels in, 1 logit out), a Mix Transformer's attention
     fused (`FusedAttention`); `encoder_weights` as the module docstring says."""
-    from nailseg.model.checkpoint import plain_model  # which imports this module
-
     options = OmegaConf.to_container(options) if isinstance(options, DictConfig) else options
-    model = {"arch": arch, "encoder_name": encoder_name, "options": dict(options or {})}
-    options = plain_model(model, "")["options"]
+    options = dict(options or {})
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
     weights = None if local is not None else encoder_weights
     try:

@@ -21,7 +21,7 @@ from nailseg.errors import ConfigError
 from nailseg.model.checkpoint import make_card
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
-from nailseg.synth.builtin import prepare_builtin
+from nailseg.prep.builtin import prepare_builtin
 from nailseg.training import checks, resume
 from nailseg.training.callbacks import CheckpointCard
 from nailseg.training.checkpoint_io import BackgroundCheckpointIO

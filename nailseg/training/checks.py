@@ -215,7 +215,7 @@ def check_values(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer, cfg.train)
     check_schema_keys(cfg)
     check_weights(cfg.model)
-    from nailseg.synth.builtin import missing_data  # pandas: not for a command's misspelt key
+    from nailseg.prep.builtin import missing_data  # pandas: not for a command's misspelt key
 
     if (problem := missing_data(cfg.dataset)) is not None:
         raise ConfigError(problem)
@@ -281,6 +281,7 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
     `_target_` node's keys; `here`: also this machine's devices (False for jobs run elsewhere)."""
     import torch
 
+    from nailseg.model.checkpoint import plain_model
     from nailseg.model.module import monitorable
     from nailseg.model.scales import scales_problem
 
@@ -300,6 +301,7 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
         )
     for node in ("trainer", "trainer.strategy", "model", "optimizer", "scheduler", "loader", "aug"):
         check_target_keys(cfg, node)
+    plain_model(cfg.model, "")  # what the card may carry: smp's arguments, plain values
     check_optimization(cfg)
     if here:
         device = cfg.loader.device

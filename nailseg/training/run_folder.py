@@ -3,7 +3,7 @@ byte lands there. Hydra writes nothing itself (conf/train.yaml: `hydra.output_su
 console-only log): `RunFolders` claims the run's or sweep's folder, then each job's, and writes
 `.hydra/*.yaml` and the job's log through it. A job's first rank claims; its other DDP ranks
 attach. A job folder of an earlier sweep is refused unless the job resumes it; a failed job's
-error is kept in its folder's marker, and the sweep exits non-zero naming it.
+error is kept in its folder's marker (`nailseg.train.SweepReport` names it at the sweep's end).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -252,27 +251,8 @@ class RunFolders(Callback):
         release(config.hydra.runtime.output_dir)
 
     def on_multirun_end(self, config: DictConfig, **_: Any) -> None:
-        if self._sweep is not None:  # compare writes into it next, here or in another process
+        if self._sweep is not None:  # compare writes into it next (nailseg.train.SweepReport)
             self._sweep.release()
-        sweep_dir = Path(config.hydra.sweep.dir)
-        from nailseg.compare import report  # pandas and matplotlib: only for a sweep's end
-
-        log.info("sweep folder: %s; its jobs compared (python -m nailseg compare):", sweep_dir)
-        try:
-            report(sweep_dir)
-        except UserError as err:
-            log.warning("no comparison: %s", err)
-        session = (read_marker(sweep_dir) or {}).get("session")
-        jobs = [
-            j for j in job_folders(sweep_dir) if (read_marker(j) or {}).get("session") == session
-        ]
-        failed = [(job, error) for job in jobs if (error := read_failure(job)) is not None]
-        if failed:
-            listed = "; ".join(f"{job} ({error})" for job, error in failed)
-            sys.exit(
-                f"{os.path.basename(sys.argv[0])}: {len(failed)} of {len(jobs)} jobs failed: "
-                f"{listed}. python -m nailseg compare sweep_dir={sweep_dir} tabulates the sweep"
-            )
 
 
 def _or_leave(claim: Callable[[], object]) -> None:

@@ -12,7 +12,7 @@ import torch
 from segmentation_models_pytorch.encoders.mix_transformer import Attention
 
 from nailseg.inference.engine import INPUT_NAME, onnx_model
-from nailseg.inference.segmenter import InferenceSpec
+from nailseg.inference.views import InferenceSpec
 from nailseg.model.net import FusedAttention, build_net, fuse_attention
 
 

@@ -18,9 +18,9 @@ from support.prepared import write_prepared
 
 from nailseg.config import CONF_DIR
 from nailseg.io.folder import OWN_NAMES, OwnedFolder
+from nailseg.prep.builtin import makes, missing_data, prepare_builtin
 from nailseg.prep.format import read_table
 from nailseg.prep.prepare import PrepareError, run
-from nailseg.synth.builtin import makes, missing_data, prepare_builtin
 from nailseg.synth.scene import GROUPS
 
 RANKS = 3
