@@ -2,9 +2,9 @@
 
 The marker `.nailseg.json` (tool, kind, a random id, the folder's device and inode: a copy is known
 as one) makes a folder nailseg's; the journal `.nailseg.journal` lists a JSON line per file written
-(size, mtime, inode), removed, or reserved for a library before it writes. Only what the journal
-proves is replaced or removed; writes are atomic and never go through a link or into a hard-linked
-file in place. A claim holds the folder's `flock` (it dies with the process).
+(size, mtime, inode), removed, or reserved for a library while it writes (then `adopt`ed). Only
+what the journal proves is replaced or removed; writes are atomic and never go through a link or
+into a hard-linked file in place. A claim holds the folder's `flock` (it dies with the process).
 """
 
 from __future__ import annotations
@@ -53,21 +53,15 @@ class Record:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def below(rel: str) -> bool:
     """Whether `rel` (a path read off disk or from a user) names something below its root: not
     empty, not absolute, no `..`, no line separator."""
     path = PurePosixPath(rel)
-    return (
-        bool(rel)
-        and not path.is_absolute()
-        and ".." not in path.parts
-        and not any(c in rel for c in "\n\r\0")
-    )
+    clean = not any(c in rel for c in "\n\r\0")
+    return bool(rel) and clean and not path.is_absolute() and ".." not in path.parts
 
 
 def read_regular(path: Path, limit: int | None = None) -> bytes:
@@ -92,11 +86,8 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, NotOursError):  # none, not JSON, or not a plain file
         return None
     types = {"tool": str, "version": int, "kind": str, "id": str, "home": list}
-    if not isinstance(content, dict) or any(
-        type(content.get(k)) is not t for k, t in types.items()
-    ):
-        return None
-    return content if (content["tool"], content["version"]) == ("nailseg", VERSION) else None
+    ok = isinstance(content, dict) and all(type(content.get(k)) is t for k, t in types.items())
+    return content if ok and (content["tool"], content["version"]) == ("nailseg", VERSION) else None
 
 
 def is_copy(folder: Path, marker: dict[str, Any]) -> bool:
@@ -146,6 +137,8 @@ class Journal:
             self.reserved.discard(rel)
         elif entry["op"] == "reserve":
             self.reserved.add(rel)
+        elif entry["op"] == "adopt":
+            self.reserved.discard(rel)
 
     def append(self, entries: list[dict[str, Any]]) -> None:
         """Journal `entries` (one `write` of whole lines, appended: workers of one command may
@@ -236,6 +229,7 @@ class OwnedFolder:
         if linked or journal.lines > 2 * (len(journal.files) + len(journal.reserved)) + 64:
             journal.compact()
         owned._remove_temp_files()
+        owned.adopt()  # what a killed process's libraries wrote
         return owned
 
     @classmethod
@@ -253,6 +247,7 @@ class OwnedFolder:
         _claimed.pop(self.path, None)
         if self._fd is not None:
             self._remove_temp_files()
+            self.adopt()
             os.close(self._fd)
             self._fd = None
 
@@ -318,14 +313,31 @@ class OwnedFolder:
 
     def reserve(self, rel: str) -> Path:
         """Make `rel` (a file or folder a library is about to write) nailseg's, all that will lie
-        under it included: it must be free, or nailseg's already."""
+        under it included, until `adopt`: each file already there must be nailseg's."""
         path = self.file(rel)
-        empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
-        if os.path.lexists(path) and not (self.owns(rel) or rel in self.journal.reserved or empty):
-            self.check_free([rel])  # an empty folder a library made first holds nothing of anyone's
         if rel not in self.journal.reserved:
+            self.check_free(self._files(rel))
             self.journal.append([{"op": "reserve", "path": rel}])
         return path
+
+    def adopt(self) -> None:
+        """End the reservations: what the libraries wrote under them is journaled file by file,
+        so a file put there later is not nailseg's (at a release, and at the next claim after a
+        kill). Links hold nothing of anyone's (W&B makes some) and are never followed."""
+        entries = []
+        for rel in sorted(self.journal.reserved):
+            found = ((f, Record.of(self.path / f)) for f in self._files(rel))
+            entries += [_added(f, r) for f, r in found if r is not None]
+            entries.append({"op": "adopt", "path": rel})
+        if entries:
+            self.journal.append(entries)
+
+    def _files(self, rel: str) -> list[str]:
+        """The paths of the files (not links) at or under `rel`."""
+        top = self.path / rel
+        walk = [] if top.is_symlink() else os.walk(top)
+        files = [Path(d, name) for d, _, names in walk for name in names] or [top]
+        return [f.relative_to(self.path).as_posix() for f in files if Record.of(f) is not None]
 
     def remove(self, rel: str) -> bool:
         """Remove the file at `rel` while it is nailseg's; False (named in `kept`) when it is not."""
@@ -351,14 +363,9 @@ class OwnedFolder:
         """A descriptor appending to nailseg's file at `rel` (made when missing). A file of
         several names (a hard-linked snapshot) is first replaced by a copy of its own, so the
         other names keep what they hold."""
-        path = self.file(rel)
-        if os.path.lexists(path):
-            if not self.owns(rel):
-                self.check_free([rel])
-            if os.lstat(path).st_nlink > 1:
-                write_atomic(path, lambda f: f.write(path.read_bytes()))
-        else:
-            self.reserve(rel)
+        path = self.reserve(rel)
+        if os.path.lexists(path) and os.lstat(path).st_nlink > 1:
+            write_atomic(path, lambda f: f.write(path.read_bytes()))
         return os.open(
             path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
         )
@@ -467,14 +474,8 @@ def refuse_foreign(folder: Path, kind: str, key: str) -> dict[str, Any] | None:
 def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
     marker = refuse_foreign(folder, kind, key)
     if marker is None:
-        marker = {
-            "tool": "nailseg",
-            "version": VERSION,
-            "kind": kind,
-            "id": secrets.token_hex(16),
-            "home": _home(folder),
-        }
-        _write_marker(folder, marker)
+        marker = dict(tool="nailseg", version=VERSION, kind=kind, id=secrets.token_hex(16))
+        _write_marker(folder, marker := {**marker, "home": _home(folder)})
     return marker
 
 

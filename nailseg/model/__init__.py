@@ -2,6 +2,10 @@
 
 import sys
 from types import ModuleType
+from typing import Any
+
+PLAIN = (str, int, float, bool, type(None))  # the values a card or a model description may hold
+_SHOWN_CHARS = 80  # of a refused value, in its one-line message
 
 
 def import_smp() -> ModuleType:
@@ -17,3 +21,10 @@ def import_smp() -> ModuleType:
     import segmentation_models_pytorch
 
     return segmentation_models_pytorch
+
+
+def refusal(where: str, key: str, value: Any, problem: str) -> str:
+    """`WHERE<key>=<value>: problem`, the value cut to a line's share."""
+    shown = repr(value)
+    shown = shown[:_SHOWN_CHARS] + "…" if len(shown) > _SHOWN_CHARS else shown
+    return f"{where}{key}={shown}: {problem}".replace("\n", " ")

@@ -7,7 +7,6 @@ reads; `validate_card` checks every key before any is used, the net is built fro
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 import re
 import uuid
@@ -21,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from nailseg import __version__
 from nailseg.errors import UserError
 from nailseg.io.folder import read_regular
-from nailseg.model import import_smp
+from nailseg.model import PLAIN, import_smp, refusal
 from nailseg.model.scales import NAIL_QUANTILES, training_nail_sizes
 from nailseg.prep.format import SPLITS, split_file
 
@@ -33,14 +32,9 @@ CARD_FILE = "nailseg_card.json"  # beside smp's files in a folder `export format
 CARD_FORMAT = 1
 NET_PREFIX = "net."  # SegModule keeps the network under `self.net`
 RUN_CONFIG = Path(".hydra") / "config.yaml"
-_PLAIN = (str, int, float, bool, type(None))
-TIMM_PREFIX = "tu-"  # smp's timm universal encoders: tu-<a name timm lists>
-# arguments of an architecture a card may not set: build_net sets them, or they load weights
-_NOT_OPTIONS = frozenset({"encoder_name", "encoder_weights", "in_channels", "classes", "kwargs"})
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B names a folder after it
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_SHOWN_CHARS = 80  # of a refused value, in its one-line message
 _BUILD_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, AssertionError)
 
 
@@ -164,10 +158,7 @@ def card_of(checkpoint: Mapping[str, Any], ckpt: str | Path) -> dict[str, Any] |
 
 
 def _refused(where: str, key: str, value: Any, problem: str) -> CheckpointError:
-    """`WHERE<key>=<value>: problem`, the value cut to a line's share."""
-    shown = repr(value)
-    shown = shown[:_SHOWN_CHARS] + "…" if len(shown) > _SHOWN_CHARS else shown
-    return CheckpointError(f"{where}{key}={shown}: {problem}".replace("\n", " "))
+    return CheckpointError(refusal(where, key, value, problem))
 
 
 def validate_card(card: Any, where: str) -> dict[str, Any]:
@@ -275,15 +266,6 @@ _CARD_CHECKS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 
 
-def _installed_encoder(name: str) -> bool:
-    smp = import_smp()
-    import timm  # after smp: W&B hidden
-
-    if name.startswith(TIMM_PREFIX):
-        return name.removeprefix(TIMM_PREFIX) in timm.list_models()
-    return name in smp.encoders.get_encoder_names()
-
-
 def _check_stride(model: Mapping[str, Any], image_size: Sequence[int], where: str) -> None:
     """Sides divisible by the encoder's stride where the architecture needs it."""
     smp = import_smp()
@@ -350,36 +332,13 @@ def plain_model(model: Any, where: str) -> dict[str, Any]:
 
 
 def _model(model: Any, where: str) -> dict[str, Any]:
-    """The plain form of a model description: an smp architecture, an encoder smp or timm lists
-    (`tu-` + a name as timm lists it: no hub prefix, path or URL), options only the architecture's
-    own arguments as plain values, none that loads weights; anything else is ignored."""
-    smp = import_smp()
-    if isinstance(model, DictConfig):
-        model = OmegaConf.to_container(model, resolve=True)
-    if not isinstance(model, Mapping):
-        raise CheckpointError(f"{where}no model description (arch, encoder_name) found")
-    arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
-    known = smp.MODEL_ARCHITECTURES_MAPPING
-    if not isinstance(arch, str) or arch.lower() not in known:
-        problem = f"not one of smp's architectures ({', '.join(sorted(known))})"
-        raise _refused(where, "model.arch", arch, problem)
-    if not isinstance(encoder, str) or not _installed_encoder(encoder):
-        problem = f"refused: not an encoder smp lists, nor {TIMM_PREFIX}<a model timm lists>"
-        raise _refused(where, "model.encoder_name", encoder, problem)
-    options = {} if options is None else options
-    if not isinstance(options, Mapping):
-        raise _refused(where, "model.options", options, "must be a mapping")
-    taken = set(inspect.signature(known[arch.lower()]).parameters) - _NOT_OPTIONS
-    for key, value in options.items():
-        items = value if isinstance(value, list | tuple) else [value]
-        if not isinstance(key, str) or key not in taken:
-            problem = f"refused: not an argument {arch} takes here"
-        elif not all(isinstance(item, _PLAIN) for item in items):
-            problem = "refused: only plain values (numbers, text, booleans, null, lists of them)"
-        else:
-            continue
-        raise _refused(where, f"model.options.{key}", value, problem)
-    return {"arch": arch, "encoder_name": encoder, "options": dict(options)}
+    """`net.plain_model`, its refusal a CheckpointError."""
+    from nailseg.model.net import ModelError, plain_model
+
+    try:
+        return plain_model(model, where)
+    except ModelError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _plain_data(value: Any) -> bool:
@@ -388,7 +347,7 @@ def _plain_data(value: Any) -> bool:
         return all(isinstance(key, str) and _plain_data(item) for key, item in value.items())
     if isinstance(value, list | tuple):
         return all(map(_plain_data, value))
-    return isinstance(value, _PLAIN)
+    return isinstance(value, PLAIN)
 
 
 def load_net(ckpt: str | Path, model: Mapping[str, Any]) -> nn.Module:

@@ -6,6 +6,7 @@ attention through PyTorch's fused kernel (`FusedAttention`, smp's own parameters
 
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nailseg.errors import UserError
-from nailseg.model import import_smp
+from nailseg.model import PLAIN, import_smp, refusal
 
 smp = import_smp()
 Attention = smp.encoders.mix_transformer.Attention  # SegFormer's, made fused here
@@ -35,10 +36,61 @@ _PREFIXES = ("net.encoder.", "encoder.", "module.")
 # classifier heads of a backbone's own (torchvision / timm) state dict, which no encoder keeps
 _HEADS = ("fc", "_fc", "head", "last_linear", "classifier", "linear")
 _SHOWN_KEYS = 3
+TIMM_PREFIX = "tu-"  # smp's timm universal encoders: tu-<a name timm lists>
+# arguments of an architecture a model description may not set: build_net sets them, or they
+# load weights
+_NOT_OPTIONS = frozenset({"encoder_name", "encoder_weights", "in_channels", "classes", "kwargs"})
+
+
+class ModelError(UserError, ValueError):
+    """A model description nailseg does not build: the message names the key."""
 
 
 class EncoderWeightsError(UserError, ValueError):
     """`model.encoder_weights` names no usable weights for the encoder."""
+
+
+def plain_model(model: Any, where: str = "") -> dict[str, Any]:
+    """The plain form of a model description: an smp architecture, an encoder smp or timm lists
+    (`tu-` + a name as timm lists it: no hub prefix, path or URL), options only the architecture's
+    own arguments as plain values, none that loads weights; anything else is ignored. A
+    ModelError starts with `where`."""
+    smp = import_smp()
+    if isinstance(model, DictConfig):
+        model = OmegaConf.to_container(model, resolve=True)
+    if not isinstance(model, Mapping):
+        raise ModelError(f"{where}no model description (arch, encoder_name) found")
+    arch, encoder, options = model.get("arch"), model.get("encoder_name"), model.get("options")
+    known = smp.MODEL_ARCHITECTURES_MAPPING
+    if not isinstance(arch, str) or arch.lower() not in known:
+        problem = f"not one of smp's architectures ({', '.join(sorted(known))})"
+        raise ModelError(refusal(where, "model.arch", arch, problem))
+    if not isinstance(encoder, str) or not _installed_encoder(encoder):
+        problem = f"refused: not an encoder smp lists, nor {TIMM_PREFIX}<a model timm lists>"
+        raise ModelError(refusal(where, "model.encoder_name", encoder, problem))
+    options = {} if options is None else options
+    if not isinstance(options, Mapping):
+        raise ModelError(refusal(where, "model.options", options, "must be a mapping"))
+    taken = set(inspect.signature(known[arch.lower()]).parameters) - _NOT_OPTIONS
+    for key, value in options.items():
+        items = value if isinstance(value, list | tuple) else [value]
+        if not isinstance(key, str) or key not in taken:
+            problem = f"refused: not an argument {arch} takes here"
+        elif not all(isinstance(item, PLAIN) for item in items):
+            problem = "refused: only plain values (numbers, text, booleans, null, lists of them)"
+        else:
+            continue
+        raise ModelError(refusal(where, f"model.options.{key}", value, problem))
+    return {"arch": arch, "encoder_name": encoder, "options": dict(options)}
+
+
+def _installed_encoder(name: str) -> bool:
+    smp = import_smp()
+    import timm  # after smp: W&B hidden
+
+    if name.startswith(TIMM_PREFIX):
+        return name.removeprefix(TIMM_PREFIX) in timm.list_models()
+    return name in smp.encoders.get_encoder_names()
 
 
 def build_net(
@@ -50,7 +102,8 @@ def build_net(
     """A binary segmentation net (3 channels in, 1 logit out), a Mix Transformer's attention
     fused (`FusedAttention`); `encoder_weights` as the module docstring says."""
     options = OmegaConf.to_container(options) if isinstance(options, DictConfig) else options
-    options = dict(options or {})
+    model = {"arch": arch, "encoder_name": encoder_name, "options": dict(options or {})}
+    options = plain_model(model)["options"]
     local = weights_file(encoder_weights, encoder_name) if is_path(encoder_weights) else None
     weights = None if local is not None else encoder_weights
     try:

@@ -281,7 +281,6 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
     `_target_` node's keys; `here`: also this machine's devices (False for jobs run elsewhere)."""
     import torch
 
-    from nailseg.model.checkpoint import plain_model
     from nailseg.model.module import monitorable
     from nailseg.model.scales import scales_problem
 
@@ -301,7 +300,6 @@ def check_objects(cfg: DictConfig, here: bool = True) -> None:
         )
     for node in ("trainer", "trainer.strategy", "model", "optimizer", "scheduler", "loader", "aug"):
         check_target_keys(cfg, node)
-    plain_model(cfg.model, "")  # what the card may carry: smp's arguments, plain values
     check_optimization(cfg)
     if here:
         device = cfg.loader.device

@@ -134,6 +134,43 @@ def test_a_reserved_path_holds_what_a_library_wrote_there(tmp_path: Path) -> Non
     assert (tmp_path / "out" / "note.txt").exists()
 
 
+def test_a_users_file_put_into_a_library_folder_later_is_refused_and_kept(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    folder = _claim(out)
+    folder.reserve("csv")
+    (out / "csv").mkdir()
+    (out / "csv" / "metrics.csv").write_text("step\n0\n")  # the library's
+    folder.release()  # its files are journaled one by one; the reservation ends
+    (out / "csv" / "mine.csv").write_text("the user's")
+    folder = _claim(out)
+    assert folder.owns("csv/metrics.csv") and not folder.owns("csv/mine.csv")
+    with pytest.raises(NotOursError, match=r"csv/mine.csv lies where nailseg would write"):
+        folder.reserve("csv")
+    (out / "csv" / "mine.csv").unlink()
+    folder.reserve("csv")  # the library's own files again: free to write
+    folder.release()
+    clean(out)
+    assert not out.exists()
+
+
+def test_what_a_killed_writers_library_left_is_adopted_at_the_next_claim(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = (
+        "import os; from nailseg.io.folder import OwnedFolder;"
+        f"f = OwnedFolder.claim({str(out)!r}, 'run'); f.reserve('tb');"
+        f"os.makedirs({str(out / 'tb')!r}); open({str(out / 'tb' / 'events')!r}, 'w').write('x');"
+        "os._exit(9)"  # no release: as after kill -9
+    )
+    subprocess.run([sys.executable, "-c", code], check=False)
+    folder = _claim(out)
+    assert folder.owns("tb/events") and not folder.journal.reserved
+    (out / "tb" / "mine.txt").write_text("the user's")
+    assert not folder.owns("tb/mine.txt")
+    folder.release()
+    clean(out)
+    assert [p.name for p in out.rglob("*") if p.is_file()] == ["mine.txt"]
+
+
 def test_names_with_line_separators_cannot_forge_the_journal(tmp_path: Path) -> None:
     folder = _claim(tmp_path / "out")
     (tmp_path / "out" / "user.txt").write_text("mine")
