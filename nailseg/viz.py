@@ -1,5 +1,5 @@
-"""Drawing masks over images and tiling them into one PNG (numpy + PIL), for training's overlays
-and predict alike. Arrays are HxWx3 uint8 (RGB) and HxW bool masks throughout."""
+"""Drawing masks over images, captioning and tiling them into one PNG (numpy + PIL), for training's
+overlays and predict alike. Arrays are HxWx3 uint8 (RGB) and HxW bool masks throughout."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from nailseg.io.atomic import write_atomic
 
 TRUTH_COLOR = (0, 255, 0)
 PRED_COLOR = (255, 0, 0)
+WHITE = (255, 255, 255)
+CAPTION_HEIGHT = 14  # pixels: a caption strip, one line of PIL's default font
 
 
 def denormalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
@@ -36,21 +38,34 @@ def overlay(
     return (out + 0.5).astype(np.uint8)
 
 
+def captioned(tile: np.ndarray, *parts: tuple[str, Sequence[int]]) -> np.ndarray:
+    """`tile` above a black strip `CAPTION_HEIGHT` high holding each (text, colour) in turn."""
+    strip = Image.new("RGB", (tile.shape[1], CAPTION_HEIGHT))
+    draw, x = ImageDraw.Draw(strip), 2.0
+    for text, color in parts:
+        draw.text((x, 1), text, fill=tuple(color))
+        x += draw.textlength(text)
+    return np.concatenate([tile, np.asarray(strip)])
+
+
 def grid(rows: Sequence[Sequence[np.ndarray]], pad: int = 2, fill: int = 255) -> np.ndarray:
-    """Tile equally sized HxWx3 images row by row, `pad` pixels of `fill` between and around."""
+    """Tile HxWx3 images row by row (one width; one height a row), `pad` pixels of `fill` between
+    and around."""
     if not rows or not all(rows):
         raise ValueError("grid needs at least one non-empty row")
-    h, w = rows[0][0].shape[:2]
-    if any(tile.shape != (h, w, 3) for row in rows for tile in row):
-        raise ValueError(f"all tiles must be {h}x{w}x3")
+    w = rows[0][0].shape[1]
+    if any(tile.shape != (row[0].shape[0], w, 3) for row in rows for tile in row):
+        raise ValueError(f"all tiles must be {w} wide, with 3 channels, each row of one height")
     n_cols = max(len(row) for row in rows)
-    canvas = np.full(
-        (pad + len(rows) * (h + pad), pad + n_cols * (w + pad), 3), fill, dtype=np.uint8
-    )
-    for r, row in enumerate(rows):
+    height = pad + sum(row[0].shape[0] + pad for row in rows)
+    canvas = np.full((height, pad + n_cols * (w + pad), 3), fill, dtype=np.uint8)
+    y = pad
+    for row in rows:
+        h = row[0].shape[0]
         for c, tile in enumerate(row):
-            y, x = pad + r * (h + pad), pad + c * (w + pad)
+            x = pad + c * (w + pad)
             canvas[y : y + h, x : x + w] = tile
+        y += h + pad
     return canvas
 
 

@@ -23,18 +23,17 @@ from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from nailseg.inference.request import Photo, PredictError, Skipped, TrueMask
 from nailseg.io.atomic import NotOursError
 from nailseg.io.folder import OwnedFolder
 from nailseg.lifetime import die_with_parent
 from nailseg.prep.imageio import DECODE_ERRORS, UnreadableImage, exif_orientation, read_rgb
-from nailseg.viz import PRED_COLOR, TRUTH_COLOR, overlay
+from nailseg.viz import PRED_COLOR, TRUTH_COLOR, captioned, overlay
 
 OUTPUT_FOLDERS = ("masks", "overlays")
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
-CAPTION_HEIGHT = 14  # pixels: the strip under an overlay with a true mask, naming its colours
 
 
 def dice_iou(tp, fp, fn) -> tuple[Any, Any]:
@@ -228,11 +227,8 @@ def _overlay(
         return shown
     cross = cv2.getStructuringElement(cv2.MORPH_CROSS, (3, 3))  # inside: every 4-neighbour true
     shown[true & ~cv2.erode(true.view(np.uint8), cross).astype(bool)] = TRUTH_COLOR
-    caption = Image.new("RGB", (shown.shape[1], CAPTION_HEIGHT))
-    draw = ImageDraw.Draw(caption)
-    draw.text((2, 1), "predicted", fill=PRED_COLOR)
-    draw.text((62, 1), f"true outline  Dice {score.dice:.3f}", fill=TRUTH_COLOR)
-    return np.concatenate([shown, np.asarray(caption)])
+    words = f"  true outline  Dice {score.dice:.3f}"
+    return captioned(shown, ("predicted", PRED_COLOR), (words, TRUTH_COLOR))
 
 
 def _png(array: np.ndarray):

@@ -4,6 +4,7 @@ read only the batch contract and the module's `forward`: any loader backend."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -17,14 +18,14 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from PIL import Image
 
 from nailseg.model.checkpoint import CARD_KEY
 from nailseg.model.module import logs_step
 from nailseg.training.run_folder import write_file
-from nailseg.viz import PRED_COLOR, TRUTH_COLOR, denormalize, grid, overlay
+from nailseg.viz import PRED_COLOR, TRUTH_COLOR, WHITE, captioned, denormalize, grid, overlay
 
 log = logging.getLogger(__name__)
 WARMUP_EPOCHS = 2  # left out of a fit's throughput summary: cuDNN autotuning, first allocations
@@ -307,9 +308,21 @@ class TimeToTarget(L.Callback):
             )  # fmt: skip
 
 
+def spread(plan: Sequence[np.ndarray], groups: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """Up to `n` rows of a loader's `plan`, the first of each group in turn (`groups`: each row's
+    group id), as (batch index, position in the batch) in the order they come."""
+    queues: dict[int, list[tuple[int, int]]] = {}
+    for b, rows in enumerate(plan):
+        for p, row in enumerate(rows):
+            queues.setdefault(int(groups[row]), []).append((b, p))
+    turns = itertools.zip_longest(*queues.values())
+    return sorted([pick for turn in turns for pick in turn if pick is not None][:n])
+
+
 class PredictionOverlays(L.Callback):
-    """Every `every_n_epochs` epochs and at the fit's end, rank 0 draws the first validation batch
-    (image; truth green; prediction red) into `<run>/overlays/epoch_XXX.png` and W&B."""
+    """Every `every_n_epochs` epochs and at the fit's end, rank 0 draws up to `max_images` of its
+    validation rows, spread over the groups, into `<run>/overlays/epoch_XXX.png`, W&B and
+    TensorBoard: rows image, truth (green), prediction (red), each column's group and Dice below."""
 
     def __init__(
         self,
@@ -323,18 +336,31 @@ class PredictionOverlays(L.Callback):
             raise ValueError("every_n_epochs and max_images must be >= 1")
         self.every_n_epochs, self.max_images = every_n_epochs, max_images
         self.mean, self.std = tuple(mean), tuple(std)
-        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._wanted: list[tuple[int, int]] = []  # (batch index, position) of the rows kept
+        self._kept: list[tuple[torch.Tensor, ...]] = []  # image, mask, group of the kept rows
         self._batch_epoch = -1
         self._drawn_epoch = -1
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        loader, self._kept = trainer.val_dataloaders, []
+        if hasattr(loader, "plan"):  # a PlannedLoader: this rank's rows of each batch, unshuffled
+            plan = loader.plan()[: int(trainer.num_val_batches[0])]
+            self._wanted = spread(plan, loader.records.groups, self.max_images)
+        else:
+            self._wanted = [(0, p) for p in range(self.max_images)]
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: Any, out: Any, batch: Any, batch_idx: int, loader=0
     ) -> None:
-        if batch_idx or loader or trainer.sanity_checking or not trainer.is_global_zero:
+        positions = [p for b, p in self._wanted if b == batch_idx and p < len(batch["image"])]
+        if loader or not positions or trainer.sanity_checking or not trainer.is_global_zero:
             return
-        # kept on the device: a copy to the host here would wait for the GPU
-        n = self.max_images
-        self._batch = (batch["image"][:n].detach().clone(), batch["mask"][:n].detach().clone())
+        # rows picked as views, stacked on the device: an index or a copy to the host would wait
+        self._kept.append(
+            tuple(torch.stack([batch[k][p] for p in positions]) for k in ("image", "mask", "group"))
+        )
         self._batch_epoch = trainer.current_epoch
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -344,17 +370,16 @@ class PredictionOverlays(L.Callback):
             self._draw(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # training may end at any epoch: draw the final model on the last validated batch
-        if self._batch is not None and self._drawn_epoch != self._batch_epoch:
+        # training may end at any epoch: draw the final model on the last validated rows
+        if self._kept and self._drawn_epoch != self._batch_epoch:
             self._draw(trainer, pl_module)
 
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        assert self._batch is not None
-        images, masks = (t.cpu() for t in self._batch)
+        images, masks, groups = (torch.cat(kept).cpu() for kept in zip(*self._kept, strict=True))
         threshold = float(pl_module.hparams.get("threshold", 0.5))
         was_training = pl_module.training
         pl_module.eval()
-        # the kept batch is an inference tensor; a compiled net would recompile for it
+        # the kept rows are inference tensors; a compiled net would recompile for them
         precision = trainer.precision_plugin
         with (
             torch.inference_mode(),
@@ -369,24 +394,36 @@ class PredictionOverlays(L.Callback):
         truths = masks[:, 0].numpy() > 0.5
         preds = probs[:, 0].numpy() > threshold
         pairs = list(zip(pictures, truths, preds, strict=True))
-        canvas = grid(
-            [pictures, [overlay(p, t, TRUTH_COLOR) for p, t, _ in pairs],
-             [overlay(p, m, PRED_COLOR) for p, _, m in pairs]]
+        names = list(pl_module.hparams.get("group_names", []))
+        labels = [names[g] if g < len(names) else f"group {g}" for g in groups.tolist()]
+        dice = [
+            2 * (t & m).sum() / (t.sum() + m.sum()) if (t | m).any() else 1.0 for _, t, m in pairs
+        ]
+        epoch, step = self._batch_epoch, trainer.global_step
+        canvas = captioned(
+            grid(
+                [pictures, [overlay(p, t, TRUTH_COLOR) for p, t, _ in pairs],
+                 [captioned(overlay(p, m, PRED_COLOR), (f"{g} {d:.2f}", WHITE))
+                  for (p, _, m), g, d in zip(pairs, labels, dice, strict=True)]]
+            ),
+            (f"epoch {epoch}: image / ", WHITE), ("truth", TRUTH_COLOR), (" / ", WHITE),
+            ("prediction", PRED_COLOR), ("; group, Dice", WHITE),
         )  # fmt: skip
-        path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{self._batch_epoch:03d}.png"
+        path = Path(trainer.default_root_dir) / "overlays" / f"epoch_{epoch:03d}.png"
         write_file(path, lambda f: Image.fromarray(canvas).save(f, format="PNG"))
-        self._drawn_epoch, step = self._batch_epoch, trainer.global_step
-        caption = f"epoch {self._batch_epoch}: image / truth (green) / prediction (red)"
-        labels = {0: "background", 1: "nail"}
+        self._drawn_epoch = epoch
+        classes = {0: "background", 1: "nail"}
         masks = [
-            {"truth": {"mask_data": t.astype(np.uint8), "class_labels": labels},
-             "prediction": {"mask_data": m.astype(np.uint8), "class_labels": labels}}
+            {"truth": {"mask_data": t.astype(np.uint8), "class_labels": classes},
+             "prediction": {"mask_data": m.astype(np.uint8), "class_labels": classes}}
             for _, t, m in pairs
         ]  # fmt: skip
-        for logger in trainer.loggers:  # the grid, and each photo with W&B's masks
+        for logger in trainer.loggers:  # the grid; in W&B each photo with its masks too
             if isinstance(logger, WandbLogger):
-                logger.log_image(key="val/overlays", images=[canvas], step=step, caption=[caption])
+                logger.log_image(key="val/overlays", images=[canvas], step=step)
                 logger.log_image(key="val/examples", images=pictures, step=step, masks=masks)
+            elif isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image("val/overlays", canvas, step, dataformats="HWC")
 
 
 class CheckpointCard(L.Callback):

@@ -306,7 +306,8 @@ def _report(built: Built) -> dict[str, Any]:
 
 
 def _finish(built: Built, report: dict[str, Any]) -> None:
-    """Write metrics.json, close the loggers and print the summary (rank 0)."""
+    """Write metrics.json, close the loggers (TensorBoard's `hp_metric`: the best value) and print
+    the summary (rank 0)."""
     run_dir, rank_zero = Path(built.cfg.run_dir), built.trainer.is_global_zero
     if rank_zero:
         csv_log = next(_csv_logs(built.loggers))
@@ -324,12 +325,16 @@ def _finish(built: Built, report: dict[str, Any]) -> None:
         for name in built.datamodule.group_names
         if f"{prefix}/samples_group_{name}" in metrics
     ]
+    best = (report.get("best") or {}).get("value")
     for logger in built.loggers:
         if isinstance(logger, WandbLogger):
             if rows and rank_zero:
                 columns = ["group", "dice", "iou", "samples"]
                 logger.log_table(key=f"{prefix}/groups", columns=columns, data=rows)
             logger.experiment.finish()
+        elif isinstance(logger, TensorBoardLogger) and best is not None:  # its HPARAMS' column
+            logger.log_hyperparams(logger.hparams, {"hp_metric": best}, report["global_step"])
+            logger.finalize("success")  # written out: nothing closes it later
     if rank_zero:
         log.info(summary)
 

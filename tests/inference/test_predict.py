@@ -35,10 +35,10 @@ from nailseg.inference.predict import PredictError, main, run
 from nailseg.inference.request import worker_count
 from nailseg.inference.segmenter import CACHE_FILE, ThresholdError, resolve_spec
 from nailseg.inference.views import full_size_probabilities, image_tensors, probabilities
-from nailseg.inference.workers import CAPTION_HEIGHT, score_image
+from nailseg.inference.workers import score_image
 from nailseg.model.checkpoint import CARD_KEY, ArchitectureMismatch, CheckpointError, load_net
 from nailseg.prep.format import write_table
-from nailseg.viz import TRUTH_COLOR
+from nailseg.viz import CAPTION_HEIGHT, TRUTH_COLOR
 
 
 @pytest.fixture(scope="module")

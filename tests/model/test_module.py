@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from nailseg.model.module import SegModule
 from nailseg.training import run_folder
 from nailseg.training.callbacks import LearningRates, PredictionOverlays, TrainSpeedMonitor
+from nailseg.viz import CAPTION_HEIGHT
 
 GROUPS = ("a", "b")
 # the module's settings
@@ -253,7 +254,8 @@ def test_overlays_written_for_last_epoch_and_logged_to_wandb(fitted: dict[str, A
     assert sorted(p.name for p in overlays.iterdir()) == [f"epoch_{EPOCHS - 1:03d}.png"]
     image = np.asarray(Image.open(overlays / f"epoch_{EPOCHS - 1:03d}.png"))
     pad, tile = 2, SIZE + 2
-    assert image.shape == (pad + 3 * tile, pad + VAL_BS * tile, 3)  # 3 rows x first val batch
+    # 3 rows x the first val batch (a plain DataLoader), captions under the predictions and grid
+    assert image.shape == (pad + 3 * tile + 2 * CAPTION_HEIGHT, pad + VAL_BS * tile, 3)
     logged = list(Path(fitted["root"]).glob("wandb/offline-run-*/files/media/images/val/*.png"))
     assert logged, "overlay grid not logged to W&B"
 
@@ -373,7 +375,7 @@ def test_overlays_every_n_epochs(tmp_path: Path) -> None:
     names = sorted(p.name for p in (tmp_path / "overlays").iterdir())
     assert names == ["epoch_001.png", "epoch_002.png"]
     assert np.asarray(Image.open(tmp_path / "overlays" / names[0])).shape == (
-        2 + 3 * (SIZE + 2),
+        2 + 3 * (SIZE + 2) + 2 * CAPTION_HEIGHT,
         2 + 2 * (SIZE + 2),
         3,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 from support.ddp import ddp_overrides, finish, job_dirs, processes_left, start_train
 from support.loaders import spec, trainer_stand_in
 from support.prepared import write_prepared
@@ -239,6 +240,8 @@ def test_trainer_ddp_with_the_default_callbacks_ends(ddp_sweep):
     assert metrics["final"]["metrics"]["val_best/samples"] == N_VALID
     assert (job.run_dir / "checkpoints" / "last.ckpt").is_file()
     assert len(list(job.run_dir.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+    # rank 0 draws from its own validation rows (0, 2 and 4 of 5): 3 columns of 32 + 2 pixels
+    assert Image.open(sorted(job.run_dir.glob("overlays/epoch_*.png"))[-1]).width == 2 + 3 * 34
 
 
 def test_ddp_through_lightnings_default_strategy_runs_each_job_once(ddp_sweep):

@@ -20,11 +20,13 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf.errors import ValidationError
+from PIL import Image
 from support.cli import run_command
 from support.prep_settings import prepare
 from support.prepared import write_split
 from support.train import FreezeProbe, compose_train, small_overrides, train
 from support.wandb_records import history, run_id, summary
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from nailseg.errors import ConfigError
 from nailseg.model.checkpoint import CheckpointError
@@ -34,6 +36,7 @@ from nailseg.training import callbacks, resume
 from nailseg.training.build import build
 from nailseg.training.jobs import isolated_job
 from nailseg.training.run import run
+from nailseg.viz import CAPTION_HEIGHT
 
 
 @pytest.mark.slow
@@ -377,6 +380,39 @@ def test_wandb_offline_run_holds_the_metrics_and_the_best_dice(prepared, tmp_pat
     assert [e["images"] for e in throughput["per_epoch"]] == samples and len(samples) == 3
     assert throughput["epochs_counted"] == [2] and throughput["images_per_s"] == speeds[2]
     assert metrics["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_overlays_spread_over_the_groups_each_column_labelled(prepared, tmp_path):
+    """The valid rows sorted by group (a's photos black, b's white), a batch holding one group:
+    the 4 columns drawn are 2 of each group, a caption under each and one under the grid."""
+    images = [np.full((40, 48, 3), 255 * (i % 2), np.uint8) for i in range(8)]  # groups a, b, ...
+    masks = [np.pad(np.ones((20, 24, 1), np.uint8), ((10, 10), (12, 12), (0, 0)))] * 8
+    write_split(prepared, "valid", images, masks, prefix="valid_")
+    rows = read_table(prepared / "valid.csv")
+    write_table(prepared / "valid.csv", rows.sort_values("group", kind="stable"))
+    train(prepared, tmp_path / "run", "trainer.max_epochs=1", "+callbacks.overlays.max_images=4")
+    shown = np.asarray(Image.open(tmp_path / "run" / "overlays" / "epoch_000.png"))
+    tile, pad = 32 + 2, 2  # dataset.image_size=[32,32] and its padding
+    assert shown.shape == (pad + 3 * tile + 2 * CAPTION_HEIGHT, pad + 4 * tile, 3)
+    photos = [shown[pad : pad + 32, pad + c * tile : c * tile + tile].mean() for c in range(4)]
+    assert [round(p) for p in photos] == [0, 0, 255, 255]
+    below = pad + 2 * tile + 32  # the prediction row's captions: each column's group and Dice
+    assert all(
+        shown[below : below + CAPTION_HEIGHT, c * tile : (c + 1) * tile].any() for c in range(4)
+    )
+    assert shown[-CAPTION_HEIGHT:].any()  # the grid's: what the rows are
+
+
+@pytest.mark.slow
+def test_tensorboard_holds_the_overlays_and_the_best_value_as_hp_metric(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "trainer.max_epochs=2", "logger=tensorboard")
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["images"] == ["val/overlays"]
+    best = json.loads((run_dir / "metrics.json").read_text())["best"]["value"]
+    assert [s.value for s in events.Scalars("hp_metric")] == [pytest.approx(best)]
 
 
 class Interrupt(L.Callback):
