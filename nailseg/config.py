@@ -288,6 +288,7 @@ class TrainConfig:
     seed: int = MISSING
     train: bool = MISSING  # false: only evaluate `ckpt_path` on `eval_split`
     ckpt_path: str | None = None  # "last" (the newest valid last.ckpt) or a path: resume
+    init_from: str | None = None  # a checkpoint whose whole net starts a new run (a fine-tune)
     test: bool = MISSING  # after fit, evaluate the best checkpoint and write metrics.json
     eval_split: str = MISSING  # auto (test when prepared, else valid) | train | valid | test
     optimized_metric: str = MISSING  # what train.py returns to sweepers (its best value)

@@ -101,8 +101,7 @@ def is_copy(folder: Path, marker: dict[str, Any]) -> bool:
 
 def _first_foreign(folder: Path, names: Iterable[str]) -> str:
     names = sorted(names)
-    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-    return f"{folder / names[0]}{more}"
+    return f"{folder / names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
 
 
 def _added(rel: str, r: Record) -> dict[str, Any]:
@@ -115,7 +114,7 @@ class Journal:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.files: dict[str, Record] = {}
-        self.reserved: set[str] = set()
+        self.reserved: dict[str, bool] = {}  # path -> lasting (never adopted)
         try:
             text = read_regular(folder / JOURNAL).decode("utf-8", "surrogateescape")
         except (FileNotFoundError, NotOursError):  # none, or not a file nailseg wrote: no proof
@@ -134,11 +133,11 @@ class Journal:
             self.files[rel] = Record(*entry["rec"])
         elif entry["op"] == "del":
             self.files.pop(rel, None)
-            self.reserved.discard(rel)
+            self.reserved.pop(rel, None)
         elif entry["op"] == "reserve":
-            self.reserved.add(rel)
+            self.reserved[rel] = entry.get("lasting") is True
         elif entry["op"] == "adopt":
-            self.reserved.discard(rel)
+            self.reserved.pop(rel, None)
 
     def append(self, entries: list[dict[str, Any]]) -> None:
         """Journal `entries` (one `write` of whole lines, appended: workers of one command may
@@ -171,7 +170,9 @@ class Journal:
     def compact(self) -> None:
         """Rewrite the journal as what holds now: the files still as recorded, the reservations."""
         self.files = {rel: r for rel, r in self.files.items() if Record.of(self.folder / rel) == r}
-        lines = [{"op": "reserve", "path": rel} for rel in sorted(self.reserved)]
+        lines = [
+            {"op": "reserve", "path": p, "lasting": v} for p, v in sorted(self.reserved.items())
+        ]
         lines += [_added(rel, r) for rel, r in sorted(self.files.items())]
         text = "".join(json.dumps(e, ensure_ascii=True) + "\n" for e in lines)
         write_atomic(self.folder / JOURNAL, lambda f: f.write(text.encode()))
@@ -311,21 +312,21 @@ class OwnedFolder:
         is about to rename from `at` to `rel` (a rename keeps size, times and inode)."""
         self.journal.add(rel, at)
 
-    def reserve(self, rel: str) -> Path:
-        """Make `rel` (a file or folder a library is about to write) nailseg's, all that will lie
-        under it included, until `adopt`: each file already there must be nailseg's."""
+    def reserve(self, rel: str, lasting: bool = False) -> Path:
+        """Make `rel` (where a library is about to write) nailseg's, all under it included, until
+        `adopt` (`lasting`: for good; a library writing after the command) if all there is ours."""
         path = self.file(rel)
         if rel not in self.journal.reserved:
             self.check_free(self._files(rel))
-            self.journal.append([{"op": "reserve", "path": rel}])
+            self.journal.append([{"op": "reserve", "path": rel, "lasting": lasting}])
         return path
 
     def adopt(self) -> None:
-        """End the reservations: what the libraries wrote under them is journaled file by file,
-        so a file put there later is not nailseg's (at a release, and at the next claim after a
-        kill). Links hold nothing of anyone's (W&B makes some) and are never followed."""
+        """End the reservations but the lasting: what the libraries wrote under them is journaled
+        file by file, so a file put there later is not nailseg's (at a release, and at the next
+        claim after a kill). Links hold nothing of anyone's (W&B makes some), never followed."""
         entries = []
-        for rel in sorted(self.journal.reserved):
+        for rel in sorted(rel for rel, lasting in self.journal.reserved.items() if not lasting):
             found = ((f, Record.of(self.path / f)) for f in self._files(rel))
             entries += [_added(f, r) for f, r in found if r is not None]
             entries.append({"op": "adopt", "path": rel})
@@ -354,9 +355,8 @@ class OwnedFolder:
 
     def prune(self, keep: Iterable[str]) -> None:
         """Remove every journaled file but `keep`."""
-        keep = set(keep)
         self.journal = Journal(self.path)  # what worker processes journaled meanwhile too
-        for rel in sorted(set(self.journal.files) - keep):
+        for rel in sorted(set(self.journal.files) - set(keep)):
             self.remove(rel)
 
     def open_append(self, rel: str) -> int:

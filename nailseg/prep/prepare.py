@@ -160,6 +160,7 @@ class Summary:
     users_files: list[Path] = field(default_factory=list)  # listed outputs a user changed: kept
     pruned: int = 0  # pairs gone from the input whose outputs were deleted (prune=true)
     split_sizes: dict[str, int] = field(default_factory=dict)
+    megabytes: float = 0.0  # what the prepared root holds of prepare's files
     seconds: float = 0.0
 
     def add(self, outcome: Outcome) -> None:
@@ -192,6 +193,7 @@ def print_summary(summary: Summary, console: Console | None = None, max_listed: 
         "pairs up to date (skipped)": summary.up_to_date,
         **{f"{split}.csv rows": n for split, n in summary.split_sizes.items()},
         **{label: value for label, value in shown_when_any.items() if value},
+        "size on disk": f"{summary.megabytes:.0f} MB",
         "seconds": f"{summary.seconds:.2f}",
     }.items():
         table.add_row(label, str(value))
@@ -258,6 +260,7 @@ def prepare(
         folder.update_marker(
             complete=True, synthetic=source, mask_threshold=settings.mask_threshold
         )
+        summary.megabytes = sum(r.size for r in folder.journal.files.values()) / 1e6
     summary.seconds = time.perf_counter() - start
     if settings.strict and summary.excluded:
         raise PrepareError(

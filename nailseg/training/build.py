@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nailseg.data.datamodule import NailDataModule
 from nailseg.errors import ConfigError
-from nailseg.model.checkpoint import make_card
+from nailseg.model.checkpoint import load_net, make_card, plain_model
 from nailseg.model.module import SegModule, schedule_length_args
 from nailseg.model.net import compile_net
 from nailseg.prep.builtin import prepare_builtin
@@ -105,7 +105,11 @@ def build_module(
     """The net (without the encoder's initial weights when a checkpoint brings every weight),
     its optimizer and schedule, and the loss."""
     try:
-        net = instantiate(cfg.model, **({"encoder_weights": None} if resumed is not None else {}))
+        if cfg.init_from is not None:  # a fine-tune: every weight the checkpoint's
+            net = load_net(cfg.init_from, plain_model(cfg.model, "model")).train()
+        else:
+            weights = {"encoder_weights": None} if resumed is not None else {}
+            net = instantiate(cfg.model, **weights)
     except InstantiationException as err:  # a misspelt model.options key, missing weights
         raise ConfigError(f"model: {err.__cause__ or err}") from err
     stride = getattr(getattr(net, "encoder", None), "output_stride", 1)  # smp: 32 for most

@@ -212,6 +212,18 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"optimized_mode={cfg.optimized_mode}: must be max or min")
     if not cfg.train and not cfg.ckpt_path:
         raise ConfigError("train=false evaluates a checkpoint: pass ckpt_path=<file or last>")
+    if cfg.init_from is not None:
+        from nailseg.model.checkpoint import CheckpointError, checkpoint_file
+
+        if cfg.ckpt_path is not None or not cfg.train:
+            raise ConfigError(
+                f"init_from={cfg.init_from}: starts a new fit from a checkpoint's weights; "
+                "ckpt_path resumes or evaluates one: pass one of them"
+            )
+        try:
+            checkpoint_file(cfg.init_from)
+        except CheckpointError as err:
+            raise ConfigError(f"init_from: {err}") from None
     check_trainer(cfg.trainer, cfg.train)
     check_schema_keys(cfg)
     check_weights(cfg.model)

@@ -73,8 +73,8 @@ def draw_curves(csv_log: Path, path: Path) -> None:
 def reserve_folders(loggers: list[Logger], run_dir: str) -> None:
     """Each logger's folder reserved before it writes there (by the first rank: the only writer)."""
     for logger in loggers if first_rank() else []:
-        if isinstance(logger, WandbLogger):
-            reserve(Path(logger.save_dir or run_dir) / "wandb")
+        if isinstance(logger, WandbLogger):  # its service process writes on after the run
+            reserve(Path(logger.save_dir or run_dir) / "wandb", lasting=True)
         elif isinstance(logger, CSVLogger | TensorBoardLogger):
             reserve(logger.log_dir)
 

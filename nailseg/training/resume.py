@@ -40,10 +40,7 @@ _FIT_STATE = {
 _RESTORED = ("optimizer", "scheduler")  # restored on a resume, whatever the config says
 _IMPLEMENTATION_KEYS = frozenset({"fused"})  # how the optimizer computes, not what
 _FIT_LENGTH_KEYS = ("max_epochs", "max_steps")
-FROM_WEIGHTS = (
-    "start a new run from its weights: model.encoder_weights={} (the encoder; the decoder starts "
-    "afresh)"
-)
+FROM_WEIGHTS = "start a new run from its weights: init_from={} (a fine-tune of the whole net)"
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ def _resume(path: Path, run_dir: Path, cfg: DictConfig | None) -> Resume:
             if not isinstance(checkpoint.get(key), kind):
                 raise CheckpointError(
                     f"{path}: its {key} is missing or damaged, so a fit cannot resume from it; "
-                    f"start a new run from its weights: model.encoder_weights={path}"
+                    + FROM_WEIGHTS.format(path)
                 )
     states = checkpoint.get("lr_schedulers")
     steps = schedule_length(states[0]) if states and isinstance(states[0], Mapping) else None

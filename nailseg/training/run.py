@@ -372,8 +372,8 @@ def run(cfg: DictConfig) -> float | None:
                 log.info(
                     "%s finished its fit (step %d): nothing to resume. To train it further, "
                     "ckpt_path=%s with more trainer.max_epochs and scheduler=none (a resumed "
-                    "schedule keeps its length), or a new run from its weights: "
-                    "model.encoder_weights=%s", cfg.run_dir, built.resume.global_step, ckpt, ckpt,
+                    "schedule keeps its length), or fine-tune its whole net in a new run: "
+                    "init_from=%s", cfg.run_dir, built.resume.global_step, ckpt, ckpt,
                 )  # fmt: skip
                 return None
             start_loggers(built.loggers, cfg, _choices())

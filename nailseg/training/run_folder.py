@@ -117,11 +117,11 @@ def kept() -> list[Path]:
     return [path for folder in _held.values() for path in folder.kept]
 
 
-def reserve(path: str | os.PathLike[str]) -> None:
-    """Make `path` (where a library is about to write) the run's; a hard-linked file there gets a
-    copy of its own first, so the snapshot never changes."""
+def reserve(path: str | os.PathLike[str], lasting: bool = False) -> None:
+    """Make `path` (where a library is about to write) the run's (`OwnedFolder.reserve`); a
+    hard-linked file there gets a copy of its own first, so the snapshot never changes."""
     folder, rel = _holder(path)
-    folder.reserve(rel)
+    folder.reserve(rel, lasting)
     top = folder.path / rel
     for file in [top] if top.is_file() else sorted(top.rglob("*")):
         if file.is_file() and not file.is_symlink() and file.stat().st_nlink > 1:

@@ -64,6 +64,8 @@ def test_pairs_across_extensions_and_case(tmp_path):
     _pair(raw, "g2", "d", "Png", "jpg")
     summary = prepare(raw, out, num_workers=1)
     assert summary.written == 4 and not summary.excluded
+    files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".nailseg")]
+    assert summary.megabytes == pytest.approx(sum(p.stat().st_size for p in files) / 1e6)
     rows = _all_rows(out)
     assert sorted(rows["images"]) == [
         "images/g1/a.npy",

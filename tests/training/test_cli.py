@@ -71,6 +71,10 @@ HEAVY = ("torch", "lightning", "segmentation_models_pytorch", "nvidia.dali")
                 "dataset.root=ROOT is not prepared (no train.csv)",
             ),
             (["-m", "dataset=nails", "dataset.root=ROOT,/b"], "dataset.root=ROOT is not prepared"),
+            (
+                ["init_from=ROOT/a.ckpt"],
+                "ConfigError: init_from: ckpt=ROOT/a.ckpt: no such checkpoint",
+            ),
         ],
         kind=lambda case: case[0] == ["--help"],
     ),

@@ -13,11 +13,12 @@ import lightning as L
 import pytest
 import torch
 from support.cli import run_command
-from support.train import small_overrides, train
+from support.train import compose_train, small_overrides, train
 from support.wandb_records import run_id, run_record
 
 from nailseg.model.checkpoint import CheckpointError
 from nailseg.training import resume
+from nailseg.training.build import build
 from nailseg.training.run_folder import read_failure, record_failure, release
 
 
@@ -28,6 +29,20 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+def test_init_from_starts_a_new_fit_with_every_weight_of_the_checkpoint(trained_run, tmp_path):
+    """What a finished run's hint offers: its whole net, the decoder's weights too (model.
+    encoder_weights takes the encoder's only), fine-tuned in a new run folder."""
+    prepared = trained_run.parents[2] / "prepared"
+    cfg = compose_train(small_overrides(prepared, f"init_from={trained_run}"), tmp_path / "run")
+    try:
+        net = build(cfg).module.net
+    finally:
+        release(cfg.run_dir)
+    saved = torch.load(trained_run, weights_only=True)["state_dict"]
+    assert net.training and net.state_dict().keys() == {k[4:] for k in saved if k[:4] == "net."}
+    assert all(torch.equal(v, saved[f"net.{k}"]) for k, v in net.state_dict().items())
 
 
 @pytest.mark.slow
@@ -43,7 +58,7 @@ def test_a_longer_fit_is_refused_before_anything_is_written(scheduler, length_ke
     message = (
         r"a/checkpoints/last.ckpt: its LR schedule spans 3 optimizer steps \(trainer.max_epochs=1"
         r"\), this fit's would span 6 \(trainer.max_epochs=2\).*Resume with the checkpoint's "
-        r"length.*or start a new run from its weights: model.encoder_weights=.*last.ckpt"
+        r"length.*or start a new run from its weights: init_from=.*last.ckpt"
     )
     with pytest.raises(CheckpointError, match=message):
         train(prepared, runs / "b", "trainer.max_epochs=2", "ckpt_path=last", *common)
@@ -214,5 +229,5 @@ def test_ckpt_path_last_on_a_finished_run_says_so_and_changes_nothing(prepared, 
     assert said.endswith(
         f"{runs / 'a'} finished its fit (step 3): nothing to resume. To train it further, "
         f"ckpt_path={last} with more trainer.max_epochs and scheduler=none (a resumed schedule "
-        f"keeps its length), or a new run from its weights: model.encoder_weights={last}"
+        f"keeps its length), or fine-tune its whole net in a new run: init_from={last}"
     )
