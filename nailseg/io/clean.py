@@ -54,8 +54,8 @@ def clean(top: Path, cleaned: Cleaned | None = None) -> Cleaned:
             clean(Path(entry.path), cleaned)
     if marker is not None:
         journal = Journal(top)
-        for rel in sorted(_files_below(top)):
-            if journal.proves(rel):
+        for rel in sorted(_files_below(top)):  # a library's links (W&B's) hold nothing of anyone's
+            if journal.proves(rel) or (os.path.islink(top / rel) and journal.reserves(rel)):
                 (top / rel).unlink()
                 cleaned.removed += 1
                 remove_empty_parents((top / rel).parent, top)
@@ -69,14 +69,14 @@ def clean(top: Path, cleaned: Cleaned | None = None) -> Cleaned:
 
 
 def _files_below(folder: Path, rel: str = "") -> Iterator[str]:
-    """Paths of the plain files below `folder`, not descending into links nor into a folder with a
-    marker of its own (it is cleaned by itself)."""
+    """Paths of the plain files and links below `folder`, not descending into links nor into a
+    folder with a marker of its own (it is cleaned by itself)."""
     for entry in os.scandir(folder / rel if rel else folder):
         path = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             if not os.path.lexists(Path(entry.path) / MARKER):
                 yield from _files_below(folder, f"{path}/")
-        elif entry.is_file(follow_symlinks=False) and path not in OWN_NAMES:
+        elif (entry.is_file(follow_symlinks=False) or entry.is_symlink()) and path not in OWN_NAMES:
             yield path
 
 

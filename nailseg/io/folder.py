@@ -160,10 +160,9 @@ class Journal:
     def proves(self, rel: str) -> bool:
         """Whether the file at `rel` is nailseg's: recorded and unchanged, or under a reserved path."""
         found = Record.of(self.folder / rel)
-        if found is None:
-            return False
-        if self.files.get(rel) == found:
-            return True
+        return found is not None and (self.files.get(rel) == found or self.reserves(rel))
+
+    def reserves(self, rel: str) -> bool:
         parts = PurePosixPath(rel).parts
         return any("/".join(parts[:n]) in self.reserved for n in range(1, len(parts) + 1))
 

@@ -124,9 +124,10 @@ def test_no_write_through_a_link(tmp_path: Path) -> None:
 
 def test_a_reserved_path_holds_what_a_library_wrote_there(tmp_path: Path) -> None:
     folder = _claim(tmp_path / "out")
-    folder.reserve("wandb")
+    folder.reserve("wandb", lasting=True)  # as W&B's: its service writes on after the release
     (tmp_path / "out" / "wandb" / "run-1").mkdir(parents=True)
     (tmp_path / "out" / "wandb" / "run-1" / "log.bin").write_bytes(b"x")
+    (tmp_path / "out" / "wandb" / "latest-run").symlink_to("run-1")  # W&B's links go too
     (tmp_path / "out" / "note.txt").write_text("mine, moved in meanwhile")
     folder.release()
     clean(tmp_path / "out")
