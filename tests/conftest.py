@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 # W&B reads every installed package's metadata at each run start; no test reads that list
 os.environ.setdefault("WANDB__SAVE_REQUIREMENTS", "false")
+# a suite started in the background of a shell without job control inherits Ctrl-C ignored (and
+# passes it on to every command it starts); the Ctrl-C tests press it as a terminal would
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nails"
 OWN_FOLDERS = ("outputs", "multirun", "data")  # where the project's own runs and data go

@@ -10,7 +10,9 @@ import io
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,6 +357,8 @@ def run(cfg: DictConfig) -> float | None:
     returns the best `cfg.optimized_metric` (what a sweeper ranks), None without a fit."""
     start_job_clock()
     quiet_libraries()
+    main_thread = threading.current_thread() is threading.main_thread()
+    interrupt = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C once it handled one
     try:
         built = build(cfg)  # claims the run folder (run_folder.hold); other ranks attach
         cfg = built.cfg
@@ -385,6 +389,8 @@ def run(cfg: DictConfig) -> float | None:
             _finish(built, report)
     finally:
         release(cfg.run_dir)
+        if main_thread and interrupt is not None:  # a caller's Ctrl-C works again
+            signal.signal(signal.SIGINT, interrupt)
     return report["best"]["value"] if cfg.train else None
 
 

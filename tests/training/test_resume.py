@@ -180,11 +180,9 @@ class CtrlC(L.Callback):
 def test_ctrl_c_prints_the_command_that_continues_the_run(prepared, tmp_path, capsys):
     run_dir, ctrl_c = tmp_path / "run", f"+callbacks.ctrl_c._target_={__name__}.CtrlC"
     command = ["train.py", *small_overrides(prepared, "trainer.max_epochs=2", "logger=none")]
-    previous = signal.getsignal(signal.SIGINT)
-    try:  # Lightning ignores SIGINT once it handled one
-        done = run_command([*command, ctrl_c, f"hydra.run.dir={run_dir}"], capsys)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    before = signal.getsignal(signal.SIGINT)
+    done = run_command([*command, ctrl_c, f"hydra.run.dir={run_dir}"], capsys)
+    assert signal.getsignal(signal.SIGINT) is before  # Lightning ignored it; the caller's is back
     assert done.returncode == 1
     (hint,) = [line for line in done.stdout.splitlines() if "interrupted; to continue: " in line]
     python, *given = hint.split("interrupted; to continue: ")[1].split()
