@@ -1,5 +1,6 @@
-"""Each private name of Hydra and Lightning that training uses, pinned: these fail when the
-library renames, removes or changes one (checks.py, jobs.py, callbacks.py, loggers.py)."""
+"""Each private name of Hydra, Lightning and torch that training uses, pinned: these fail when the
+library renames, removes or changes one (checks.py, jobs.py, callbacks.py, loggers.py,
+data/loaders/torch_workers.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies.launchers import subprocess_script
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from torch.utils.data import DataLoader
 
 from nailseg.config import CONF_DIR
 from nailseg.training.checks import BASIC_LAUNCHER, BASIC_SWEEPER, command_line
@@ -97,3 +99,15 @@ def test_hydras_help_lists_the_groups_through_the_method_a_help_without_them_sha
 
     assert list(inspect.signature(Hydra.get_help).parameters)[:2] == ["self", "help_cfg"]
     assert "self.format_config_groups(" in inspect.getsource(Hydra.get_help)
+
+
+def test_a_dataloader_with_workers_stops_them_on_its_iterators_shutdown_workers():
+    """TorchLoader.close stops its workers through `_shutdown_workers` (`_iterator`: the
+    persistent one), not waiting for the iterator to be collected."""
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    assert it is loader._iterator
+    workers = list(it._workers)
+    it._shutdown_workers()
+    assert not any(w.is_alive() for w in workers)

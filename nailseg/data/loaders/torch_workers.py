@@ -250,6 +250,11 @@ class _Workers:
         self.it: Iterator | None = None
 
     def release(self) -> None:
+        """Stop the workers now: a failed pass's traceback may keep its iterator alive, and
+        collecting it later would wait on the workers then (seconds, at any moment)."""
+        for it in (self.it, getattr(self.loader, "_iterator", None)):
+            if hasattr(it, "_shutdown_workers"):  # torch's multi-process iterator
+                it._shutdown_workers()
         self.it = self.loader = None
 
 
