@@ -18,7 +18,8 @@ CROSS_DATASETS ?= nails,nails_synthetic
 CROSS_ROWS ?= dataset=nails_synthetic:dataset.weight=0:aug=photo dataset=nails_synthetic:dataset.mix.0.weight=3:aug=photo dataset=nails:experiment=wild
 SYNTHETIC_N ?=
 TARGET ?= 0.95
-# one process per setting (start-up counts); ':' joins the overrides of one setting
+# one process per setting (start-up counts), each a one-job sweep into TTT_DIR, whose end prints
+# the compare table of the jobs so far; ':' joins the overrides of one setting
 TTT_SETTINGS ?= experiment=gpu_384 experiment=fast_384 experiment=fast_384:dataset.image_size=[256,256]
 TTT_SEEDS ?= 42
 comma := ,
@@ -121,11 +122,10 @@ endif
 time-to-target: install  ## seconds from process start to val Dice >= TARGET on REAL_DATA, per setting of TTT_SETTINGS and seed of TTT_SEEDS (GPU); a table + plot
 	$(PY) prepare.py dataset=nails input_dir=$(REAL_DATA) output_dir=outputs/time-to-target/data
 	set -f; n=0; for s in $(TTT_SETTINGS); do for seed in $(TTT_SEEDS); do n=$$((n+1)); \
-		$(PY) train.py dataset=nails dataset.root=outputs/time-to-target/data $$(echo $$s | tr ':' ' ') \
+		$(PY) train.py -m dataset=nails dataset.root=outputs/time-to-target/data $$(echo $$s | tr ':' ' ') \
 			seed=$$seed callbacks.time_to_target.target=$(TARGET) callbacks.time_to_target.stop=true \
-			test=false logger=csv hydra.run.dir=$(TTT_DIR)/$$n $(ARGS) || exit 1; \
+			test=false logger=csv hydra.sweep.dir=$(TTT_DIR) hydra.sweep.subdir=$$n $(ARGS) || exit 1; \
 	done; done
-	$(PY) -m nailseg compare sweep_dir=$(TTT_DIR)
 
 gpu-check:  ## every GPU test (DALI GPU pairing and counts, short fits, bench); PY=python3 where no .venv
 	$(PY) -m pytest -m gpu tests/test_gpu.py tests/data/test_dali_loader.py $(ARGS)

@@ -176,13 +176,14 @@ def test_training_and_validation_steps_do_not_wait_for_the_gpu(prepared, tmp_pat
     """The module's metric updates and the progress bar's step loss once synced every step, and
     Lightning's logging of the step loss and of the learning rate every logged step (here every
     step); the timeline's CUDA events must not wait either (they are read when the fit ends)."""
-    train(prepared, tmp_path, "trainer.max_epochs=2", "logger=csv", "test=false",
+    run = tmp_path / "run"  # beside the prepared data: a run folder holds only the run's files
+    train(prepared, run, "trainer.max_epochs=2", "logger=csv", "test=false",
           "+callbacks.no_sync._target_=support.syncs.NoSyncInSteps",
           "+callbacks.timeline._target_=benchmarks.timeline.GpuTimeline", device="gpu")  # fmt: skip
-    assert json.loads((tmp_path / "metrics.json").read_text())["fit"]["train/samples"] == 12
-    rows = pd.read_csv(tmp_path / "timeline.csv")
+    assert json.loads((run / "metrics.json").read_text())["fit"]["train/samples"] == 12
+    rows = pd.read_csv(run / "timeline.csv")
     assert (rows.steps == 3).all() and (rows.train_ms >= rows.steps_ms).all()
-    assert "CUDA events" in (tmp_path / "timeline.txt").read_text()
+    assert "CUDA events" in (run / "timeline.txt").read_text()
 
 
 def test_fit_with_cuda_graphs(prepared, tmp_path):
