@@ -85,8 +85,8 @@ class SegmentationScores(Metric):
                 getattr(self, f"{name}_group").index_add_(0, group, values)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        dice, iou = _scores(self.tp, self.fp, self.fn)
-        dice_group, iou_group = _scores(self.tp_group, self.fp_group, self.fn_group)
+        dice, iou = scores(self.tp, self.fp, self.fn)
+        dice_group, iou_group = scores(self.tp_group, self.fp_group, self.fn_group)
         unseen = self.samples_group == 0
         return {
             "dice": dice,
@@ -117,7 +117,7 @@ class BatchMean(Metric):
         return (self.total / self.count).float()
 
 
-def _scores(
+def scores(
     tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dice and IoU from counts, in float64 (large pixel sums stay exact)."""

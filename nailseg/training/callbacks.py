@@ -23,6 +23,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from PIL import Image
 
 from nailseg.model.checkpoint import CARD_KEY
+from nailseg.model.metrics import scores
 from nailseg.model.module import logs_step
 from nailseg.training.run_folder import write_file
 from nailseg.viz import PRED_COLOR, TRUTH_COLOR, WHITE, captioned, denormalize, grid, overlay
@@ -391,14 +392,12 @@ class PredictionOverlays(L.Callback):
         probs = torch.sigmoid(logits.float()).cpu()
 
         pictures = [denormalize(img.float().numpy(), self.mean, self.std) for img in images]
-        truths = masks[:, 0].numpy() > 0.5
-        preds = probs[:, 0].numpy() > threshold
-        pairs = list(zip(pictures, truths, preds, strict=True))
+        truths, preds = masks[:, 0] > 0.5, probs[:, 0] > threshold
+        counts = (truths & preds, ~truths & preds, truths & ~preds)  # tp, fp, fn of each image
+        dice = scores(*(c.sum((1, 2)) for c in counts))[0].tolist()
+        pairs = list(zip(pictures, truths.numpy(), preds.numpy(), strict=True))
         names = list(pl_module.hparams.get("group_names", []))
         labels = [names[g] if g < len(names) else f"group {g}" for g in groups.tolist()]
-        dice = [
-            2 * (t & m).sum() / (t.sum() + m.sum()) if (t | m).any() else 1.0 for _, t, m in pairs
-        ]
         epoch, step = self._batch_epoch, trainer.global_step
         canvas = captioned(
             grid(
