@@ -473,8 +473,9 @@ def refuse_foreign(folder: Path, kind: str, key: str) -> dict[str, Any] | None:
 def _marker_for(folder: Path, kind: str, key: str) -> dict[str, Any]:
     marker = refuse_foreign(folder, kind, key)
     if marker is None:
-        marker = dict(tool="nailseg", version=VERSION, kind=kind, id=secrets.token_hex(16))
-        _write_marker(folder, marker := {**marker, "home": _home(folder)})
+        home, marker_id = _home(folder), secrets.token_hex(16)
+        marker = dict(tool="nailseg", version=VERSION, kind=kind, id=marker_id, home=home)
+        _write_marker(folder, marker)
     return marker
 
 

@@ -129,10 +129,11 @@ def test_a_reserved_path_holds_what_a_library_wrote_there(tmp_path: Path) -> Non
     (tmp_path / "out" / "wandb" / "run-1" / "log.bin").write_bytes(b"x")
     (tmp_path / "out" / "wandb" / "latest-run").symlink_to("run-1")  # W&B's links go too
     (tmp_path / "out" / "note.txt").write_text("mine, moved in meanwhile")
+    (tmp_path / "out" / "my-link").symlink_to("note.txt")  # a user's link, outside the reservation
     folder.release()
     clean(tmp_path / "out")
     assert not (tmp_path / "out" / "wandb").exists()
-    assert (tmp_path / "out" / "note.txt").exists()
+    assert (tmp_path / "out" / "note.txt").exists() and (tmp_path / "out" / "my-link").is_symlink()
 
 
 def test_a_users_file_put_into_a_library_folder_later_is_refused_and_kept(tmp_path: Path) -> None:
