@@ -276,7 +276,8 @@ def report(sweep_dir: Path) -> None:
 
 
 def sweep_end(sweep_dir: Path) -> None:
-    """A finished sweep's folder and its jobs compared; exits 1 naming this session's failed jobs."""
+    """A finished sweep's folder and its jobs compared; exits 1 naming the failed jobs this
+    `-m` command ran (their markers' `session` is the sweep folder's)."""
     log.info("sweep folder: %s; its jobs compared (python -m nailseg compare):", sweep_dir)
     try:
         report(sweep_dir)

@@ -268,7 +268,7 @@ class TimeToTarget(L.Callback):
             self._first_step = time.time()
 
     def startup(self) -> dict[str, float | None]:
-        """This session's start-up: to its `run` (imports, Hydra, checks), to the fit's start (data,
+        """This process's start-up: to its `run` (imports, Hydra, checks), to the fit's start (data,
         net, trainer, loggers), to its first step's end (sanity validation, the first batch)."""
         first = None if self._first_step is None else self._first_step - self._fit_start
         imports, build = self._entered - self._started, self._fit_start - self._entered
@@ -427,7 +427,7 @@ class PredictionOverlays(L.Callback):
 
 class CheckpointCard(L.Callback):
     """Writes the run's card (model/checkpoint.py) and the W&B run id (`wandb_run_id`: the resumed
-    checkpoint's, passed on by a session without W&B) into every checkpoint."""
+    checkpoint's, passed on by a resumed run without W&B) into every checkpoint."""
 
     def __init__(self, card: Mapping[str, Any], wandb_run_id: str | None = None) -> None:
         self.card = dict(card)
